@@ -1,0 +1,27 @@
+"""C7x backend: Relax IRModule -> standalone static C + weights.bin, MMALIB offload.
+
+Module map (one concept each):
+
+- ``fold``: compile-time requantization math (bias folding, per-channel
+  scale/shift, residual-add multipliers). Pure numpy.
+- ``passes/``: Relax rewrites, one module per op family. Each replaces an
+  eligible Q/DQ pattern by ``R.call_tir`` to an *offload PrimFunc* (below) and
+  logs why an ineligible match stays on the scalar path. ``passes.pipeline``
+  fixes their order.
+- ``lower``: legalize / fuse / TIR / static memory plan of what is left
+  (TVM's passes), giving the lowered ``main`` the emitter walks.
+- ``emit_c``: lowered module -> ``model.c``/``model.h``/``tvm_kernels.c``/``weights.bin``.
+- ``interp``: the Python reference executor of the same lowered module
+  (integer kernels from ``kernels.reference``; TVM's own build for scalar-path
+  PrimFuncs), bit-exact with the C.
+- ``kernels/``: ``c7x_kernels.h`` (the kernel ABI), host C reference
+  implementations, and ``reference.py`` (the same kernels in numpy).
+- ``manifest``: per-layer offload manifest (op, shapes, dtype, backend, MACs, reason).
+
+Offload PrimFunc convention (the contract between passes, emitter and interp):
+a ``tirx.PrimFunc`` whose parameters are the tensors of the extern call in
+order (inputs, constants, then the single output buffer last), whose body is
+one ``T.call_extern("int32", <kernel name>, <buf>.data ..., <int32 scalars>...)``
+with the arguments of ``c7x_kernels.h``, and whose attributes are
+``{"c7x_kernel": <kernel name>, "c7x_offload_backend": "mmalib" | "c7x"}``.
+"""

@@ -1,0 +1,342 @@
+"""Declarative model entries: one TOML file per model under ``models/``.
+
+Loading the entries imports neither torch nor tvm, so ``doit list`` stays fast.
+A file may ``extends = "<other model>"`` to reuse an entry and override a few
+keys (e.g. ``mobilenet_v2_int16`` = ``mobilenet_v2`` with ``dtype = "int16"``).
+
+Schema (every key but ``builder`` and ``input_shape`` has a default)::
+
+    builder = "torchvision.models:mobilenet_v2"   # "module:callable" returning an nn.Module
+    builder_kwargs = {}                            # passed to the builder
+    input_shape = [1, 3, 224, 224]                 # NCHW, float32; batch must be 1
+    dtype = "int8"                                 # "int8" | "int16" (activations)
+    preprocess = "imagenet"                        # preset, or a table (see PreprocessSpec)
+    [weights]      see WeightsSpec
+    [calibration]  see CalibrationSpec
+    [quantizer]    see QuantizerSpec
+    [codegen]      see CodegenSpec
+    [evaluation]   set = "<calibration set>"       # labeled images for the accuracy report
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+DTYPES = ("int8", "int16")
+OBSERVERS = ("minmax", "histogram", "moving_average")
+ORDERS = ("sorted", "shuffled")
+CALIB_SOURCES = ("images", "random")
+QUANTIZER_IMPLS = ("c7x", "tvm")
+WEIGHT_FORMATS = ("bin", "c_array")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+# torchvision's ImageNet classification transform (its weights' `transforms()`).
+IMAGENET_PREPROCESS = {
+    "resize": 256,
+    "crop": 224,
+    "mean": [0.485, 0.456, 0.406],
+    "std": [0.229, 0.224, 0.225],
+}
+
+
+@dataclass(frozen=True)
+class WeightsSpec:
+    """Where a model's checkpoint comes from (torch hub conventions).
+
+    Lookup order: ``path`` (explicit, relative to the project root), then
+    ``$TORCH_HOME/hub/checkpoints/<file>``, then ``<package>/<package_path>``
+    of an installed registry package. ``file`` is torchvision's checkpoint name
+    (``<arch>-<sha256 prefix>.pth``); its hash prefix is checked on load.
+    ``pretrained = false`` builds the architecture with its random init (tests).
+    ``optional = true``: when no file is found the default run skips the model
+    with a one-line notice instead of failing.
+    """
+
+    file: str | None = None
+    path: str | None = None
+    package: str | None = None
+    package_path: str | None = None
+    install_hint: str | None = None
+    optional: bool = False
+    pretrained: bool = True
+
+    @property
+    def sha256_prefix(self) -> str | None:
+        """The hash prefix torchvision puts in checkpoint names, if any."""
+        m = re.search(r"-([0-9a-f]{8,64})\.pth?$", self.file or "")
+        return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """Image -> NCHW float32 tensor: resize shorter side, center-crop, normalize.
+
+    ``resize``/``crop`` are pixels; ``mean``/``std`` apply to RGB in [0, 1].
+    """
+
+    resize: int = 256
+    crop: int = 224
+    mean: tuple[float, ...] = tuple(IMAGENET_PREPROCESS["mean"])
+    std: tuple[float, ...] = tuple(IMAGENET_PREPROCESS["std"])
+
+
+@dataclass(frozen=True)
+class CalibrationSpec:
+    """How the prepared model is calibrated.
+
+    ``set``: folder name under ``calib_data/``. ``num_images``: 0 = all.
+    ``order``: "sorted" (by file name) or "shuffled" (with ``seed``); either is
+    deterministic. ``observer``: activation observer, "minmax" (the reference
+    default), "histogram" (L2-optimal range, as ONNX Runtime / TensorRT
+    entropy-style calibration) or "moving_average". ``source = "random"``
+    calibrates on Gaussian noise: for plumbing tests only, the report then says
+    "not for deployment".
+    """
+
+    set: str = "imagenet20"
+    num_images: int = 0
+    order: str = "sorted"
+    seed: int = 0
+    observer: str = "minmax"
+    batch_size: int = 1
+    source: str = "images"
+
+
+@dataclass(frozen=True)
+class QuantizerSpec:
+    """Options handed to the quantizer (see ``pipeline.quant.C7xMMAQuantizer``).
+
+    ``implementation``: "c7x" (ours) or "tvm" (the vendor fork's
+    ``tvm.relax.frontend.torch.C7xMMAQuantizer`` when that tvm is installed).
+    ``weight_dtype``: None = int8 weights for both activation dtypes (the
+    user's document); "int16" = int16 weights in int16 mode (the reference code).
+    ``fuse_activations``: observe conv/linear/add outputs after a following
+    relu/relu6 instead of before it.
+    """
+
+    implementation: str = "c7x"
+    symmetric_activations: bool = True
+    weight_dtype: str | None = None
+    fuse_activations: bool = True
+
+
+@dataclass(frozen=True)
+class CodegenSpec:
+    """Code generation options. ``mmalib``: offload eligible layers to
+    MMALIB/C7x kernels (off = everything on TVM's scalar path, the baseline).
+    ``weights_format``: "bin" (``weights.bin`` loaded at run time) or
+    "c_array" (also emit ``weights_data.c`` with the blob as a C array)."""
+
+    mmalib: bool = True
+    weights_format: str = "bin"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One validated model entry."""
+
+    name: str
+    source: Path
+    builder: str
+    input_shape: tuple[int, ...]
+    dtype: str = "int8"
+    builder_kwargs: dict = field(default_factory=dict)
+    weights: WeightsSpec = WeightsSpec()
+    preprocess: PreprocessSpec = PreprocessSpec()
+    calibration: CalibrationSpec = CalibrationSpec()
+    quantizer: QuantizerSpec = QuantizerSpec()
+    codegen: CodegenSpec = CodegenSpec()
+    evaluation_set: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (paths as strings): handed to stage functions."""
+        d = dataclasses.asdict(self)
+        d["source"] = str(self.source)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
+        """Inverse of :meth:`to_dict`."""
+        d = dict(d)
+        return cls(
+            name=d["name"],
+            source=Path(d["source"]),
+            builder=d["builder"],
+            input_shape=tuple(d["input_shape"]),
+            dtype=d["dtype"],
+            builder_kwargs=dict(d["builder_kwargs"]),
+            weights=WeightsSpec(**d["weights"]),
+            preprocess=PreprocessSpec(**{k: tuple(v) if isinstance(v, list) else v
+                                         for k, v in d["preprocess"].items()}),
+            calibration=CalibrationSpec(**d["calibration"]),
+            quantizer=QuantizerSpec(**d["quantizer"]),
+            codegen=CodegenSpec(**d["codegen"]),
+            evaluation_set=d["evaluation_set"],
+        )
+
+
+@dataclass(frozen=True)
+class InvalidModel:
+    """A model entry that failed validation; its tasks fail with ``error``."""
+
+    name: str
+    source: Path
+    error: ConfigError
+
+
+def load_models(models_dir: str | Path) -> list[ModelSpec | InvalidModel]:
+    """Read every ``*.toml`` under ``models_dir``, sorted by name.
+
+    Invalid entries come back as :class:`InvalidModel` (so one broken file does
+    not stop the other models from building). Raises :class:`ConfigError` only
+    when ``models_dir`` itself is missing.
+    """
+    models_dir = Path(models_dir)
+    if not models_dir.is_dir():
+        raise ConfigError(f"models folder {models_dir} not found: create it and add one .toml file per model")
+    raw: dict[str, tuple[Path, dict | ConfigError]] = {}
+    for path in sorted(models_dir.glob("*.toml")):
+        try:
+            raw[path.stem] = (path, tomllib.loads(path.read_text()))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raw[path.stem] = (path, ConfigError(f"{path}: not valid TOML ({e}); fix the syntax"))
+    out: list[ModelSpec | InvalidModel] = []
+    for name, (path, data) in raw.items():
+        try:
+            if isinstance(data, ConfigError):
+                raise data
+            out.append(parse_model(name, path, _resolve_extends(name, raw)))
+        except ConfigError as e:
+            out.append(InvalidModel(name, path, e))
+    return out
+
+
+def _resolve_extends(name: str, raw: dict, seen: tuple = ()) -> dict:
+    path, data = raw[name]
+    if isinstance(data, ConfigError):
+        raise data
+    base_name = data.get("extends")
+    if base_name is None:
+        return data
+    if base_name in seen or base_name == name:
+        raise ConfigError(f"{path}: 'extends' forms a cycle through {base_name!r}")
+    if base_name not in raw:
+        raise ConfigError(f"{path}: extends unknown model {base_name!r}; "
+                          f"known: {', '.join(sorted(raw))}")
+    base = _resolve_extends(base_name, raw, seen + (name,))
+    return _deep_merge({k: v for k, v in base.items() if k != "extends"},
+                       {k: v for k, v in data.items() if k != "extends"})
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+_TOP_KEYS = {"builder", "builder_kwargs", "input_shape", "dtype", "preprocess", "weights",
+             "calibration", "quantizer", "codegen", "evaluation", "description"}
+
+
+def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
+    """Validate one entry's TOML table; raise :class:`ConfigError` naming the file."""
+    def fail(msg: str):
+        raise ConfigError(f"{path} (model {name!r}): {msg}")
+
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        fail(f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+    builder = data.get("builder")
+    if not isinstance(builder, str) or not re.fullmatch(r"[\w.]+:\w+", builder):
+        fail(f"'builder' must be 'module:callable' (e.g. 'torchvision.models:mobilenet_v2'), got {builder!r}")
+    shape = data.get("input_shape")
+    if (not isinstance(shape, list) or len(shape) != 4
+            or not all(isinstance(s, int) and s > 0 for s in shape)):
+        fail(f"'input_shape' must be [N, C, H, W] positive integers, got {shape!r}")
+    if shape[0] != 1:
+        fail(f"'input_shape' batch must be 1 (the C7x entry point runs one image), got {shape[0]}")
+    dtype = data.get("dtype", "int8")
+    if dtype not in DTYPES:
+        fail(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+
+    weights = _section(fail, data, "weights", WeightsSpec)
+    calibration = _section(fail, data, "calibration", CalibrationSpec)
+    quantizer = _section(fail, data, "quantizer", QuantizerSpec)
+    codegen = _section(fail, data, "codegen", CodegenSpec)
+    _check_choice(fail, "calibration.observer", calibration.observer, OBSERVERS)
+    _check_choice(fail, "calibration.order", calibration.order, ORDERS)
+    _check_choice(fail, "calibration.source", calibration.source, CALIB_SOURCES)
+    _check_choice(fail, "quantizer.implementation", quantizer.implementation, QUANTIZER_IMPLS)
+    _check_choice(fail, "codegen.weights_format", codegen.weights_format, WEIGHT_FORMATS)
+    if quantizer.weight_dtype not in (None,) + DTYPES:
+        fail(f"quantizer.weight_dtype {quantizer.weight_dtype!r} is not supported; use int8 or int16")
+    if quantizer.weight_dtype == "int16" and dtype == "int8":
+        fail("quantizer.weight_dtype = 'int16' needs dtype = 'int16'")
+    if calibration.num_images < 0 or calibration.batch_size < 1:
+        fail("calibration.num_images must be >= 0 (0 = all) and calibration.batch_size >= 1")
+    if weights.pretrained and not (weights.file or weights.path):
+        fail("[weights] needs 'file' (torchvision checkpoint name) or 'path', "
+             "or 'pretrained = false' for a randomly initialised model")
+
+    evaluation = data.get("evaluation", {})
+    if not isinstance(evaluation, dict) or set(evaluation) - {"set"}:
+        fail("[evaluation] accepts only 'set'")
+    return ModelSpec(
+        name=name, source=path, builder=builder, input_shape=tuple(shape), dtype=dtype,
+        builder_kwargs=dict(data.get("builder_kwargs", {})), weights=weights,
+        preprocess=_preprocess(fail, data.get("preprocess", "imagenet")),
+        calibration=calibration, quantizer=quantizer, codegen=codegen,
+        evaluation_set=evaluation.get("set", calibration.set if calibration.source == "images" else None),
+    )
+
+
+def _section(fail, data: dict, key: str, cls):
+    table = data.get(key, {})
+    if not isinstance(table, dict):
+        fail(f"[{key}] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(table) - set(fields)
+    if unknown:
+        fail(f"unknown key(s) {sorted(unknown)} in [{key}]; allowed: {sorted(fields)}")
+    for k, v in table.items():
+        default = fields[k].default
+        if default is not None and not isinstance(v, type(default)):
+            fail(f"{key}.{k} must be {type(default).__name__}, got {v!r}")
+    return cls(**table)
+
+
+def _check_choice(fail, key: str, value, allowed):
+    if value not in allowed:
+        fail(f"{key} {value!r} is not supported; use one of {', '.join(allowed)}")
+
+
+def _preprocess(fail, value) -> PreprocessSpec:
+    if value == "imagenet":
+        value = IMAGENET_PREPROCESS
+    if not isinstance(value, dict):
+        fail(f"preprocess must be \"imagenet\" or a table {{resize, crop, mean, std}}, got {value!r}")
+    unknown = set(value) - {"resize", "crop", "mean", "std"}
+    if unknown:
+        fail(f"unknown key(s) {sorted(unknown)} in preprocess")
+    merged = {**IMAGENET_PREPROCESS, **value}
+    if len(merged["mean"]) != 3 or len(merged["std"]) != 3:
+        fail("preprocess mean and std need 3 values (RGB)")
+    return PreprocessSpec(resize=int(merged["resize"]), crop=int(merged["crop"]),
+                          mean=tuple(float(v) for v in merged["mean"]),
+                          std=tuple(float(v) for v in merged["std"]))
+
+
+def list_images(folder: str | Path) -> list[Path]:
+    """Image files of a calibration/evaluation set, sorted by name."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)

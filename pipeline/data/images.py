@@ -1,0 +1,87 @@
+"""Decode and preprocess labeled image sets (torchvision decoding and transforms).
+
+Labels follow the file-name convention of the shipped set:
+``<anything>_<class index>.jpg`` (e.g. ``imagenet_03_990.jpg`` -> class 990).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import joblib
+import torch
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms import v2
+from tqdm import tqdm
+
+from ..config import CalibrationSpec, PreprocessSpec, list_images
+from ..errors import CalibrationDataError
+
+_LABEL = re.compile(r"_(\d+)\.[A-Za-z]+$")
+
+
+def make_transform(pre: PreprocessSpec) -> v2.Compose:
+    """uint8 CHW RGB image -> float32 CHW: resize shorter side to ``pre.resize``
+    (bilinear, antialiased), center-crop ``pre.crop``, scale to [0, 1],
+    normalize with ``pre.mean``/``pre.std`` (torchvision's ImageNet recipe)."""
+    return v2.Compose([
+        v2.Resize(pre.resize, antialias=True),
+        v2.CenterCrop(pre.crop),
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(list(pre.mean), list(pre.std)),
+    ])
+
+
+def load_image(path: Path, transform) -> torch.Tensor:
+    """Decode one image file to a preprocessed float32 [3, crop, crop] tensor.
+
+    Raises :class:`CalibrationDataError` naming the file when it is not a
+    readable JPEG/PNG.
+    """
+    try:
+        data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
+        img = decode_image(data, mode=ImageReadMode.RGB)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise CalibrationDataError(
+            f"{path}: not a readable image ({str(e).splitlines()[0][:120]}); "
+            f"replace or remove the file") from None
+    return transform(img)
+
+
+def label_of(path: Path) -> int | None:
+    """Class index encoded in the file name, or None."""
+    m = _LABEL.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def select_images(folder: Path, calib: CalibrationSpec, model: str) -> list[Path]:
+    """The calibration images in their deterministic order, capped at ``num_images``.
+
+    Raises :class:`CalibrationDataError` when the folder is missing or empty.
+    """
+    files = list_images(folder)
+    if not files:
+        raise CalibrationDataError(
+            f"model {model!r}: calibration folder {folder} is missing or holds no .jpg/.jpeg/.png "
+            f"images; add images there or run `python -m pipeline.assets` to fetch the shipped set")
+    if calib.order == "shuffled":
+        random.Random(calib.seed).shuffle(files)
+    return files[: calib.num_images] if calib.num_images else files
+
+
+def iter_images(paths: list[Path], pre: PreprocessSpec, n_jobs: int = 2):
+    """Yield preprocessed float32 [3, crop, crop] tensors in ``paths`` order.
+
+    Decoding runs ahead in joblib threads (torchvision's decoders release the
+    GIL), so the consumer (calibration, evaluation) overlaps with it."""
+    transform = make_transform(pre)
+    jobs = (joblib.delayed(load_image)(p, transform) for p in paths)
+    yield from joblib.Parallel(n_jobs=n_jobs, prefer="threads", return_as="generator")(jobs)
+
+
+def load_images(paths: list[Path], pre: PreprocessSpec, desc: str, n_jobs: int = 2) -> torch.Tensor:
+    """All of ``paths`` as one float32 NCHW tensor, behind a progress bar (img/s)."""
+    it = tqdm(iter_images(paths, pre, n_jobs), total=len(paths), desc=desc, unit="img", leave=False)
+    return torch.stack(list(it))

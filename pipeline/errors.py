@@ -1,0 +1,29 @@
+"""Errors the pipeline raises on bad input.
+
+Every error names what was wrong, where (file, model) and what to do. The doit
+layer turns them into a one-line task failure instead of a traceback.
+"""
+
+
+class PipelineError(Exception):
+    """Base class: a problem with the user's input or environment, not a bug."""
+
+
+class ConfigError(PipelineError):
+    """A model entry (``models/*.toml``) is invalid."""
+
+
+class WeightsNotFoundError(PipelineError):
+    """No checkpoint file was found for a model."""
+
+
+class CalibrationDataError(PipelineError):
+    """A calibration image set is missing, empty or holds an unreadable file."""
+
+
+class UnsupportedOpError(PipelineError):
+    """The graph holds an operator the backend cannot lower."""
+
+
+class ToolchainError(PipelineError):
+    """An external tool (TI cl7x, gcc) is missing or failed."""

@@ -1,0 +1,91 @@
+"""Atomic file output and content hashing.
+
+Every stage writes its outputs through these helpers, so a stage that fails or
+is killed mid-write never leaves a file (or folder) that a later run could take
+for a finished artifact: data goes to a temporary name in the same folder and is
+moved into place with ``os.replace`` only once complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+_TMP_PREFIX = ".tmp-"
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``target``; move it into place on success.
+
+    The caller writes the file at the yielded path (any library's ``save``
+    works). On an exception the temporary file is removed and ``target`` is
+    left untouched.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX + target.name + ".", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_bytes(target: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``target`` atomically."""
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(target: str | os.PathLike, text: str) -> None:
+    """Write UTF-8 ``text`` to ``target`` atomically."""
+    write_bytes(target, text.encode("utf-8"))
+
+
+def write_json(target: str | os.PathLike, obj) -> None:
+    """Write ``obj`` as indented, key-sorted JSON (byte-stable for equal input)."""
+    write_text(target, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary folder; on success it replaces ``target`` as a whole.
+
+    Used by stages with several output files (codegen, host build): either the
+    whole new set is in place or the old one is gone, never a mix that a later
+    run would take as complete.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX + target.name + ".", dir=target.parent))
+    try:
+        yield tmp
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX + "old.", dir=target.parent))
+            os.replace(target, old / target.name)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's content."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,73 @@
+"""Stage ``calibrate``: prepared model + calibration images -> observer ranges."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .. import torchenv  # noqa: F401
+from ..config import ModelSpec
+from ..data.images import iter_images, select_images
+from ..fsutil import atomic_path, write_json
+from .prepare import build_prepared, check_prepared
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+
+def calibration_batches(spec: ModelSpec, images: list[Path]):
+    """Yield float32 NCHW batches of ``spec.calibration.batch_size`` images
+    (or of Gaussian noise, seed ``calibration.seed``, for ``source = "random"``)."""
+    cal = spec.calibration
+    if cal.source == "random":
+        gen = torch.Generator().manual_seed(cal.seed)
+        n = cal.num_images or 8
+        for i in range(0, n, cal.batch_size):
+            yield torch.randn(min(cal.batch_size, n - i), *spec.input_shape[1:], generator=gen)
+        return
+    batch = []
+    for x in iter_images(images, spec.preprocess):
+        batch.append(x)
+        if len(batch) == cal.batch_size:
+            yield torch.stack(batch)
+            batch = []
+    if batch:
+        yield torch.stack(batch)
+
+
+def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepared_table: Path,
+                    calib_dir: Path, out_state: Path, out_info: Path) -> dict:
+    """Run the calibration images through the prepared model; save the full
+    state (weights + filled observers) and a JSON record of what was used.
+
+    Raises :class:`CalibrationDataError` for a missing/empty folder or an
+    unreadable image (nothing is written then).
+    """
+    cal = spec.calibration
+    images = select_images(calib_dir, cal, spec.name) if cal.source == "images" else []
+    gm = build_prepared(spec, float_pt2)
+    check_prepared(gm, prepared_state, prepared_table)
+    total = len(images) if images else (cal.num_images or 8)
+    t0 = time.perf_counter()
+    with torch.no_grad(), tqdm(total=total, desc=f"calibrate {spec.name}", unit="img", leave=False) as bar:
+        for batch in calibration_batches(spec, images):
+            gm(batch)
+            bar.update(len(batch))
+    seconds = time.perf_counter() - t0
+    with atomic_path(out_state) as tmp:
+        torch.save(gm.state_dict(), tmp)
+    info = {
+        "model": spec.name,
+        "source": cal.source,
+        "set": cal.set if cal.source == "images" else None,
+        "images": [p.name for p in images],
+        "num_images": total,
+        "observer": cal.observer,
+        "batch_size": cal.batch_size,
+        "order": cal.order,
+        "for_deployment": cal.source == "images",
+    }
+    write_json(out_info, info)
+    print(f"calibrate {spec.name}: {total} images, observer {cal.observer}, "
+          f"{total / max(seconds, 1e-9):.1f} img/s")
+    return info

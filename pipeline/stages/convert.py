@@ -1,0 +1,47 @@
+"""Stage ``convert``: calibrated observers -> Q/DQ ExportedProgram (``quantized.pt2``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import torchenv
+from ..config import ModelSpec
+from ..fsutil import atomic_path
+from .prepare import build_prepared
+
+import torch  # noqa: E402
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e  # noqa: E402
+
+
+def load_converted(spec: ModelSpec, float_pt2: Path, calibrated_state: Path) -> torch.fx.GraphModule:
+    """Rebuild the prepared model, load the calibrated observers, ``convert_pt2e``.
+
+    The result computes the Q/DQ model in PyTorch (the numerical reference of
+    every later stage). Int8/int16 weights are folded into constants.
+    """
+    gm = build_prepared(spec, float_pt2)
+    gm.load_state_dict(torch.load(calibrated_state, map_location="cpu", weights_only=True), strict=True)
+    q = convert_pt2e(gm)
+    _drop_unused_attributes(q)
+    return q
+
+
+def _drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
+    """convert_pt2e leaves the float weights that BN folding replaced as
+    parameters no node reads; drop them so they are not exported."""
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name, _ in list(gm.named_parameters()) + list(gm.named_buffers()):
+        if name not in used:
+            owner, _, attr = name.rpartition(".")
+            mod = gm.get_submodule(owner) if owner else gm
+            delattr(mod, attr)
+
+
+def convert_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, out: Path) -> None:
+    """Convert and re-export with the static batch-1 input of ``spec.input_shape``."""
+    q = load_converted(spec, float_pt2, calibrated_state)
+    example = torch.zeros(*spec.input_shape)
+    ep = torch.export.export(q, (example,))
+    torchenv.strip_nondeterministic_meta(ep)
+    with atomic_path(out) as tmp:
+        torch.export.save(ep, tmp)

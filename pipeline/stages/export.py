@@ -1,0 +1,62 @@
+"""Stage ``export``: model builder + checkpoint -> float ExportedProgram (``float.pt2``)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from .. import torchenv
+from ..config import ModelSpec
+from ..errors import ConfigError, WeightsNotFoundError
+from ..fsutil import atomic_path
+from ..weights import check_weights_hash
+
+import torch  # noqa: E402  (after torchenv)
+from torch.export import Dim  # noqa: E402
+
+# Calibration may batch images, so the float program keeps the batch dim
+# dynamic; convert re-exports with the static batch-1 shape of the entry point.
+MAX_BATCH = 1024
+
+
+def build_model(spec: ModelSpec, weights: Path | None, root: Path) -> torch.nn.Module:
+    """Instantiate ``spec.builder`` and load ``weights`` (``weights_only=True``).
+
+    Returns the module in eval mode. Raises :class:`ConfigError` for an unknown
+    builder, :class:`WeightsNotFoundError` for a checkpoint that does not fit.
+    """
+    module_name, _, attr = spec.builder.partition(":")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))  # builders may live in the project's models/ folder
+    try:
+        builder = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{spec.source} (model {spec.name!r}): builder {spec.builder!r} not found "
+                          f"({e}); use 'module:callable', e.g. 'torchvision.models:mobilenet_v2'") from None
+    torch.manual_seed(0)  # random-init models (tests) are reproducible
+    model = builder(**spec.builder_kwargs)
+    if weights is not None:
+        check_weights_hash(spec, weights)
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:
+            raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "
+                                       f"{spec.builder} ({str(e).splitlines()[0]})") from None
+    return model.eval()
+
+
+def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path) -> None:
+    """Export the float model to ``out`` with ``torch.export.save``.
+
+    Input: float32 NCHW ``spec.input_shape``, batch dim dynamic (1..1024).
+    """
+    model = build_model(spec, weights, root)
+    example = torch.randn(2, *spec.input_shape[1:])
+    with torch.no_grad():
+        ep = torch.export.export(model, (example,),
+                                 dynamic_shapes=({0: Dim("batch", min=1, max=MAX_BATCH)},))
+    torchenv.strip_nondeterministic_meta(ep)
+    with atomic_path(out) as tmp:
+        torch.export.save(ep, tmp)

@@ -1,0 +1,91 @@
+"""Stage ``prepare``: float program + quantizer options -> prepared model state.
+
+A PT2E prepared GraphModule holds observer modules that neither pickle nor
+``torch.export.save`` can store. So this stage stores what identifies it: the
+prepared module's weights (conv-BN folded) and a table of where observers sit
+and with which dtype/scheme/range. Both are independent of the observer
+*class*, which is a calibration option: changing it re-runs calibrate, not
+prepare. Later stages rebuild the module with :func:`build_prepared`
+(deterministic) and :func:`check_prepared` proves the rebuild matches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import torchenv  # noqa: F401
+from ..config import ModelSpec
+from ..errors import ConfigError
+from ..fsutil import atomic_path, write_text
+
+import torch  # noqa: E402
+from torchao.quantization.pt2e import ObserverBase  # noqa: E402
+from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e  # noqa: E402
+
+
+def make_quantizer(spec: ModelSpec, observer: str | None = None):
+    """The quantizer a model entry asks for (ours, or the vendor fork's).
+
+    ``observer`` overrides ``spec.calibration.observer``."""
+    q = spec.quantizer
+    if q.implementation == "tvm":
+        try:
+            from tvm.relax.frontend.torch import C7xMMAQuantizer as Vendor  # type: ignore[attr-defined]
+        except ImportError:
+            raise ConfigError(
+                f"{spec.source} (model {spec.name!r}): quantizer.implementation = 'tvm' needs TI's "
+                f"tvm fork (tvm.relax.frontend.torch.C7xMMAQuantizer); the installed tvm lacks it. "
+                f"Use implementation = 'c7x'") from None
+        return Vendor(dtype=spec.dtype, symmetric_activations=q.symmetric_activations)
+    from ..quant import C7xMMAQuantizer
+    return C7xMMAQuantizer(dtype=spec.dtype, symmetric_activations=q.symmetric_activations,
+                           weight_dtype=q.weight_dtype, observer=observer or spec.calibration.observer,
+                           fuse_activations=q.fuse_activations)
+
+
+def build_prepared(spec: ModelSpec, float_pt2: Path, observer: str | None = None) -> torch.fx.GraphModule:
+    """Load ``float_pt2`` and run ``prepare_pt2e`` with the entry's quantizer."""
+    ep = torch.export.load(float_pt2)
+    return prepare_pt2e(ep.module(), make_quantizer(spec, observer))
+
+
+def _observer_names(gm: torch.fx.GraphModule) -> list[str]:
+    return [n for n, m in gm.named_modules() if isinstance(m, ObserverBase)]
+
+
+def split_state(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
+    """(weights, observer buffers) of a prepared module's state_dict."""
+    obs = tuple(n + "." for n in _observer_names(gm))
+    sd = gm.state_dict()
+    return ({k: v for k, v in sd.items() if not k.startswith(obs)},
+            {k: v for k, v in sd.items() if k.startswith(obs)})
+
+
+def observer_table(gm: torch.fx.GraphModule) -> str:
+    """One line per observer: name, dtype, qscheme, [quant_min, quant_max], ch_axis."""
+    lines = []
+    for name in _observer_names(gm):
+        mod = gm.get_submodule(name)
+        lines.append(f"{name}\t{mod.dtype}\t{mod.qscheme}\t[{mod.quant_min}, {mod.quant_max}]\t"
+                     f"ch_axis={getattr(mod, 'ch_axis', None)}")
+    return "\n".join(lines) + "\n"
+
+
+def check_prepared(gm: torch.fx.GraphModule, prepared_state: Path, table: Path) -> None:
+    """Check that a rebuilt prepared module equals the stored one (weights and
+    observer placement); load the stored weights into it. Raises RuntimeError."""
+    weights = torch.load(prepared_state, map_location="cpu", weights_only=True)
+    own, _ = split_state(gm)
+    same = set(own) == set(weights) and all(torch.equal(own[k], weights[k]) for k in own)
+    if not same or observer_table(gm) != table.read_text():
+        raise RuntimeError(f"rebuilt prepared model differs from {prepared_state}; re-run prepare")
+    gm.load_state_dict(weights, strict=False)
+
+
+def prepare_model(spec: ModelSpec, float_pt2: Path, out_state: Path, out_table: Path) -> None:
+    """Write the prepared weights (``torch.save`` of a tensor dict) and the observer table."""
+    gm = build_prepared(spec, float_pt2, observer="minmax")
+    weights, _ = split_state(gm)
+    with atomic_path(out_state) as tmp:
+        torch.save(weights, tmp)
+    write_text(out_table, observer_table(gm))

@@ -1,0 +1,19 @@
+"""Stage ``relax_import``: Q/DQ ExportedProgram -> Relax IRModule as TVMScript text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import torchenv  # noqa: F401  (registers the Q/DQ ops torch.export.load needs)
+from ..frontend.irmodule_io import save_irmodule
+from ..frontend.qdq_import import import_exported_program
+
+import torch  # noqa: E402
+
+
+def import_model(quantized_pt2: Path, out_script: Path, out_params: Path) -> None:
+    """Import ``quantized_pt2`` with ``from_exported_program(keep_params_as_input=True)``
+    and the Q/DQ op map; write ``module.py`` (TVMScript) and ``params.bin``."""
+    ep = torch.export.load(quantized_pt2)
+    mod, params = import_exported_program(ep)
+    save_irmodule(mod, params, out_script, out_params)

@@ -1,0 +1,30 @@
+"""Import torch/torchao the same way in every stage: quiet and deterministic.
+
+Stages import this module (never the task loader), so ``doit list`` stays free
+of torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+# torchao 0.18 logs a deprecation notice through torch's pytree logger on import.
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+
+import torch  # noqa: E402
+
+# The target machine has 2 cores shared with the decoder threads; more threads
+# only add contention. Override with C7X_TORCH_THREADS.
+torch.set_num_threads(int(os.environ.get("C7X_TORCH_THREADS", "2")))
+
+import torchao.quantization.pt2e  # noqa: E402,F401  (registers the Q/DQ ops)
+from torch.ao.quantization.fx import _decomposed  # noqa: E402,F401  (needed by torch.export.load)
+
+
+def strip_nondeterministic_meta(ep: "torch.export.ExportedProgram") -> None:
+    """Drop node metadata that embeds Python object ids (``from_node`` holds
+    ``graph_id = id(graph)``), so saving the same program twice gives the same
+    bytes and doit's MD5 check can stop an unchanged cascade."""
+    for node in ep.graph.nodes:
+        node.meta.pop("from_node", None)

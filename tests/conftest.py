@@ -1,0 +1,8 @@
+"""Shared test set-up: make ``tests/`` importable (for ``qflow``) and keep torch small."""
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("C7X_TORCH_THREADS", "2")
