@@ -30,7 +30,10 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX + target.name + ".", dir=target.parent)
+    _remove_leftovers(target)
+    # keep the suffix: some writers (torch.export.save) check it
+    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX + target.name + ".", suffix=target.suffix,
+                               dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -67,6 +70,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(target)
     tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX + target.name + ".", dir=target.parent))
     try:
         yield tmp
@@ -80,6 +84,15 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Delete temporaries a killed earlier write of ``target`` left behind."""
+    for old in target.parent.glob(f"{_TMP_PREFIX}{target.name}.*"):
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

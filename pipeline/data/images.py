@@ -40,14 +40,23 @@ def load_image(path: Path, transform) -> torch.Tensor:
     Raises :class:`CalibrationDataError` naming the file when it is not a
     readable JPEG/PNG.
     """
+    raw = path.read_bytes()
     try:
-        data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
-        img = decode_image(data, mode=ImageReadMode.RGB)
-    except (RuntimeError, ValueError, OSError) as e:
+        if not raw:
+            raise ValueError("empty file")
+        img = decode_image(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    except (RuntimeError, ValueError) as e:
         raise CalibrationDataError(
-            f"{path}: not a readable image ({str(e).splitlines()[0][:120]}); "
-            f"replace or remove the file") from None
+            f"{path}: not a readable JPEG/PNG image ({_decoder_reason(e)}); replace or remove the file") from None
     return transform(img)
+
+
+def _decoder_reason(e: Exception) -> str:
+    """torchvision's message without its C++ source location, first sentence only."""
+    msg = str(e).splitlines()[0]
+    if ".cpp:" in msg:  # "decode_jpeg, /path/decode_jpeg.cpp:171, Image is incomplete or truncated"
+        msg = msg.split(", ", 2)[-1]
+    return msg.split(". ")[0].rstrip(".")
 
 
 def label_of(path: Path) -> int | None:

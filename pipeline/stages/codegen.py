@@ -1,0 +1,30 @@
+"""Stage ``codegen``: Relax module -> static C + weights.bin + offload manifest.
+
+One build per variant: "mmalib" (eligible layers on MMALIB/C7x kernels) when
+the model enables it, and always "scalar" (everything on TVM's scalar path),
+the baseline the verify stage compares against.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import ModelSpec
+from ..fsutil import atomic_dir
+
+
+def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[str, Path]) -> dict:
+    """Compile ``relax/module.py`` + ``params.bin`` once per variant into ``out_dirs``.
+
+    Returns {variant: compile summary}. Each folder is replaced atomically.
+    """
+    from ..backend.compile import compile_model
+    from ..frontend.irmodule_io import load_irmodule
+
+    mod = load_irmodule(script, params)
+    summaries = {}
+    for variant, out in out_dirs.items():
+        with atomic_dir(out) as tmp:
+            summaries[variant] = compile_model(mod, spec.name, tmp, mmalib=(variant == "mmalib"),
+                                               weights_format=spec.codegen.weights_format)
+    return summaries

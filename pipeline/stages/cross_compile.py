@@ -1,0 +1,55 @@
+"""Stage ``cross_compile``: the generated C -> C7x objects and a static library.
+
+Output folder ``c7x/``: one ``.obj`` per generated C file, ``lib<model>.lib``
+(link it into the DSP firmware together with TI's MMALIB wrappers), the
+portable reference kernels as ``c7x_kernels_ref.obj`` (a slow fallback for
+firmware without the wrappers), and ``build.json`` with every command line.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from ..config import ModelSpec
+from ..errors import ToolchainError
+from ..fsutil import atomic_dir, write_json
+from ..toolchain import archive_command, compile_command, find_cgt
+
+KERNELS_DIR = Path(__file__).resolve().parent.parent / "backend" / "kernels"
+
+
+def _run(cmd: list[str], model: str, cwd: Path) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    if proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip().splitlines()
+        raise ToolchainError(f"model {model!r}: {Path(cmd[0]).name} failed ({proc.returncode}): "
+                             f"{msg[-1] if msg else 'no output'}")
+
+
+def cross_compile_model(spec: ModelSpec, codegen_dir: Path, out: Path) -> dict:
+    """Compile ``codegen_dir``'s C sources with cl7x and archive them with ar7x.
+
+    Raises :class:`ToolchainError` when ``TI_CGT_C7000_PATH`` is unset or a tool fails.
+    """
+    cgt = find_cgt()
+    sources = sorted(p for p in codegen_dir.glob("*.c"))
+    includes = [codegen_dir, KERNELS_DIR]
+    with atomic_dir(out) as tmp:
+        commands = []
+        objects = []
+        for src in sources + [KERNELS_DIR / "c7x_kernels_ref.c"]:
+            obj = Path(src.stem + ".obj")  # relative: tools run inside the output folder
+            cmd = compile_command(cgt, src, obj, includes)
+            commands.append(cmd)
+            _run(cmd, spec.name, tmp)
+            if src.parent == codegen_dir:
+                objects.append(obj)
+        lib = Path(f"lib{spec.name}.lib")
+        cmd = archive_command(cgt, lib, objects)
+        commands.append(cmd)
+        _run(cmd, spec.name, tmp)
+        info = {"model": spec.name, "cgt": str(cgt), "commands": commands,
+                "library": lib.name, "objects": [o.name for o in objects]}
+        write_json(tmp / "build.json", info)
+    return info

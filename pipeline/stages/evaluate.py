@@ -1,0 +1,78 @@
+"""Stage ``evaluate``: float vs quantized accuracy on labeled images (``report.json``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import torchenv  # noqa: F401
+from ..config import ModelSpec, list_images
+from ..data.images import label_of, load_images
+from ..errors import CalibrationDataError
+from ..fsutil import write_json
+
+import torch  # noqa: E402
+
+
+def run_program(pt2: Path, images: torch.Tensor) -> torch.Tensor:
+    """Logits [N, classes] float32 of an exported program, one image at a time
+    (the Q/DQ program is exported with batch 1)."""
+    module = torch.export.load(pt2).module()
+    with torch.no_grad():
+        return torch.cat([module(images[i:i + 1]) for i in range(len(images))])
+
+
+def compare_logits(float_logits: torch.Tensor, quant_logits: torch.Tensor,
+                   labels: list[int | None]) -> dict:
+    """Top-1 counts of both models, their top-1 agreement and the logit error.
+
+    ``labels`` may hold None for unlabeled images (counted in agreement only).
+    """
+    f1 = float_logits.argmax(1)
+    q1 = quant_logits.argmax(1)
+    lab = [(i, y) for i, y in enumerate(labels) if y is not None]
+    err = (float_logits - quant_logits).abs()
+    return {
+        "images": len(labels),
+        "labeled": len(lab),
+        "float_top1": sum(int(f1[i]) == y for i, y in lab),
+        "quant_top1": sum(int(q1[i]) == y for i, y in lab),
+        "top1_agreement": int((f1 == q1).sum()),
+        "mean_abs_logit_error": round(float(err.mean()), 6),
+        "max_abs_logit_error": round(float(err.max()), 6),
+    }
+
+
+def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibration_json: Path,
+                   images_dir: Path, out: Path) -> dict:
+    """Run float.pt2 and quantized.pt2 on the evaluation set; write ``report.json``.
+
+    Raises :class:`CalibrationDataError` when the model has no labeled set or
+    it is empty.
+    """
+    calib = json.loads(calibration_json.read_text())
+    if not spec.evaluation_set:
+        raise CalibrationDataError(f"model {spec.name!r}: no [evaluation] set and calibration is "
+                                   f"random; set evaluation.set in {spec.source}")
+    paths = list_images(images_dir)
+    if not paths:
+        raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images")
+    x = load_images(paths, spec.preprocess, desc=f"evaluate {spec.name}")
+    result = compare_logits(run_program(float_pt2, x), run_program(quantized_pt2, x),
+                            [label_of(p) for p in paths])
+    overlap = calib["source"] == "images" and calib["set"] == spec.evaluation_set
+    report = {
+        "model": spec.name,
+        "dtype": spec.dtype,
+        "weight_dtype": spec.quantizer.weight_dtype or "int8",
+        "evaluation_set": spec.evaluation_set,
+        "calibration": {k: calib[k] for k in ("source", "set", "num_images", "observer", "batch_size")},
+        "for_deployment": bool(calib["for_deployment"]),
+        **result,
+        "note": ("the evaluation images are also the calibration images: these numbers measure "
+                 "quantization fidelity, not held-out accuracy") if overlap else "",
+    }
+    if not calib["for_deployment"]:
+        report["note"] = "NOT FOR DEPLOYMENT: calibrated on random noise, not on real images"
+    write_json(out, report)
+    return report

@@ -1,0 +1,367 @@
+"""The doit layer: model entries -> one sub-task per model and stage.
+
+Only wiring lives here. Each task's action is ``(run_stage, [stage, payload])``:
+a module-level function with plain-data arguments (picklable, so ``doit -n``
+with processes works everywhere), which imports the stage module only when the
+task runs. Loading the task list imports neither torch nor tvm.
+
+Staleness is doit's own machinery:
+
+- ``file_dep``: the upstream artifact(s), the calibration images, the
+  checkpoint, and the pipeline source files the stage runs (so a code change
+  re-runs that stage; DVC/Bazel behaviour). doit's MD5 checker ignores a
+  ``touch`` and notices added or removed files.
+- ``uptodate=[config_changed(...)]``: the model-entry options and library
+  versions the stage depends on, and nothing else (a dtype change re-runs
+  prepare onward, not export; a calibration option re-runs calibrate onward).
+- Outputs are written atomically by the stages, and doit records a task only
+  after it succeeded, so a failed or killed stage is re-run next time.
+- Deterministic outputs give early cutoff: a byte-identical artifact does not
+  invalidate the stages after it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+
+from .config import InvalidModel, ModelSpec, list_images, load_models
+from .errors import PipelineError, WeightsNotFoundError
+from .weights import missing_weights_message, resolve_weights
+
+PKG = Path(__file__).resolve().parent
+STAGES = ("export", "prepare", "calibrate", "convert", "relax_import", "codegen",
+          "host_build", "verify", "evaluate", "cross_compile")
+
+# Pipeline sources each stage executes (files or folders, relative to pipeline/).
+STAGE_CODE = {
+    "export": ["stages/export.py", "torchenv.py", "weights.py"],
+    "prepare": ["stages/prepare.py", "torchenv.py", "quant"],
+    "calibrate": ["stages/calibrate.py", "stages/prepare.py", "torchenv.py", "quant", "data"],
+    "convert": ["stages/convert.py", "stages/prepare.py", "torchenv.py", "quant"],
+    "relax_import": ["stages/relax_import.py", "torchenv.py", "frontend"],
+    "codegen": ["stages/codegen.py", "frontend/irmodule_io.py", "backend/compile.py",
+                "backend/lower.py", "backend/emit_c.py", "backend/weights_bin.py",
+                "backend/fold.py", "backend/manifest.py", "backend/passes",
+                "backend/kernels/c7x_tvm_shim.h"],
+    "host_build": ["stages/host_build.py", "backend/host.py", "backend/kernels"],
+    "verify": ["stages/verify.py", "stages/convert.py", "backend/interp.py", "backend/host.py",
+               "backend/kernels/reference.py", "data", "torchenv.py"],
+    "evaluate": ["stages/evaluate.py", "stages/convert.py", "data", "torchenv.py"],
+    "cross_compile": ["stages/cross_compile.py"],
+}
+_CODE_SUFFIXES = (".py", ".c", ".h")
+
+
+def stage_sources(stage: str) -> list[str]:
+    """Absolute paths of the pipeline files ``stage`` runs (sorted)."""
+    out = []
+    for rel in STAGE_CODE[stage]:
+        p = PKG / rel
+        if p.is_dir():
+            out += [str(f) for f in sorted(p.rglob("*")) if f.suffix in _CODE_SUFFIXES
+                    and "__pycache__" not in f.parts]
+        elif p.exists():
+            out.append(str(p))
+    return out
+
+
+def _versions(*dists: str) -> dict[str, str]:
+    out = {}
+    for d in dists:
+        try:
+            out[d] = importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            out[d] = "missing"
+    return out
+
+
+class Layout:
+    """Artifact paths of one model: everything under ``artifacts/<model>/``."""
+
+    def __init__(self, artifacts: Path, name: str):
+        self.dir = artifacts / name
+        self.float_pt2 = self.dir / "float.pt2"
+        self.prepared = self.dir / "prepared.pt"
+        self.prepared_table = self.dir / "prepared_observers.txt"
+        self.calibrated = self.dir / "calibrated.pt"
+        self.calibration_json = self.dir / "calibration.json"
+        self.quantized_pt2 = self.dir / "quantized.pt2"
+        self.relax_script = self.dir / "relax" / "module.py"
+        self.relax_params = self.dir / "relax" / "params.bin"
+        self.report = self.dir / "report.json"
+        self.verify = self.dir / "verify.json"
+        self.cross = self.dir / "c7x"
+
+    def codegen_dir(self, variant: str) -> Path:
+        """Generated C of one build variant ("mmalib" or "scalar")."""
+        return self.dir / "c" / variant
+
+    def host_exe(self, variant: str) -> Path:
+        return self.dir / "host" / f"{variant}.exe"
+
+
+def variants(spec: ModelSpec) -> list[str]:
+    """Builds made for a model: the MMALIB build (if enabled) and the scalar baseline."""
+    return ["mmalib", "scalar"] if spec.codegen.mmalib else ["scalar"]
+
+
+CODEGEN_FILES = ("model.c", "model.h", "tvm_kernels.c", "weights.bin", "manifest.json")
+
+
+def run_stage(stage: str, payload: dict):
+    """doit action: run one stage; user-facing errors become a one-line failure."""
+    from .stages import runner
+    try:
+        runner.run(stage, payload)
+    except PipelineError as e:
+        return TaskFailed(f"{stage}: {e}")
+    return None
+
+
+def _fail_config(message: str):
+    """doit action of an invalid model entry: fail with the validation message."""
+    return TaskFailed(message)
+
+
+class Project:
+    """Model entries of one project and the doit tasks that build them."""
+
+    def __init__(self, models_dir="models", artifacts_dir="artifacts", calib_root="calib_data",
+                 root: str | Path | None = None):
+        self.root = Path(root) if root else Path(models_dir).resolve().parent
+        self.models_dir = self._abs(models_dir)
+        self.artifacts = self._abs(artifacts_dir)
+        self.calib_root = self._abs(calib_root)
+        self.entries = load_models(self.models_dir)
+        self.weights: dict[str, Path | None] = {}
+        self.skipped: dict[str, str] = {}
+        for spec in self.valid():
+            try:
+                self.weights[spec.name] = resolve_weights(spec, self.root)
+            except WeightsNotFoundError:
+                if spec.weights.optional:
+                    self.skipped[spec.name] = missing_weights_message(spec, self.root)
+
+    def _abs(self, p) -> Path:
+        p = Path(p)
+        return p if p.is_absolute() else self.root / p
+
+    def valid(self) -> list[ModelSpec]:
+        return [e for e in self.entries if isinstance(e, ModelSpec)]
+
+    def built(self) -> list[ModelSpec]:
+        """Models the default run builds (valid and not skipped)."""
+        return [s for s in self.valid() if s.name not in self.skipped]
+
+    # ---- task dictionaries -------------------------------------------------
+
+    def _task(self, stage, spec, file_dep, targets, config, payload, doc):
+        return {
+            "name": spec.name,
+            "actions": [(run_stage, [stage, payload])],
+            "file_dep": [str(p) for p in file_dep] + stage_sources(stage),
+            "targets": [str(t) for t in targets],
+            "uptodate": [config_changed(config)],
+            "clean": True,
+            "doc": doc,
+        }
+
+    def _payload(self, spec: ModelSpec, **paths) -> dict:
+        return {"spec": spec.to_dict(), "root": str(self.root),
+                **{k: (str(v) if isinstance(v, Path) else v) for k, v in paths.items()}}
+
+    def _images(self, set_name: str | None) -> list[Path]:
+        return list_images(self.calib_root / set_name) if set_name else []
+
+    def stage_tasks(self, stage: str):
+        """Yield the doit sub-tasks of ``stage``, one per model entry."""
+        for entry in self.entries:
+            if isinstance(entry, InvalidModel):
+                yield {"name": entry.name, "actions": [(_fail_config, [str(entry.error)])],
+                       "uptodate": [False], "doc": f"invalid entry {entry.source}"}
+                continue
+            task = getattr(self, f"_{stage}")(entry, Layout(self.artifacts, entry.name))
+            if task is not None:
+                yield task
+
+    def _export(self, spec, L):
+        w = self.weights.get(spec.name)
+        cfg = {"builder": spec.builder, "kwargs": spec.builder_kwargs, "shape": spec.input_shape,
+               "pretrained": spec.weights.pretrained, **_versions("torch", "torchvision")}
+        return self._task("export", spec, [w] if w else [], [L.float_pt2], cfg,
+                          self._payload(spec, weights=w, out=L.float_pt2),
+                          f"export {spec.builder} -> {L.float_pt2.name}")
+
+    def _quant_cfg(self, spec):
+        return {"dtype": spec.dtype, "quantizer": spec.quantizer.__dict__, **_versions("torchao")}
+
+    def _prepare(self, spec, L):
+        return self._task("prepare", spec, [L.float_pt2], [L.prepared, L.prepared_table],
+                          self._quant_cfg(spec),
+                          self._payload(spec, float_pt2=L.float_pt2, out=L.prepared, table=L.prepared_table),
+                          f"prepare_pt2e with C7xMMAQuantizer({spec.dtype})")
+
+    def _calibrate(self, spec, L):
+        cal = spec.calibration
+        images = self._images(cal.set) if cal.source == "images" else []
+        cfg = {**self._quant_cfg(spec), "calibration": cal.__dict__, "preprocess": spec.preprocess.__dict__,
+               "images": [p.name for p in images]}
+        return self._task("calibrate", spec, [L.float_pt2, L.prepared, L.prepared_table, *images],
+                          [L.calibrated, L.calibration_json], cfg,
+                          self._payload(spec, float_pt2=L.float_pt2, prepared=L.prepared,
+                                        table=L.prepared_table, calib_dir=self.calib_root / cal.set,
+                                        out=L.calibrated, info=L.calibration_json),
+                          f"calibrate on calib_data/{cal.set} ({cal.observer})")
+
+    def _convert(self, spec, L):
+        cfg = {**self._quant_cfg(spec), "observer": spec.calibration.observer}
+        return self._task("convert", spec, [L.float_pt2, L.calibrated], [L.quantized_pt2], cfg,
+                          self._payload(spec, float_pt2=L.float_pt2, calibrated=L.calibrated,
+                                        out=L.quantized_pt2),
+                          "convert_pt2e + re-export -> quantized.pt2")
+
+    def _relax_import(self, spec, L):
+        return self._task("relax_import", spec, [L.quantized_pt2], [L.relax_script, L.relax_params],
+                          _versions("torch", "apache-tvm"),
+                          self._payload(spec, quantized_pt2=L.quantized_pt2, script=L.relax_script,
+                                        params=L.relax_params),
+                          "from_exported_program -> relax/module.py + params.bin")
+
+    def _codegen_targets(self, spec, L):
+        extra = ("weights_data.c",) if spec.codegen.weights_format == "c_array" else ()
+        return [L.codegen_dir(v) / f for v in variants(spec) for f in CODEGEN_FILES + extra]
+
+    def _codegen(self, spec, L):
+        cfg = {"codegen": spec.codegen.__dict__, "name": spec.name, **_versions("apache-tvm")}
+        return self._task("codegen", spec, [L.relax_script, L.relax_params],
+                          self._codegen_targets(spec, L), cfg,
+                          self._payload(spec, script=L.relax_script, params=L.relax_params,
+                                        out_dirs={v: str(L.codegen_dir(v)) for v in variants(spec)}),
+                          "MMALIB offload + static C + weights.bin (+ scalar baseline)")
+
+    def _host_build(self, spec, L):
+        return self._task("host_build", spec, self._codegen_targets(spec, L),
+                          [L.host_exe(v) for v in variants(spec)], {"variants": variants(spec)},
+                          self._payload(spec, builds={v: [str(L.codegen_dir(v)), str(L.host_exe(v))]
+                                                      for v in variants(spec)}),
+                          "gcc host build against the reference kernels")
+
+    def _verify(self, spec, L):
+        images = self._images(spec.evaluation_set)
+        cfg = {"preprocess": spec.preprocess.__dict__, "images": [p.name for p in images]}
+        deps = [L.quantized_pt2] + self._codegen_targets(spec, L) + \
+            [L.host_exe(v) for v in variants(spec)] + images
+        return self._task("verify", spec, deps, [L.verify], cfg,
+                          self._payload(spec, quantized_pt2=L.quantized_pt2,
+                                        images_dir=self.calib_root / (spec.evaluation_set or ""),
+                                        builds={v: [str(L.codegen_dir(v)), str(L.host_exe(v))]
+                                                for v in variants(spec)}, out=L.verify),
+                          "host C vs Python integer reference vs PyTorch Q/DQ")
+
+    def _evaluate(self, spec, L):
+        images = self._images(spec.evaluation_set)
+        cfg = {"preprocess": spec.preprocess.__dict__, "images": [p.name for p in images],
+               "calibration_set": spec.calibration.set, "source": spec.calibration.source}
+        return self._task("evaluate", spec, [L.float_pt2, L.quantized_pt2, L.calibration_json, *images],
+                          [L.report], cfg,
+                          self._payload(spec, float_pt2=L.float_pt2, quantized_pt2=L.quantized_pt2,
+                                        calibration=L.calibration_json,
+                                        images_dir=self.calib_root / (spec.evaluation_set or ""),
+                                        out=L.report),
+                          "float vs quantized top-1 on the labeled images")
+
+    def _cross_compile(self, spec, L):
+        mm = variants(spec)[0]
+        cgt = os.environ.get("TI_CGT_C7000_PATH", "")
+        files = [L.codegen_dir(mm) / f for f in CODEGEN_FILES]
+        task = self._task("cross_compile", spec, files, [L.cross / "build.json"],
+                          {"cgt": cgt, "mmalib": os.environ.get("MMALIB_PATH", "")},
+                          self._payload(spec, codegen_dir=L.codegen_dir(mm), out=L.cross),
+                          "TI cl7x compile of the generated C (needs TI_CGT_C7000_PATH)")
+        return task
+
+    def summary_task(self):
+        """Print and write the cross-model summary once any report changed."""
+        built = self.built()
+        deps = []
+        for spec in built:
+            L = Layout(self.artifacts, spec.name)
+            deps += [L.report, L.verify] + [L.codegen_dir(v) / "manifest.json" for v in variants(spec)]
+        payload = {"models": [s.name for s in built], "artifacts": str(self.artifacts),
+                   "skipped": self.skipped, "variants": {s.name: variants(s) for s in built}}
+        return {"actions": [(run_summary, [payload])], "file_dep": [str(d) for d in deps]
+                + stage_sources_summary(), "targets": [str(self.artifacts / "summary.json")],
+                "uptodate": [config_changed({"models": payload["models"], "skipped": sorted(self.skipped)})],
+                "verbosity": 2, "clean": True, "doc": "print float/quantized accuracy, offload and verify numbers"}
+
+    def doit_config(self) -> dict:
+        self.artifacts.mkdir(parents=True, exist_ok=True)  # doit keeps its state DB there
+        default = ["summary"] + [f"export:{e.name}" for e in self.entries if isinstance(e, InvalidModel)]
+        if os.environ.get("TI_CGT_C7000_PATH"):
+            default += [f"cross_compile:{s.name}" for s in self.built()]
+        return {"default_tasks": default, "continue": True,
+                "dep_file": str(self.artifacts / ".doit.db"), "action_string_formatting": "new"}
+
+    def namespace(self) -> dict:
+        """``task_*`` creators and ``DOIT_CONFIG`` for a dodo module's globals."""
+        ns = {"DOIT_CONFIG": self.doit_config()}
+        for stage in STAGES:
+            ns[f"task_{stage}"] = _creator(self, stage)
+        ns["task_summary"] = lambda: self.summary_task()
+        ns["task_summary"].__doc__ = "print the accuracy / offload / verify summary of every model"
+        return ns
+
+
+_STAGE_DOCS = {
+    "export": "torch.export the float model (float.pt2)",
+    "prepare": "prepare_pt2e with the C7x quantizer (observer placement)",
+    "calibrate": "run the calibration JPEGs through the observers",
+    "convert": "convert_pt2e to the Q/DQ program (quantized.pt2)",
+    "relax_import": "import the Q/DQ program into TVM Relax",
+    "codegen": "MMALIB offload + static C + weights.bin",
+    "host_build": "build the generated C on the host with gcc",
+    "verify": "bit-exactness and accuracy of the host build",
+    "evaluate": "float vs quantized accuracy report",
+    "cross_compile": "TI cl7x cross-compile (needs TI_CGT_C7000_PATH)",
+}
+
+
+def _creator(project: Project, stage: str):
+    def create():
+        yield {"basename": stage, "name": None, "doc": _STAGE_DOCS[stage]}
+        yield from project.stage_tasks(stage)
+    create.__name__ = f"task_{stage}"
+    create.__doc__ = _STAGE_DOCS[stage]
+    return create
+
+
+def stage_sources_summary() -> list[str]:
+    return [str(PKG / "stages" / "summary.py")]
+
+
+def run_summary(payload: dict):
+    """doit action of the summary task."""
+    from .stages import summary
+    try:
+        summary.summarize(payload)
+    except PipelineError as e:
+        return TaskFailed(f"summary: {e}")
+    return None
+
+
+def load_project(models_dir="models", artifacts_dir="artifacts", calib_root="calib_data",
+                 root: str | Path | None = None) -> dict:
+    """Everything a dodo file needs: ``globals().update(load_project("models"))``.
+
+    Paths are relative to ``root`` (default: the folder holding ``models_dir``).
+    Prints one line per model the default run skips (optional weights missing).
+    """
+    project = Project(models_dir, artifacts_dir, calib_root, root)
+    for name, why in project.skipped.items():
+        print(f"skipping {name}: {why}", file=__import__("sys").stderr)
+    return project.namespace()

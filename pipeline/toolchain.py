@@ -1,0 +1,56 @@
+"""TI C7000 code generation tools: locating them and the command lines we run.
+
+Flags are TI's documented ones for the C7x on J722S / AM67A
+(c7x-backend-facts.md, section D): ``-mv7524`` selects the C7524 core with its
+MMA (``--silicon_version`` is for C66x only), release builds use
+``-O3 --auto_inline=500``. No torch, no tvm.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import ToolchainError
+
+CGT_ENV = "TI_CGT_C7000_PATH"
+MMALIB_ENV = "MMALIB_PATH"
+
+
+def common_flags(cgt: Path) -> list[str]:
+    """Flags shared by every C7x compile (facts D, "Common")."""
+    return ["-mv7524", "--abi=eabi", "--endian=little", "--display_error_number",
+            "--diag_suppress=496,1311,303", f"-I{cgt / 'include'}", "--fp_mode=relaxed",
+            "-DNULL=0", "-DSOC_J722S"]
+
+
+RELEASE_FLAGS = ["-O3", "--auto_inline=500"]
+C_FLAGS = ["--c99"]
+
+
+def find_cgt() -> Path:
+    """The TI CGT root from ``$TI_CGT_C7000_PATH``, with ``bin/cl7x`` in it.
+
+    Raises :class:`ToolchainError` (one line, naming the variable) otherwise.
+    """
+    root = os.environ.get(CGT_ENV)
+    if not root:
+        raise ToolchainError(f"{CGT_ENV} is not set: point it at TI's C7000 code generation tools "
+                             f"(e.g. /opt/ti/ti-cgt-c7000_5.0.1.LTS) to cross-compile for the C7x")
+    cgt = Path(root)
+    if not (cgt / "bin" / "cl7x").is_file():
+        raise ToolchainError(f"{CGT_ENV}={root} has no bin/cl7x: point it at the root of TI's C7000 "
+                             f"code generation tools")
+    return cgt
+
+
+def compile_command(cgt: Path, source: Path, obj: Path, include_dirs: list[Path]) -> list[str]:
+    """``cl7x`` command compiling one C99 file to an object (facts D, "Compile")."""
+    return ([str(cgt / "bin" / "cl7x")] + common_flags(cgt) + C_FLAGS + RELEASE_FLAGS
+            + [f"-I{d}" for d in include_dirs]
+            + ["--compile_only", f"--output_file={obj}", str(source)])
+
+
+def archive_command(cgt: Path, library: Path, objects: list[Path]) -> list[str]:
+    """``ar7x`` command packing objects into a static library for the firmware link."""
+    return [str(cgt / "bin" / "ar7x"), "rq", str(library)] + [str(o) for o in objects]

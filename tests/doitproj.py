@@ -1,0 +1,84 @@
+"""Build throw-away doit projects in a temp folder and run doit on them."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+DODO = '''from pipeline.tasks import load_project
+globals().update(load_project("models"))
+'''
+
+TINY = '''builder = "tinynets:small_cnn"
+input_shape = [1, 3, 32, 32]
+dtype = "{dtype}"
+preprocess = {{ resize = 36, crop = 32 }}
+[weights]
+pretrained = false
+[calibration]
+set = "{set}"
+'''
+
+
+def write_jpeg(path: Path, seed: int, size: int = 48) -> None:
+    """A real JPEG file of seeded noise (torchvision's encoder)."""
+    import torch
+    from torchvision.io import encode_jpeg
+    g = torch.Generator().manual_seed(seed)
+    img = (torch.rand(3, size, size, generator=g) * 255).to(torch.uint8)
+    path.write_bytes(encode_jpeg(img, quality=90).numpy().tobytes())
+
+
+@dataclass
+class Run:
+    executed: list[str]
+    uptodate: list[str]
+    returncode: int
+    out: str
+
+    def ran(self, stage: str) -> set[str]:
+        """Models whose ``stage`` task executed."""
+        return {t.split(":", 1)[1] for t in self.executed if t.startswith(stage + ":")}
+
+
+class Project:
+    """A temp project: dodo.py, models/*.toml, calib_data/<set>/*.jpg, tinynets.py."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        (root / "models").mkdir(parents=True)
+        (root / "dodo.py").write_text(DODO)
+        shutil.copy(TESTS / "tinynets.py", root / "tinynets.py")
+
+    def add_model(self, name: str, set_name: str = "setA", dtype: str = "int8", extra: str = "") -> Path:
+        p = self.root / "models" / f"{name}.toml"
+        p.write_text(TINY.format(dtype=dtype, set=set_name) + extra)
+        return p
+
+    def add_images(self, set_name: str, n: int, seed0: int = 0) -> list[Path]:
+        d = self.root / "calib_data" / set_name
+        d.mkdir(parents=True, exist_ok=True)
+        out = []
+        for i in range(n):
+            p = d / f"img_{seed0 + i:02d}_{(seed0 + i) % 10}.jpg"
+            write_jpeg(p, seed0 + i)
+            out.append(p)
+        return out
+
+    def doit(self, *args: str, env: dict | None = None, timeout: int = 900) -> Run:
+        e = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(self.root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        e.update(env or {})
+        proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.root, env=e,
+                              capture_output=True, text=True, timeout=timeout)
+        out = proc.stdout + proc.stderr
+        return Run(executed=re.findall(r"^\.  (\S+)$", proc.stdout, re.M),
+                   uptodate=re.findall(r"^-- (\S+)$", proc.stdout, re.M),
+                   returncode=proc.returncode, out=out)

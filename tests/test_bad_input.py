@@ -1,0 +1,101 @@
+"""Bad input: one clear error naming the file and what to do, and no partial artifact."""
+
+from pathlib import Path
+
+import pytest
+
+from doitproj import Project, write_jpeg
+from pipeline.config import CalibrationSpec, PreprocessSpec
+from pipeline.errors import CalibrationDataError
+
+
+def test_corrupt_and_truncated_and_empty_images_are_named(tmp_path):
+    from pipeline.data.images import load_image, make_transform
+    t = make_transform(PreprocessSpec(resize=36, crop=32))
+    good = tmp_path / "good_1.jpg"
+    write_jpeg(good, 0)
+    assert tuple(load_image(good, t).shape) == (3, 32, 32)
+    cases = {"notes_2.jpg": b"this is a text file", "cut_3.jpg": good.read_bytes()[:200], "empty_4.jpg": b""}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(CalibrationDataError) as e:
+            load_image(tmp_path / name, t)
+        msg = str(e.value)
+        assert str(tmp_path / name) in msg and "replace or remove the file" in msg
+        assert ".cpp" not in msg and "\n" not in msg
+
+
+def test_empty_calibration_folder_says_what_to_do(tmp_path):
+    from pipeline.data.images import select_images
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "README.txt").write_text("no images here")
+    with pytest.raises(CalibrationDataError, match=r"model 'm': calibration folder .*empty is missing or holds no"):
+        select_images(tmp_path / "empty", CalibrationSpec(), "m")
+    with pytest.raises(CalibrationDataError, match="python -m pipeline.assets"):
+        select_images(tmp_path / "nope", CalibrationSpec(), "m")
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    """A project with a healthy model and one bad model per kind of bad input."""
+    p = Project(tmp_path_factory.mktemp("bad"))
+    p.add_images("good", 2, seed0=0)
+    p.add_images("corrupt", 2, seed0=5)
+    (p.root / "calib_data" / "corrupt" / "zz_broken_3.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    (p.root / "calib_data" / "emptyset").mkdir()
+    p.add_model("healthy", "good")
+    p.add_model("bad_jpeg", "corrupt")
+    p.add_model("no_images", "emptyset")
+    p.add_model("bad_dtype", "good", dtype="int4")
+    (p.root / "models" / "bad_builder.toml").write_text(
+        (p.root / "models" / "healthy.toml").read_text().replace("tinynets:small_cnn", "tinynets:no_such_net"))
+    (p.root / "models" / "no_weights.toml").write_text(
+        (p.root / "models" / "healthy.toml").read_text().replace(
+            "pretrained = false", 'file = "tiny-0123abcd.pth"'))
+    run = p.doit("evaluate", env={"TORCH_HOME": str(p.root / "torch_home")})
+    return p, run
+
+
+def _failure_message(run, task):
+    """The message doit prints under 'TaskFailed - taskid:<task>' (``*:model``: any stage)."""
+    lines = run.out.splitlines()
+    stage, model = task.split(":")
+    i = next(i for i, line in enumerate(lines) if line.startswith("TaskFailed - taskid:")
+             and line.endswith(":" + model) and stage in ("*", line.split(":")[1].strip()))
+    return lines[i + 1]
+
+
+@pytest.mark.parametrize("task, needles", [
+    ("calibrate:bad_jpeg", ["zz_broken_3.jpg: not a readable JPEG/PNG image", "replace or remove the file"]),
+    ("calibrate:no_images", ["calib_data/emptyset is missing or holds no", "add images there"]),
+    ("*:bad_dtype", ["bad_dtype.toml", "dtype 'int4' is not supported; use one of int8, int16"]),
+    ("export:bad_builder", ["bad_builder.toml", "builder 'tinynets:no_such_net' not found"]),
+    ("export:no_weights", ["model 'no_weights': weights not found", "tiny-0123abcd.pth", "weights.path"]),
+])
+def test_each_bad_model_fails_with_one_clear_line(broken, task, needles):
+    _, run = broken
+    assert run.returncode != 0
+    msg = _failure_message(run, task)
+    for n in needles:
+        assert n in msg, msg
+    assert "Traceback" not in run.out
+
+
+def test_failures_leave_no_artifacts_and_healthy_model_builds(broken):
+    p, run = broken
+    art = p.root / "artifacts"
+    assert (art / "healthy" / "report.json").is_file()
+    assert not (art / "bad_jpeg" / "calibrated.pt").exists()
+    assert not (art / "no_images" / "calibrated.pt").exists()
+    assert not (art / "bad_builder" / "float.pt2").exists()
+    assert not (art / "no_weights" / "float.pt2").exists()
+    leftovers = [f for f in art.rglob("*") if f.name.startswith(".tmp-")]
+    assert leftovers == []
+
+
+def test_fixing_the_input_rebuilds_only_what_failed(broken):
+    p, _ = broken
+    (p.root / "calib_data" / "corrupt" / "zz_broken_3.jpg").unlink()
+    run = p.doit("evaluate:bad_jpeg", "evaluate:healthy", env={"TORCH_HOME": str(p.root / "torch_home")})
+    assert run.returncode == 0, run.out
+    assert run.ran("calibrate") == {"bad_jpeg"} and run.ran("export") == set()

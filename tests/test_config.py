@@ -1,0 +1,77 @@
+"""Model entries: parsing, defaults, `extends`, and clear errors naming the file."""
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import InvalidModel, ModelSpec, load_models
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path, name, text):
+    d = tmp_path / "models"
+    d.mkdir(exist_ok=True)
+    (d / f"{name}.toml").write_text(text)
+    return d
+
+
+BASE = 'builder = "torchvision.models:mobilenet_v2"\ninput_shape = [1, 3, 224, 224]\n[weights]\nfile = "m-b0353104.pth"\n'
+
+
+def test_shipped_entries_are_valid():
+    entries = {e.name: e for e in load_models(REPO / "models")}
+    assert {"mobilenet_v2", "mobilenet_v2_int16", "resnet18"} <= set(entries)
+    assert all(isinstance(e, ModelSpec) for e in entries.values())
+    assert entries["mobilenet_v2"].dtype == "int8"
+    assert entries["mobilenet_v2_int16"].dtype == "int16"
+    assert entries["mobilenet_v2_int16"].weights == entries["mobilenet_v2"].weights
+    assert entries["resnet18"].weights.optional
+
+
+def test_defaults_and_roundtrip(tmp_path):
+    (spec,) = load_models(write(tmp_path, "m", BASE))
+    assert spec.calibration.set == "imagenet20" and spec.calibration.observer == "minmax"
+    assert spec.preprocess.crop == 224 and spec.codegen.mmalib
+    assert spec.weights.sha256_prefix == "b0353104"
+    assert ModelSpec.from_dict(spec.to_dict()) == spec
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('dtype = "int4"\n' + BASE, "dtype 'int4' is not supported; use one of int8, int16"),
+    (BASE.replace("mobilenet_v2", "mobilenet v2"), "'builder' must be 'module:callable'"),
+    (BASE + "[calibration]\nobserver = \"kl\"\n", "calibration.observer 'kl' is not supported"),
+    (BASE + "[calibration]\nbatch = 4\n", "unknown key(s) ['batch'] in [calibration]"),
+    (BASE.replace("[1, 3, 224, 224]", "[2, 3, 224, 224]"), "batch must be 1"),
+    ("builder = [", "not valid TOML"),
+    ('builder = "a:b"\ninput_shape = [1, 3, 8, 8]\n', "[weights] needs 'file'"),
+])
+def test_invalid_entry_names_file_and_fix(tmp_path, text, needle):
+    (entry,) = load_models(write(tmp_path, "bad", text))
+    assert isinstance(entry, InvalidModel)
+    msg = str(entry.error)
+    assert needle in msg
+    assert str(tmp_path / "models" / "bad.toml") in msg
+
+
+def test_dtype_misplaced_in_calibration_table_is_rejected(tmp_path):
+    # a user writing `dtype` under [calibration] gets an error, not a silent default
+    (entry,) = load_models(write(tmp_path, "m", BASE + '[calibration]\ndtype = "int16"\n'))
+    assert isinstance(entry, InvalidModel) and "unknown key(s) ['dtype']" in str(entry.error)
+
+
+def test_one_bad_entry_does_not_hide_the_others(tmp_path):
+    d = write(tmp_path, "good", BASE)
+    write(tmp_path, "bad", 'dtype = "fp8"\n' + BASE)
+    kinds = {e.name: type(e).__name__ for e in load_models(d)}
+    assert kinds == {"bad": "InvalidModel", "good": "ModelSpec"}
+
+
+def test_extends_overrides_and_reports_unknown_base(tmp_path):
+    d = write(tmp_path, "base", BASE)
+    write(tmp_path, "v16", 'extends = "base"\ndtype = "int16"\n[calibration]\nnum_images = 5\n')
+    write(tmp_path, "orphan", 'extends = "nope"\n')
+    e = {x.name: x for x in load_models(d)}
+    assert e["v16"].dtype == "int16" and e["v16"].calibration.num_images == 5
+    assert e["v16"].builder == e["base"].builder
+    assert isinstance(e["orphan"], InvalidModel) and "extends unknown model 'nope'" in str(e["orphan"].error)

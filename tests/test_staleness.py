@@ -1,0 +1,116 @@
+"""doit re-runs exactly what is stale (issue 2, item 6).
+
+Two tiny models in a temp project: ``tiny_a`` calibrates on setA, ``tiny_b``
+on setB. Each test changes one thing, runs doit, and asserts exactly which
+tasks ran; it then checks that a second run runs nothing. The tests share the
+project and run in file order.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from doitproj import Project
+
+MODELS = ("tiny_a", "tiny_b")
+ALL_STAGES = ("export", "prepare", "calibrate", "convert", "relax_import", "codegen",
+              "host_build", "verify", "evaluate")
+FROM_CALIBRATE = ALL_STAGES[2:]
+FROM_PREPARE = ALL_STAGES[1:]
+
+
+@pytest.fixture(scope="module")
+def proj(tmp_path_factory):
+    p = Project(tmp_path_factory.mktemp("staleness"))
+    p.add_images("setA", 3, seed0=0)
+    p.add_images("setB", 3, seed0=10)
+    p.add_model("tiny_a", "setA")
+    p.add_model("tiny_b", "setB")
+    run = p.doit()
+    assert run.returncode == 0, run.out
+    assert {t for t in run.executed} >= {f"{s}:{m}" for s in ALL_STAGES for m in MODELS}
+    assert "summary" in run.executed
+    return p
+
+
+def assert_ran(run, expected: dict[str, set[str]]):
+    """``expected``: stage -> models whose task must have run (all others must not)."""
+    assert run.returncode == 0, run.out
+    for stage in ALL_STAGES:
+        assert run.ran(stage) == expected.get(stage, set()), (stage, run.executed)
+
+
+def assert_nothing_runs(proj):
+    again = proj.doit()
+    assert again.returncode == 0, again.out
+    assert again.executed == [], again.executed
+
+
+def test_nothing_changed_runs_nothing(proj):
+    assert_nothing_runs(proj)
+
+
+def test_touch_without_change_runs_nothing(proj):
+    img = sorted((proj.root / "calib_data" / "setA").iterdir())[0]
+    later = time.time() + 5
+    os.utime(img, (later, later))
+    for f in (proj.root / "artifacts" / "tiny_a").glob("*.pt*"):
+        os.utime(f, (later, later))
+    assert_nothing_runs(proj)
+
+
+def test_edited_jpeg_reruns_calibrate_onward_for_its_set_only(proj):
+    from doitproj import write_jpeg
+    img = sorted((proj.root / "calib_data" / "setA").iterdir())[0]
+    write_jpeg(img, seed=99)
+    run = proj.doit()
+    assert_ran(run, {s: {"tiny_a"} for s in FROM_CALIBRATE})
+    assert "summary" in run.executed
+    assert_nothing_runs(proj)
+
+
+def test_added_jpeg_reruns_calibrate_onward(proj):
+    proj.add_images("setB", 1, seed0=50)
+    run = proj.doit()
+    assert_ran(run, {s: {"tiny_b"} for s in FROM_CALIBRATE})
+    assert_nothing_runs(proj)
+
+
+def test_removed_jpeg_reruns_calibrate_onward(proj):
+    sorted((proj.root / "calib_data" / "setB").iterdir())[-1].unlink()
+    run = proj.doit()
+    assert_ran(run, {s: {"tiny_b"} for s in FROM_CALIBRATE})
+    assert_nothing_runs(proj)
+
+
+def test_dtype_change_reruns_prepare_onward_not_export(proj):
+    proj.add_model("tiny_a", "setA", dtype="int16")
+    run = proj.doit()
+    assert_ran(run, {s: {"tiny_a"} for s in FROM_PREPARE})
+    assert_nothing_runs(proj)
+
+
+def test_calibration_option_reruns_calibrate_onward_only(proj):
+    proj.add_model("tiny_b", "setB", extra='observer = "histogram"\n')
+    run = proj.doit()
+    assert_ran(run, {s: {"tiny_b"} for s in FROM_CALIBRATE})
+    assert_nothing_runs(proj)
+
+
+def test_deleted_artifact_reruns_its_task(proj):
+    (proj.root / "artifacts" / "tiny_a" / "report.json").unlink()
+    run = proj.doit()
+    assert_ran(run, {"evaluate": {"tiny_a"}})
+    assert_nothing_runs(proj)
+
+
+def test_deleted_upstream_artifact_stops_at_identical_output(proj):
+    """Deleting quantized.pt2 re-runs convert; its output is byte-identical, so
+    nothing after it re-runs (early cutoff from deterministic artifacts)."""
+    (proj.root / "artifacts" / "tiny_b" / "quantized.pt2").unlink()
+    run = proj.doit()
+    assert_ran(run, {"convert": {"tiny_b"}})
+    assert_nothing_runs(proj)

@@ -1,0 +1,31 @@
+"""Tiny random-init networks used as model builders in doit-level tests.
+
+Referenced from test projects' model entries as ``builder = "tinynets:<name>"``.
+"""
+
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SmallCNN(nn.Module):
+    """3x32x32 -> 10 classes: conv-BN-ReLU, maxpool, residual block, depthwise, linear."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.pool = nn.MaxPool2d(2)
+        self.c1 = nn.Conv2d(16, 16, 3, 1, 1)
+        self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, 2, 1, groups=16), nn.ReLU6())
+        self.pw = nn.Conv2d(16, 32, 1)
+        self.fc = nn.Linear(32, classes)
+
+    def forward(self, x):
+        y = self.pool(self.stem(x))
+        y = F.relu(self.c1(y) + y)
+        y = self.pw(self.dw(y))
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+def small_cnn(classes: int = 10) -> nn.Module:
+    """Builder: :class:`SmallCNN` with its (seeded by the export stage) random init."""
+    return SmallCNN(classes)
