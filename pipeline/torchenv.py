@@ -28,3 +28,28 @@ def strip_nondeterministic_meta(ep: "torch.export.ExportedProgram") -> None:
     bytes and doit's MD5 check can stop an unchanged cascade."""
     for node in ep.graph.nodes:
         node.meta.pop("from_node", None)
+
+
+def save_tensors(obj, path) -> None:
+    """``torch.save`` ``obj`` to ``path`` atomically, byte-stable.
+
+    torch.save names the zip's root folder after the file it writes to; saving
+    through a buffer keeps the temporary name of the atomic write out of the bytes.
+    """
+    import io
+
+    from .fsutil import write_bytes
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    write_bytes(path, buf.getvalue())
+
+
+def save_program(ep: "torch.export.ExportedProgram", path) -> None:
+    """``torch.export.save`` atomically, without nondeterministic node metadata."""
+    import io
+
+    from .fsutil import write_bytes
+    strip_nondeterministic_meta(ep)
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    write_bytes(path, buf.getvalue())

@@ -1,7 +1,6 @@
 """Outputs are written atomically: a failed or killed stage leaves nothing a
 later run could take as up to date (issue 2, item 6)."""
 
-from pathlib import Path
 
 import pytest
 

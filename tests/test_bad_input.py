@@ -1,6 +1,5 @@
 """Bad input: one clear error naming the file and what to do, and no partial artifact."""
 
-from pathlib import Path
 
 import pytest
 

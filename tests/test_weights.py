@@ -1,7 +1,6 @@
 """Checkpoint lookup follows torch hub conventions; bad files are named."""
 
 import hashlib
-from pathlib import Path
 
 import pytest
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .. import torchenv  # noqa: F401
+from .. import torchenv
 from ..config import ModelSpec
 from ..data.images import iter_images, select_images
-from ..fsutil import atomic_path, write_json
+from ..fsutil import write_json
 from .prepare import build_prepared, check_prepared
 
 import torch  # noqa: E402
@@ -54,8 +54,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
             gm(batch)
             bar.update(len(batch))
     seconds = time.perf_counter() - t0
-    with atomic_path(out_state) as tmp:
-        torch.save(gm.state_dict(), tmp)
+    torchenv.save_tensors(gm.state_dict(), out_state)
     info = {
         "model": spec.name,
         "source": cal.source,

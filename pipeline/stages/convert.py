@@ -6,7 +6,6 @@ from pathlib import Path
 
 from .. import torchenv
 from ..config import ModelSpec
-from ..fsutil import atomic_path
 from .prepare import build_prepared
 
 import torch  # noqa: E402
@@ -42,6 +41,4 @@ def convert_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, out:
     q = load_converted(spec, float_pt2, calibrated_state)
     example = torch.zeros(*spec.input_shape)
     ep = torch.export.export(q, (example,))
-    torchenv.strip_nondeterministic_meta(ep)
-    with atomic_path(out) as tmp:
-        torch.export.save(ep, tmp)
+    torchenv.save_program(ep, out)

@@ -9,7 +9,6 @@ from pathlib import Path
 from .. import torchenv
 from ..config import ModelSpec
 from ..errors import ConfigError, WeightsNotFoundError
-from ..fsutil import atomic_path
 from ..weights import check_weights_hash
 
 import torch  # noqa: E402  (after torchenv)
@@ -57,6 +56,4 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path) -
     with torch.no_grad():
         ep = torch.export.export(model, (example,),
                                  dynamic_shapes=({0: Dim("batch", min=1, max=MAX_BATCH)},))
-    torchenv.strip_nondeterministic_meta(ep)
-    with atomic_path(out) as tmp:
-        torch.export.save(ep, tmp)
+    torchenv.save_program(ep, out)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import torchenv  # noqa: F401
+from .. import torchenv
 from ..config import ModelSpec
 from ..errors import ConfigError
-from ..fsutil import atomic_path, write_text
+from ..fsutil import write_text
 
 import torch  # noqa: E402
 from torchao.quantization.pt2e import ObserverBase  # noqa: E402
@@ -50,7 +50,8 @@ def build_prepared(spec: ModelSpec, float_pt2: Path, observer: str | None = None
 
 
 def _observer_names(gm: torch.fx.GraphModule) -> list[str]:
-    return [n for n, m in gm.named_modules() if isinstance(m, ObserverBase)]
+    # remove_duplicate=False: a shared observer is registered under several names
+    return [n for n, m in gm.named_modules(remove_duplicate=False) if isinstance(m, ObserverBase)]
 
 
 def split_state(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
@@ -86,6 +87,5 @@ def prepare_model(spec: ModelSpec, float_pt2: Path, out_state: Path, out_table: 
     """Write the prepared weights (``torch.save`` of a tensor dict) and the observer table."""
     gm = build_prepared(spec, float_pt2, observer="minmax")
     weights, _ = split_state(gm)
-    with atomic_path(out_state) as tmp:
-        torch.save(weights, tmp)
+    torchenv.save_tensors(weights, out_state)
     write_text(out_table, observer_table(gm))

