@@ -1,27 +1,26 @@
 """Test hook: simulate a process killed while writing an artifact.
 
-Active only when C7X_TEST_KILL_ON_SAVE names a file stem: the first torch.save
-to a path containing it writes part of the data, then the process SIGKILLs
-itself (no cleanup handlers run, exactly like an OOM kill or `kill -9`).
+Active only when C7X_TEST_KILL_ON_SAVE names part of an artifact path: the
+first atomic write of such a file puts half of its bytes into the temporary
+file, then the process SIGKILLs itself (no cleanup handlers run, exactly like
+an OOM kill or `kill -9`).
 """
 
 import os
 
-_stem = os.environ.get("C7X_TEST_KILL_ON_SAVE")
-if _stem:
+_needle = os.environ.get("C7X_TEST_KILL_ON_SAVE")
+if _needle:
     import signal
 
-    import torch
+    import pipeline.fsutil as _fs
 
-    _orig = torch.save
+    _orig = _fs.write_bytes
 
-    def _save(obj, f, *args, **kwargs):
-        if _stem in str(f):
-            _orig(obj, f, *args, **kwargs)
-            size = os.path.getsize(f)
-            with open(f, "r+b") as fh:
-                fh.truncate(size // 2)
-            os.kill(os.getpid(), signal.SIGKILL)
-        return _orig(obj, f, *args, **kwargs)
+    def _write_bytes(target, data):
+        if _needle in str(target):
+            with _fs.atomic_path(target) as tmp:
+                tmp.write_bytes(data[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+        return _orig(target, data)
 
-    torch.save = _save
+    _fs.write_bytes = _write_bytes
