@@ -12,16 +12,34 @@
  *
  * Requantization of conv / depthwise / FC (per output channel c):
  *   out = saturate(rshift((acc + bias[c]) * scale[c], shift[c]))
- * acc   = sum of raw int products (no zero point; folded into bias),
- *         int32 for i8 (computed in int64), int64 for i16;
- * bias  = int32 (i8) / int64 (i16); scale in [1, 127]; shift in [0, 31];
+ * acc   = sum of raw int products (no zero point; folded into bias), exact:
+ *         MMALIB keeps it in int32 for i8 (exact while the reduction length
+ *         K = C_in / groups * KH * KW < 2^17), the host reference in int64;
+ *         int64 for i16. K <= C7X_MAX_REDUCTION (2^23) keeps |acc| <= 2^53.
+ * bias  = int32 (i8) / int64 (i16), any value (huge ones simply saturate);
+ * scale in [0, C7X_MAX_SCALE = 127] (0 comes from the fold for r <= 0; the FC
+ *         kernel reads scale as signed int8, so > 127 is an error);
+ * shift in [0, C7X_MAX_SHIFT = 31];
+ * NULL bias / scale / shift mean 0 / 1 / 0 for every channel (wrapper defaults).
+ * The result is that of exact integer arithmetic for any argument values
+ * (no int64 wrap-around, however large the bias).
  * rshift rounds as C7X_ROUNDING says (one switch for every kernel here):
- *   C7X_ROUND_HALF_UP (default): floor((v + 2^(shift-1)) / 2^shift)
- *   C7X_ROUND_FLOOR:             floor(v / 2^shift)   (truncation toward -inf)
+ *   C7X_ROUND_HALF_UP (default): floor((v + 2^(shift-1)) / 2^shift)  (shift > 0)
+ *   C7X_ROUND_FLOOR:             floor(v / 2^shift)   (toward -inf)
+ * saturate clips to the output type's range ([-128, 127] / [-32768, 32767]).
  * Padding pixels are raw 0 (the generated code only offloads layers whose
  * input zero point is 0 when they pad).
+ * Sizes: every size / stride is >= 1, every padding >= 0, at least one output
+ * pixel, and no buffer holds more than C7X_MAX_ELEMS elements.
  *
- * Every kernel returns 0 on success, nonzero on bad arguments.
+ * Every kernel returns C7X_OK (0) on success. On bad arguments it writes
+ * nothing and returns, checking in this order:
+ *   C7X_ERR_NULL  a required pointer is NULL;
+ *   C7X_ERR_SHAPE a size, stride, padding or group count is out of range or
+ *                 inconsistent (a size <= 0 included);
+ *   C7X_ERR_PARAM a numeric parameter is out of range (scale, shift, lo > hi).
+ * Buffer lengths themselves cannot be checked in C: the caller passes buffers
+ * of exactly the sizes the scalar arguments imply.
  */
 #ifndef C7X_KERNELS_H
 #define C7X_KERNELS_H
@@ -33,6 +51,16 @@
 #ifndef C7X_ROUNDING
 #define C7X_ROUNDING C7X_ROUND_HALF_UP
 #endif
+
+#define C7X_OK 0
+#define C7X_ERR_NULL 1
+#define C7X_ERR_SHAPE 2
+#define C7X_ERR_PARAM 3
+
+#define C7X_MAX_ELEMS INT64_C(2147483647)
+#define C7X_MAX_REDUCTION INT64_C(8388608)
+#define C7X_MAX_SCALE 127
+#define C7X_MAX_SHIFT 31
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,14 +80,17 @@ int32_t mmalib_conv2d_i16(const int16_t* in, const int16_t* w, const int64_t* bi
                           int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
                           int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
                           int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right);
-/* grouped conv, 1 < groups < C_in: w [C_out, C_in / groups, KH, KW]. */
+/* grouped conv: w [C_out, C_in / groups, KH, KW]; groups divides C_in and C_out.
+ * The pass uses it for 1 < groups < C_in; the host reference accepts any groups >= 1. */
 int32_t mmalib_conv2d_i8_grouped_loop(const int8_t* in, const int8_t* w, const int32_t* bias,
                                       const uint8_t* scale, const uint8_t* shift, int8_t* out,
                                       int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
                                       int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
                                       int32_t pad_top, int32_t pad_bottom, int32_t pad_left,
                                       int32_t pad_right, int32_t groups);
-/* depthwise conv2d, groups = C: w [C * KH * KW]. num_groups must equal C. */
+/* depthwise conv2d, groups = C: in/out [1, C, H, W], w [C * KH * KW] (= OIHW with I = 1),
+ * output size as for conv2d. num_groups must equal C (else C7X_ERR_SHAPE).
+ * MMALIB only takes square 3/5/7 kernels (facts B); the host reference takes any. */
 int32_t mmalib_depthwise_conv2d_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
                                    const uint8_t* scale, const uint8_t* shift, int8_t* out,
                                    int32_t C, int32_t H_in, int32_t W_in, int32_t KH, int32_t KW,
@@ -72,7 +103,7 @@ int32_t mmalib_depthwise_conv2d_i16(const int16_t* in, const int16_t* w, const i
                                     int32_t stride_h, int32_t stride_w, int32_t pad_top,
                                     int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
                                     int32_t num_groups);
-/* fully connected: in [M, K], w [N, K], out [M, N]. */
+/* fully connected: in [M, K], w [N, K], out [M, N]; bias / scale / shift per n. */
 int32_t mmalib_matmul_bias_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
                               const uint8_t* scale, const uint8_t* shift, int8_t* out,
                               int32_t M, int32_t K, int32_t N);
@@ -84,16 +115,23 @@ int32_t mmalib_matmul_bias_i16(const int16_t* in, const int16_t* w, const int64_
 
 /* Residual add of two equally shaped tensors (n elements, no broadcasting).
  * params: 16 bytes, little-endian: int32 M_x, int32 M_skip, int32 shift,
- * int8 zp_x, int8 zp_skip, int8 zp_out, pad (int16 kernel: the same blob, zero points 0).
+ * int8 zp_x, int8 zp_skip, int8 zp_out, pad. The int16 kernel reads the same
+ * blob and applies the same formula (the pass writes zero points 0 for it).
  * r = rshift((x - zp_x) * M_x + (skip - zp_skip) * M_skip, shift) + zp_out;
- * if has_relu: r = max(r, zp_out); out = saturate(r).
- * Accumulation in int64 (both dtypes), rounding per C7X_ROUNDING. */
+ * if has_relu != 0: r = max(r, zp_out); out = saturate(r).
+ * Accumulation in int64 (both dtypes; exact), rounding per C7X_ROUNDING
+ * (TI's kernel floors: build with C7X_ROUND_FLOOR to match it),
+ * shift in [0, C7X_MAX_SHIFT] (facts B: the pass uses 15). */
 int32_t c7x_int8_residual_add_relu(const int8_t* x, const int8_t* skip, const uint8_t* params,
                                    int8_t* out, int32_t n, int32_t has_relu);
 int32_t c7x_int16_residual_add_relu(const int16_t* x, const int16_t* skip, const uint8_t* params,
                                     int16_t* out, int32_t n, int32_t has_relu);
 
-/* Max pool with equal input/output quantization; padding pixels never win. */
+/* Max pool with equal input/output quantization; padding pixels never win.
+ * in [N, C, H_in, W_in], out [N, C, H_out, W_out]; window (oh, ow) covers rows
+ * oh * sH - pH ... + kH - 1 (columns alike), clipped to the input.
+ * Requires pH < kH, pW < kW and H_out (W_out) equal to the floor-mode size
+ * (H_in + 2 pH - kH) / sH + 1 or torch's ceil_mode size, so no window is empty. */
 int32_t c7x_int8_max_pool(const int8_t* in, int8_t* out, int32_t N, int32_t C, int32_t H_in,
                           int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
                           int32_t sH, int32_t sW, int32_t pH, int32_t pW);
@@ -101,9 +139,10 @@ int32_t c7x_int8_max_pool_tidl(const int8_t* in, int8_t* out, int32_t N, int32_t
                                int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
                                int32_t sH, int32_t sW, int32_t pH, int32_t pW);
 
-/* out[i] = max(in[i], zp). */
+/* out[i] = saturate(max(in[i], zp)). */
 int32_t c7x_int8_relu(const int8_t* in, int8_t* out, int32_t n, int32_t zp);
-/* out[i] = min(max(in[i], lo), hi)  (ReLU6 / clip with equal in/out quantization). */
+/* out[i] = saturate(min(max(in[i], lo), hi)), lo <= hi (else C7X_ERR_PARAM)
+ * (ReLU6 / clip with equal in/out quantization). */
 int32_t c7x_int8_clamp(const int8_t* in, int8_t* out, int32_t n, int32_t lo, int32_t hi);
 
 #ifdef __cplusplus

@@ -1,0 +1,674 @@
+/*
+ * c7x_kernels_ref.c: host reference implementations of every kernel in c7x_kernels.h.
+ *
+ * On the DSP these names resolve to TI's MMALIB wrappers and C7x kernels; on the
+ * host this file stands in for them, so that the generated C can be compiled by
+ * gcc and proven bit-exact against pipeline/backend/kernels/reference.py.
+ * The semantics (requantization, residual add, max pool, ReLU, clamp) are those
+ * of c7x-backend-facts.md section B as pinned down in c7x_kernels.h; read the
+ * header first, this file only adds how each is computed.
+ *
+ * Plain C99: no compiler extensions, no allocation, no implementation-defined
+ * behaviour (right shifts of negative numbers and narrowing conversions are
+ * written out), so the same file builds with gcc and TI's cl7x.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "c7x_kernels.h"
+
+#if C7X_ROUNDING != C7X_ROUND_HALF_UP && C7X_ROUNDING != C7X_ROUND_FLOOR
+#error "C7X_ROUNDING must be C7X_ROUND_HALF_UP or C7X_ROUND_FLOOR"
+#endif
+
+/* Element types the generic loops below handle (activations and weights share one). */
+typedef enum { ELEM_I8, ELEM_I16 } elem_type;
+
+/* Output columns accumulated at once: bounds the stack (2 KiB of int64) without
+ * allocation, and keeps the innermost loop over contiguous output pixels. */
+#define ROW_TILE 256
+
+/* Saturation points of requantize() (see there); reference.py uses the same. */
+#define BIAS_LIMIT (INT64_C(1) << 55)
+#define SUM_LIMIT (INT64_C(1) << 54)
+
+/* ------------------------------------------------------------------------- */
+/* Argument validation                                                        */
+/* ------------------------------------------------------------------------- */
+
+/* n1 * n2 * n3 * n4 as an element count, or -1 when any factor is not positive
+ * or the product exceeds C7X_MAX_ELEMS (so every index below fits in int64 and
+ * stays far from overflow). */
+static int64_t elem_count(int32_t n1, int32_t n2, int32_t n3, int32_t n4)
+{
+    const int32_t dims[4] = {n1, n2, n3, n4};
+    int64_t count = 1;
+    int i;
+    for (i = 0; i < 4; ++i) {
+        if (dims[i] <= 0 || count > C7X_MAX_ELEMS / dims[i]) {
+            return -1;
+        }
+        count *= dims[i];
+    }
+    return count;
+}
+
+/* Output size of one convolution axis: (size + pad_a + pad_b - k) / stride + 1,
+ * or 0 when the arguments are out of range or not even one window fits. */
+static int32_t conv_out_size(int32_t size, int32_t k, int32_t stride, int32_t pad_a, int32_t pad_b)
+{
+    int64_t span;
+    if (size <= 0 || k <= 0 || stride <= 0 || pad_a < 0 || pad_b < 0) {
+        return 0;
+    }
+    span = (int64_t)size + pad_a + pad_b - k;
+    if (span < 0 || span > C7X_MAX_ELEMS) {
+        return 0;
+    }
+    return (int32_t)(span / stride + 1);
+}
+
+/* Nonzero when every per-channel scale / shift is in the range the header
+ * allows (scale <= C7X_MAX_SCALE, shift <= C7X_MAX_SHIFT). NULL = defaults. */
+static int requant_params_ok(const uint8_t* scale, const uint8_t* shift, int32_t channels)
+{
+    int32_t c;
+    for (c = 0; c < channels; ++c) {
+        if ((scale != NULL && scale[c] > C7X_MAX_SCALE) ||
+            (shift != NULL && shift[c] > C7X_MAX_SHIFT)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Integer arithmetic                                                         */
+/* ------------------------------------------------------------------------- */
+
+static int64_t clamp_i64(int64_t v, int64_t lo, int64_t hi)
+{
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+/* floor(v / 2^shift), 0 <= shift <= 31. Written as a division with an explicit
+ * correction because >> of a negative value is implementation-defined in C99
+ * (C99 6.5.7p5), while / truncates toward zero by definition (6.5.5p6). */
+static int64_t floor_div_pow2(int64_t v, int32_t shift)
+{
+    const int64_t d = (int64_t)1 << shift;
+    int64_t q = v / d;
+    if (v < 0 && q * d != v) {
+        q -= 1;
+    }
+    return q;
+}
+
+/* The rounding right shift of c7x_kernels.h, selected by C7X_ROUNDING. |v| must
+ * stay below 2^62 so that adding the half cannot overflow. */
+static int64_t rshift_round(int64_t v, int32_t shift)
+{
+#if C7X_ROUNDING == C7X_ROUND_HALF_UP
+    if (shift > 0) {
+        v += (int64_t)1 << (shift - 1);
+    }
+#endif
+    return floor_div_pow2(v, shift);
+}
+
+/* out = rshift((acc + bias) * scale, shift), before saturation.
+ * |acc| <= 2^53 (C7X_MAX_REDUCTION * 2^30). Clamping bias to +-2^55 and the sum
+ * to +-2^54 cannot change the saturated result: any |sum| >= 2^54 with scale >= 1
+ * and shift <= 31 is >= 2^23 after the shift, beyond int16 (and a scale of 0
+ * gives 0 either way). It keeps (sum * scale), scale <= 127, below 2^61. */
+static int64_t requantize(int64_t acc, int64_t bias, int32_t scale, int32_t shift)
+{
+    const int64_t sum = clamp_i64(acc + clamp_i64(bias, -BIAS_LIMIT, BIAS_LIMIT), -SUM_LIMIT,
+                                  SUM_LIMIT);
+    return rshift_round(sum * scale, shift);
+}
+
+/* Saturate to the element type's range and store out[idx]. The value is in
+ * range when converted, so the conversion is exact (C99 6.3.1.3p1). */
+static void store_saturated(void* out, int64_t idx, int64_t v, elem_type t)
+{
+    if (t == ELEM_I8) {
+        ((int8_t*)out)[idx] = (int8_t)clamp_i64(v, INT8_MIN, INT8_MAX);
+    } else {
+        ((int16_t*)out)[idx] = (int16_t)clamp_i64(v, INT16_MIN, INT16_MAX);
+    }
+}
+
+static int64_t load_elem(const void* base, int64_t idx, elem_type t)
+{
+    return t == ELEM_I8 ? ((const int8_t*)base)[idx] : ((const int16_t*)base)[idx];
+}
+
+/* Per-channel bias / scale / shift with the wrapper defaults for NULL (0 / 1 / 0,
+ * facts B "Wrapper behaviour"). Bias is int32 for int8 kernels, int64 for int16. */
+typedef struct {
+    const void* bias;
+    const uint8_t* scale;
+    const uint8_t* shift;
+    elem_type type;
+} requant_params;
+
+static int64_t channel_bias(const requant_params* q, int32_t c)
+{
+    if (q->bias == NULL) {
+        return 0;
+    }
+    return q->type == ELEM_I8 ? ((const int32_t*)q->bias)[c] : ((const int64_t*)q->bias)[c];
+}
+
+static int32_t channel_scale(const requant_params* q, int32_t c)
+{
+    return q->scale == NULL ? 1 : q->scale[c];
+}
+
+static int32_t channel_shift(const requant_params* q, int32_t c)
+{
+    return q->shift == NULL ? 0 : q->shift[c];
+}
+
+/* acc[i] += w * row[i * step] for i < n: the innermost loop of every convolution,
+ * contiguous in acc (and in row when step == 1). */
+static void axpy_row(int64_t* acc, const void* row, int32_t step, int64_t w, int32_t n, elem_type t)
+{
+    int32_t i;
+    if (t == ELEM_I8) {
+        const int8_t* p = (const int8_t*)row;
+        for (i = 0; i < n; ++i) {
+            acc[i] += w * p[(int64_t)i * step];
+        }
+    } else {
+        const int16_t* p = (const int16_t*)row;
+        for (i = 0; i < n; ++i) {
+            acc[i] += w * p[(int64_t)i * step];
+        }
+    }
+}
+
+/* Sum of a[i] * b[i] for i < n, exact in int64 (n <= C7X_MAX_REDUCTION). */
+static int64_t dot(const void* a, const void* b, int32_t n, elem_type t)
+{
+    int64_t acc = 0;
+    int32_t i;
+    if (t == ELEM_I8) {
+        const int8_t* pa = (const int8_t*)a;
+        const int8_t* pb = (const int8_t*)b;
+        for (i = 0; i < n; ++i) {
+            acc += (int32_t)pa[i] * pb[i];
+        }
+    } else {
+        const int16_t* pa = (const int16_t*)a;
+        const int16_t* pb = (const int16_t*)b;
+        for (i = 0; i < n; ++i) {
+            acc += (int64_t)pa[i] * pb[i];
+        }
+    }
+    return acc;
+}
+
+static const void* elem_offset(const void* base, int64_t idx, elem_type t)
+{
+    return t == ELEM_I8 ? (const void*)((const int8_t*)base + idx)
+                        : (const void*)((const int16_t*)base + idx);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Convolution (plain, grouped, depthwise)                                    */
+/* ------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t C_in, H_in, W_in, C_out, KH, KW;
+    int32_t stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, groups;
+    int32_t H_out, W_out; /* derived by conv_check */
+} conv_shape;
+
+/* Validates the shape and fills H_out / W_out; returns a C7X_ERR_* code. */
+static int32_t conv_check(conv_shape* s, const requant_params* q)
+{
+    int64_t reduction;
+    if (s->C_in <= 0 || s->C_out <= 0 || s->groups <= 0 ||
+        s->C_in % s->groups != 0 || s->C_out % s->groups != 0) {
+        return C7X_ERR_SHAPE;
+    }
+    s->H_out = conv_out_size(s->H_in, s->KH, s->stride_h, s->pad_top, s->pad_bottom);
+    s->W_out = conv_out_size(s->W_in, s->KW, s->stride_w, s->pad_left, s->pad_right);
+    reduction = elem_count(s->C_in / s->groups, s->KH, s->KW, 1);
+    if (s->H_out <= 0 || s->W_out <= 0 || elem_count(s->C_in, s->H_in, s->W_in, 1) < 0 ||
+        elem_count(s->C_out, s->H_out, s->W_out, 1) < 0 || reduction < 0 ||
+        reduction > C7X_MAX_REDUCTION || elem_count(s->C_out, (int32_t)reduction, 1, 1) < 0) {
+        return C7X_ERR_SHAPE;
+    }
+    return requant_params_ok(q->scale, q->shift, s->C_out) ? C7X_OK : C7X_ERR_PARAM;
+}
+
+/* Output columns [*lo, *hi) of the tile [ow0, ow0 + n) whose input column
+ * ow * stride - pad_left + kw lies inside [0, W_in); the rest read padding (0). */
+static void valid_columns(const conv_shape* s, int32_t kw, int32_t ow0, int32_t n,
+                          int32_t* lo, int32_t* hi)
+{
+    const int64_t first = (int64_t)s->pad_left - kw;              /* need ow * stride >= first */
+    const int64_t last = (int64_t)s->W_in - 1 + s->pad_left - kw; /* need ow * stride <= last */
+    int64_t a = first <= 0 ? 0 : (first + s->stride_w - 1) / s->stride_w;
+    int64_t b = last < 0 ? 0 : last / s->stride_w + 1;
+    if (a < ow0) a = ow0;
+    if (b > (int64_t)ow0 + n) b = (int64_t)ow0 + n;
+    *lo = (int32_t)a;
+    *hi = (int32_t)(b > a ? b : a);
+}
+
+/* Accumulates output channel co, row oh, columns [ow0, ow0 + n) into acc. */
+static void conv_accumulate(const conv_shape* s, const void* in, const void* w, elem_type t,
+                            int32_t co, int32_t oh, int32_t ow0, int32_t n, int64_t* acc)
+{
+    const int32_t cin_g = s->C_in / s->groups;
+    const int32_t ci0 = (co / (s->C_out / s->groups)) * cin_g;
+    int32_t ci, kh, kw, i;
+    for (i = 0; i < n; ++i) {
+        acc[i] = 0;
+    }
+    for (ci = 0; ci < cin_g; ++ci) {
+        for (kh = 0; kh < s->KH; ++kh) {
+            const int64_t ih = (int64_t)oh * s->stride_h - s->pad_top + kh;
+            const int64_t row = ((int64_t)(ci0 + ci) * s->H_in + ih) * s->W_in;
+            const int64_t wrow = (((int64_t)co * cin_g + ci) * s->KH + kh) * s->KW;
+            if (ih < 0 || ih >= s->H_in) {
+                continue; /* a padding row contributes raw 0 */
+            }
+            for (kw = 0; kw < s->KW; ++kw) {
+                int32_t lo, hi;
+                const int64_t wv = load_elem(w, wrow + kw, t);
+                valid_columns(s, kw, ow0, n, &lo, &hi);
+                if (hi > lo) {
+                    const int64_t iw = (int64_t)lo * s->stride_w - s->pad_left + kw;
+                    axpy_row(acc + (lo - ow0), elem_offset(in, row + iw, t), s->stride_w, wv,
+                             hi - lo, t);
+                }
+            }
+        }
+    }
+}
+
+/* The one convolution every conv / depthwise kernel calls: NCHW in, OIHW w
+ * ([C_out, C_in / groups, KH, KW]), NCHW out, N = 1, per-channel requantization. */
+static int32_t conv_run(const void* in, const void* w, const requant_params* q, void* out,
+                        conv_shape s)
+{
+    int64_t acc[ROW_TILE];
+    int32_t co, oh, ow0, i;
+    int32_t err;
+    if (in == NULL || w == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    err = conv_check(&s, q);
+    if (err != C7X_OK) {
+        return err;
+    }
+    for (co = 0; co < s.C_out; ++co) {
+        const int64_t bias = channel_bias(q, co);
+        const int32_t scale = channel_scale(q, co);
+        const int32_t shift = channel_shift(q, co);
+        for (oh = 0; oh < s.H_out; ++oh) {
+            const int64_t orow = ((int64_t)co * s.H_out + oh) * s.W_out;
+            for (ow0 = 0; ow0 < s.W_out; ow0 += ROW_TILE) {
+                const int32_t n = s.W_out - ow0 < ROW_TILE ? s.W_out - ow0 : ROW_TILE;
+                conv_accumulate(&s, in, w, q->type, co, oh, ow0, n, acc);
+                for (i = 0; i < n; ++i) {
+                    store_saturated(out, orow + ow0 + i, requantize(acc[i], bias, scale, shift),
+                                    q->type);
+                }
+            }
+        }
+    }
+    return C7X_OK;
+}
+
+static conv_shape make_conv_shape(int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
+                                  int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
+                                  int32_t pad_top, int32_t pad_bottom, int32_t pad_left,
+                                  int32_t pad_right, int32_t groups)
+{
+    conv_shape s;
+    s.C_in = C_in;
+    s.H_in = H_in;
+    s.W_in = W_in;
+    s.C_out = C_out;
+    s.KH = KH;
+    s.KW = KW;
+    s.stride_h = stride_h;
+    s.stride_w = stride_w;
+    s.pad_top = pad_top;
+    s.pad_bottom = pad_bottom;
+    s.pad_left = pad_left;
+    s.pad_right = pad_right;
+    s.groups = groups;
+    s.H_out = 0;
+    s.W_out = 0;
+    return s;
+}
+
+static requant_params make_requant(const void* bias, const uint8_t* scale, const uint8_t* shift,
+                                   elem_type t)
+{
+    requant_params q;
+    q.bias = bias;
+    q.scale = scale;
+    q.shift = shift;
+    q.type = t;
+    return q;
+}
+
+int32_t mmalib_conv2d_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
+                         const uint8_t* scale, const uint8_t* shift, int8_t* out,
+                         int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
+                         int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
+                         int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right)
+{
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I8);
+    return conv_run(in, w, &q, out,
+                    make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top,
+                                    pad_bottom, pad_left, pad_right, 1));
+}
+
+int32_t mmalib_conv2d_i16(const int16_t* in, const int16_t* w, const int64_t* bias,
+                          const uint8_t* scale, const uint8_t* shift, int16_t* out,
+                          int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
+                          int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
+                          int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right)
+{
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I16);
+    return conv_run(in, w, &q, out,
+                    make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top,
+                                    pad_bottom, pad_left, pad_right, 1));
+}
+
+int32_t mmalib_conv2d_i8_grouped_loop(const int8_t* in, const int8_t* w, const int32_t* bias,
+                                      const uint8_t* scale, const uint8_t* shift, int8_t* out,
+                                      int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
+                                      int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
+                                      int32_t pad_top, int32_t pad_bottom, int32_t pad_left,
+                                      int32_t pad_right, int32_t groups)
+{
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I8);
+    return conv_run(in, w, &q, out,
+                    make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top,
+                                    pad_bottom, pad_left, pad_right, groups));
+}
+
+/* Depthwise = grouped convolution with groups = C_in = C_out = C; the natural
+ * weight order [C * KH * KW] is OIHW with I = 1. */
+static int32_t depthwise_run(const void* in, const void* w, const requant_params* q, void* out,
+                             conv_shape s, int32_t num_groups)
+{
+    if (in == NULL || w == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (num_groups != s.C_in) {
+        return C7X_ERR_SHAPE;
+    }
+    return conv_run(in, w, q, out, s);
+}
+
+int32_t mmalib_depthwise_conv2d_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
+                                   const uint8_t* scale, const uint8_t* shift, int8_t* out,
+                                   int32_t C, int32_t H_in, int32_t W_in, int32_t KH, int32_t KW,
+                                   int32_t stride_h, int32_t stride_w, int32_t pad_top,
+                                   int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
+                                   int32_t num_groups)
+{
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I8);
+    return depthwise_run(in, w, &q, out,
+                         make_conv_shape(C, H_in, W_in, C, KH, KW, stride_h, stride_w, pad_top,
+                                         pad_bottom, pad_left, pad_right, C),
+                         num_groups);
+}
+
+int32_t mmalib_depthwise_conv2d_i16(const int16_t* in, const int16_t* w, const int64_t* bias,
+                                    const uint8_t* scale, const uint8_t* shift, int16_t* out,
+                                    int32_t C, int32_t H_in, int32_t W_in, int32_t KH, int32_t KW,
+                                    int32_t stride_h, int32_t stride_w, int32_t pad_top,
+                                    int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
+                                    int32_t num_groups)
+{
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I16);
+    return depthwise_run(in, w, &q, out,
+                         make_conv_shape(C, H_in, W_in, C, KH, KW, stride_h, stride_w, pad_top,
+                                         pad_bottom, pad_left, pad_right, C),
+                         num_groups);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Fully connected                                                            */
+/* ------------------------------------------------------------------------- */
+
+/* out[m, n] = requant(sum_k in[m, k] * w[n, k], channel n); in [M, K], w [N, K]. */
+static int32_t matmul_run(const void* in, const void* w, const requant_params* q, void* out,
+                          int32_t M, int32_t K, int32_t N)
+{
+    int32_t m, n;
+    if (in == NULL || w == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (elem_count(M, K, 1, 1) < 0 || elem_count(N, K, 1, 1) < 0 || elem_count(M, N, 1, 1) < 0 ||
+        K > C7X_MAX_REDUCTION) {
+        return C7X_ERR_SHAPE;
+    }
+    if (!requant_params_ok(q->scale, q->shift, N)) {
+        return C7X_ERR_PARAM;
+    }
+    for (m = 0; m < M; ++m) {
+        const void* row = elem_offset(in, (int64_t)m * K, q->type);
+        for (n = 0; n < N; ++n) {
+            const int64_t acc = dot(row, elem_offset(w, (int64_t)n * K, q->type), K, q->type);
+            store_saturated(out, (int64_t)m * N + n,
+                            requantize(acc, channel_bias(q, n), channel_scale(q, n),
+                                       channel_shift(q, n)),
+                            q->type);
+        }
+    }
+    return C7X_OK;
+}
+
+int32_t mmalib_matmul_bias_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
+                              const uint8_t* scale, const uint8_t* shift, int8_t* out,
+                              int32_t M, int32_t K, int32_t N)
+{
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I8);
+    return matmul_run(in, w, &q, out, M, K, N);
+}
+
+int32_t mmalib_matmul_bias_i16(const int16_t* in, const int16_t* w, const int64_t* bias,
+                               const uint8_t* scale, const uint8_t* shift, int16_t* out,
+                               int32_t M, int32_t K, int32_t N)
+{
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I16);
+    return matmul_run(in, w, &q, out, M, K, N);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Residual add                                                               */
+/* ------------------------------------------------------------------------- */
+
+/* Little-endian int32 at p[0..3], independent of host byte order and alignment;
+ * the unsigned-to-signed step is written out (C99 6.3.1.3p3). */
+static int64_t read_le_i32(const uint8_t* p)
+{
+    const uint32_t u = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+                       ((uint32_t)p[3] << 24);
+    return u >= UINT32_C(0x80000000) ? (int64_t)u - (INT64_C(1) << 32) : (int64_t)u;
+}
+
+static int64_t read_i8(uint8_t b)
+{
+    return b >= 128 ? (int64_t)b - 256 : (int64_t)b;
+}
+
+static int32_t residual_run(const void* x, const void* skip, const uint8_t* params, void* out,
+                            int32_t n, int32_t has_relu, elem_type t)
+{
+    int64_t m_x, m_skip, zp_x, zp_skip, zp_out;
+    int32_t shift, i;
+    if (x == NULL || skip == NULL || params == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (elem_count(n, 1, 1, 1) < 0) {
+        return C7X_ERR_SHAPE;
+    }
+    m_x = read_le_i32(params);
+    m_skip = read_le_i32(params + 4);
+    if (read_le_i32(params + 8) < 0 || read_le_i32(params + 8) > C7X_MAX_SHIFT) {
+        return C7X_ERR_PARAM;
+    }
+    shift = (int32_t)read_le_i32(params + 8);
+    zp_x = read_i8(params[12]);
+    zp_skip = read_i8(params[13]);
+    zp_out = read_i8(params[14]);
+    for (i = 0; i < n; ++i) {
+        /* |dx * m_x + ds * m_skip| <= 2 * 2^16 * 2^31 = 2^48: exact in int64. */
+        const int64_t dx = load_elem(x, i, t) - zp_x;
+        const int64_t ds = load_elem(skip, i, t) - zp_skip;
+        int64_t r = rshift_round(dx * m_x + ds * m_skip, shift) + zp_out;
+        if (has_relu != 0 && r < zp_out) {
+            r = zp_out;
+        }
+        store_saturated(out, i, r, t);
+    }
+    return C7X_OK;
+}
+
+int32_t c7x_int8_residual_add_relu(const int8_t* x, const int8_t* skip, const uint8_t* params,
+                                   int8_t* out, int32_t n, int32_t has_relu)
+{
+    return residual_run(x, skip, params, out, n, has_relu, ELEM_I8);
+}
+
+int32_t c7x_int16_residual_add_relu(const int16_t* x, const int16_t* skip, const uint8_t* params,
+                                    int16_t* out, int32_t n, int32_t has_relu)
+{
+    return residual_run(x, skip, params, out, n, has_relu, ELEM_I16);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Max pool                                                                   */
+/* ------------------------------------------------------------------------- */
+
+/* Nonzero when `out` is the floor-mode or the ceil-mode output size of one axis
+ * (the ceil-mode rule of torch max_pool2d: a last window starting in the right
+ * padding is dropped). With pad < k every such window holds an input pixel. */
+static int pool_size_ok(int32_t size, int32_t k, int32_t stride, int32_t pad, int32_t out)
+{
+    const int32_t floor_out = conv_out_size(size, k, stride, pad, pad);
+    int64_t ceil_out;
+    if (floor_out <= 0 || pad >= k) {
+        return 0;
+    }
+    ceil_out = ((int64_t)size + 2 * (int64_t)pad - k + stride - 1) / stride + 1;
+    if ((ceil_out - 1) * stride >= (int64_t)size + pad) {
+        ceil_out -= 1;
+    }
+    return out == floor_out || out == ceil_out;
+}
+
+/* Largest input pixel of the window at (oh, ow) of one [H_in, W_in] plane; the
+ * window is clipped to the input, so padding never wins (and never is empty,
+ * see pool_size_ok). */
+static int8_t pool_window_max(const int8_t* plane, int32_t H_in, int32_t W_in, int64_t h0,
+                              int64_t w0, int32_t kH, int32_t kW)
+{
+    const int64_t h_lo = h0 < 0 ? 0 : h0;
+    const int64_t w_lo = w0 < 0 ? 0 : w0;
+    const int64_t h_hi = h0 + kH < H_in ? h0 + kH : H_in;
+    const int64_t w_hi = w0 + kW < W_in ? w0 + kW : W_in;
+    int8_t best = INT8_MIN;
+    int64_t h, w;
+    for (h = h_lo; h < h_hi; ++h) {
+        const int8_t* row = plane + h * W_in;
+        for (w = w_lo; w < w_hi; ++w) {
+            best = row[w] > best ? row[w] : best;
+        }
+    }
+    return best;
+}
+
+static int32_t max_pool_run(const int8_t* in, int8_t* out, int32_t N, int32_t C, int32_t H_in,
+                            int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
+                            int32_t sH, int32_t sW, int32_t pH, int32_t pW)
+{
+    int64_t planes, p;
+    int32_t oh, ow;
+    if (in == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    planes = elem_count(N, C, 1, 1);
+    if (planes < 0 || elem_count(N, C, H_in, W_in) < 0 || elem_count(N, C, H_out, W_out) < 0 ||
+        !pool_size_ok(H_in, kH, sH, pH, H_out) || !pool_size_ok(W_in, kW, sW, pW, W_out)) {
+        return C7X_ERR_SHAPE;
+    }
+    for (p = 0; p < planes; ++p) {
+        const int8_t* plane = in + p * H_in * W_in;
+        int8_t* dst = out + p * H_out * W_out;
+        for (oh = 0; oh < H_out; ++oh) {
+            for (ow = 0; ow < W_out; ++ow) {
+                dst[(int64_t)oh * W_out + ow] =
+                    pool_window_max(plane, H_in, W_in, (int64_t)oh * sH - pH,
+                                    (int64_t)ow * sW - pW, kH, kW);
+            }
+        }
+    }
+    return C7X_OK;
+}
+
+int32_t c7x_int8_max_pool(const int8_t* in, int8_t* out, int32_t N, int32_t C, int32_t H_in,
+                          int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
+                          int32_t sH, int32_t sW, int32_t pH, int32_t pW)
+{
+    return max_pool_run(in, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW);
+}
+
+/* The TIDL-library variant computes the same function (facts B "Maxpool"). */
+int32_t c7x_int8_max_pool_tidl(const int8_t* in, int8_t* out, int32_t N, int32_t C, int32_t H_in,
+                               int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
+                               int32_t sH, int32_t sW, int32_t pH, int32_t pW)
+{
+    return max_pool_run(in, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW);
+}
+
+/* ------------------------------------------------------------------------- */
+/* ReLU and clamp                                                             */
+/* ------------------------------------------------------------------------- */
+
+int32_t c7x_int8_clamp(const int8_t* in, int8_t* out, int32_t n, int32_t lo, int32_t hi)
+{
+    int32_t i;
+    if (in == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (n <= 0) {
+        return C7X_ERR_SHAPE;
+    }
+    if (lo > hi) {
+        return C7X_ERR_PARAM;
+    }
+    for (i = 0; i < n; ++i) {
+        store_saturated(out, i, clamp_i64(in[i], lo, hi), ELEM_I8);
+    }
+    return C7X_OK;
+}
+
+int32_t c7x_int8_relu(const int8_t* in, int8_t* out, int32_t n, int32_t zp)
+{
+    int32_t i;
+    if (in == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (n <= 0) {
+        return C7X_ERR_SHAPE;
+    }
+    for (i = 0; i < n; ++i) {
+        store_saturated(out, i, in[i] > zp ? in[i] : zp, ELEM_I8);
+    }
+    return C7X_OK;
+}

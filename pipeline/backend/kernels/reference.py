@@ -1,0 +1,617 @@
+"""The kernels of ``c7x_kernels.h`` in numpy / torch: exact integer references.
+
+One function per extern name, with the C argument list (``in`` is spelled
+``in_``): numpy arrays where C takes pointers (flat or shaped, exact dtype,
+C-contiguous; None = NULL), Python ints for ``int32_t`` scalars. Each writes its
+result into ``out`` in place and returns the C status code (``C7X_OK`` = 0, or
+the ``C7X_ERR_*`` code the C returns for the same arguments, checked in the same
+order: NULL, shape, parameter). Problems C cannot detect (a buffer of the wrong
+size or dtype, a scalar outside int32) raise ``ValueError`` / ``TypeError``.
+:data:`KERNELS` maps extern name -> function; every function also takes
+``rounding`` ("half_up" | "floor", default :data:`ROUNDING`, the twin of the C
+macro ``C7X_ROUNDING``; ignored by kernels that do not round).
+
+Semantics: c7x-backend-facts.md section B as pinned down in ``c7x_kernels.h``.
+Arithmetic is exact: products and sums in int64, convolutions in float64 via
+``torch.nn.functional.conv2d``, which is exact because every partial sum is an
+integer of magnitude <= K * 2^30 <= 2^53 (int16 products are <= 2^30, int8 ones
+<= 2^14, and the reduction length K is limited to ``MAX_REDUCTION`` = 2^23, the
+header's ``C7X_MAX_REDUCTION``), and every such integer is a float64.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROUNDINGS = ("half_up", "floor")
+#: Default rounding of the right shift (the C default is C7X_ROUND_HALF_UP).
+ROUNDING = "half_up"
+
+# Status codes and limits: the #defines of c7x_kernels.h (a test compares them).
+C7X_OK, C7X_ERR_NULL, C7X_ERR_SHAPE, C7X_ERR_PARAM = 0, 1, 2, 3
+MAX_ELEMS = 2**31 - 1
+MAX_REDUCTION = 2**23
+MAX_SCALE = 127
+MAX_SHIFT = 31
+# Saturation points inside the requantization (c7x_kernels_ref.c, requantize()):
+# they keep int64 from wrapping and cannot change a saturated int8/int16 result.
+BIAS_LIMIT = 2**55
+SUM_LIMIT = 2**54
+
+_I8, _I16, _I32, _I64, _U8 = (np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64,
+                                                     np.uint8))
+_BIAS_DTYPE = {_I8: _I32, _I16: _I64}   # bias is int32 for int8 kernels, int64 for int16
+# Below every int8 value: marks max-pool padding, which must never win.
+_POOL_PAD = -129
+
+
+# --------------------------------------------------------------------------
+# Arithmetic (c7x_kernels.h, "Requantization")
+# --------------------------------------------------------------------------
+
+def _check_rounding(rounding: str | None) -> str:
+    rounding = ROUNDING if rounding is None else rounding
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    return rounding
+
+
+def rshift(v: np.ndarray, shift, rounding: str | None = None) -> np.ndarray:
+    """The kernels' rounding right shift on int64 values.
+
+    ``v``: int64 array, |v| < 2^62; ``shift``: int or int array in [0, 31],
+    broadcast against ``v``. "half_up": floor((v + 2^(shift-1)) / 2^shift) for
+    shift > 0; "floor": floor(v / 2^shift); shift 0 returns v. Exact (numpy
+    floor division of int64), the twin of ``rshift_round`` in c7x_kernels_ref.c.
+    """
+    rounding = _check_rounding(rounding)
+    v = np.asarray(v, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    if rounding == "half_up":
+        v = v + np.where(shift > 0, np.left_shift(np.int64(1), np.maximum(shift - 1, 0)), 0)
+    return np.floor_divide(v, np.left_shift(np.int64(1), shift))
+
+
+def saturate(v: np.ndarray, dtype) -> np.ndarray:
+    """Clip int64 ``v`` to the range of ``dtype`` (int8 / int16) and cast."""
+    info = np.iinfo(dtype)
+    return np.clip(v, info.min, info.max).astype(dtype)
+
+
+def requantize(acc: np.ndarray, bias, scale, shift, dtype,
+               rounding: str | None = None) -> np.ndarray:
+    """out = saturate(rshift((acc + bias[c]) * scale[c], shift[c])) per channel c.
+
+    ``acc``: int64 [C, ...] exact accumulators (channel axis first), |acc| <= 2^53;
+    ``bias`` int32/int64 [C], ``scale`` / ``shift`` uint8 [C], None = 0 / 1 / 0;
+    ``dtype``: output int8 / int16. Bias is clamped to +-2^55 and the sum to
+    +-2^54 exactly as the C does; neither can change the saturated result.
+    """
+    channels = acc.shape[0]
+    per_channel = (slice(None),) + (None,) * (acc.ndim - 1)
+
+    def channel_values(values, default):
+        if values is None:
+            return np.full(channels, default, dtype=np.int64)
+        return np.asarray(values, dtype=np.int64).reshape(channels)
+
+    b = np.clip(channel_values(bias, 0), -BIAS_LIMIT, BIAS_LIMIT)
+    s = channel_values(scale, 1)
+    sh = channel_values(shift, 0)
+    total = np.clip(acc.astype(np.int64) + b[per_channel], -SUM_LIMIT, SUM_LIMIT)
+    return saturate(rshift(total * s[per_channel], sh[per_channel], rounding), dtype)
+
+
+# --------------------------------------------------------------------------
+# Argument checks shared by every kernel (twins of the C checks)
+# --------------------------------------------------------------------------
+
+def _elem_count(*dims: int) -> int:
+    """Product of ``dims``, or -1 if a factor is <= 0 or it exceeds MAX_ELEMS."""
+    count = 1
+    for d in dims:
+        if d <= 0:
+            return -1
+        count *= d
+    return count if count <= MAX_ELEMS else -1
+
+
+def _conv_out_size(size: int, k: int, stride: int, pad_a: int, pad_b: int) -> int:
+    """(size + pad_a + pad_b - k) // stride + 1, or 0 if out of range / no window."""
+    if size <= 0 or k <= 0 or stride <= 0 or pad_a < 0 or pad_b < 0:
+        return 0
+    span = size + pad_a + pad_b - k
+    if span < 0 or span > MAX_ELEMS:
+        return 0
+    return span // stride + 1
+
+
+def _int32(name: str, value) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value)}")
+    if not -2**31 <= int(value) < 2**31:
+        raise ValueError(f"{name}={value} does not fit int32")
+    return int(value)
+
+
+def _array(name: str, arr, shape: tuple[int, ...], dtype: np.dtype, output: bool = False):
+    """``arr`` viewed as ``shape``; it must hold exactly that many ``dtype`` values
+    (and be C-contiguous and writeable when the kernel writes it)."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(arr)}")
+    if arr.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {arr.dtype}")
+    if arr.size != int(np.prod(shape)):
+        raise ValueError(f"{name} holds {arr.size} elements, the arguments imply {shape}")
+    if output and not (arr.flags.c_contiguous and arr.flags.writeable):
+        raise ValueError(f"{name} is written in place: it must be C-contiguous and writeable")
+    return arr.reshape(shape)
+
+
+def _requant_params_ok(scale, shift) -> bool:
+    return ((scale is None or int(scale.max()) <= MAX_SCALE) and
+            (shift is None or int(shift.max()) <= MAX_SHIFT))
+
+
+# --------------------------------------------------------------------------
+# Geometries: sizes implied by the scalar arguments (field names = C names)
+# --------------------------------------------------------------------------
+
+class _Geometry:
+    """Field names are the C parameter names, so a geometry can be built from a
+    kernel's bound arguments (:func:`buffer_shapes`). Fields must be int32 values
+    (like the C scalars); they are stored as Python ints so that size products
+    never wrap around."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            object.__setattr__(self, f.name, _int32(f.name, getattr(self, f.name)))
+
+    @classmethod
+    def from_arguments(cls, arguments: dict):
+        return cls(**{f.name: arguments[f.name] for f in fields(cls) if f.name in arguments})
+
+
+@dataclass(frozen=True)
+class ConvGeometry(_Geometry):
+    """NCHW convolution, N = 1, OIHW weights [C_out, C_in / groups, KH, KW]."""
+
+    C_in: int
+    H_in: int
+    W_in: int
+    C_out: int
+    KH: int
+    KW: int
+    stride_h: int
+    stride_w: int
+    pad_top: int
+    pad_bottom: int
+    pad_left: int
+    pad_right: int
+    groups: int = 1
+
+    @property
+    def H_out(self) -> int:
+        return _conv_out_size(self.H_in, self.KH, self.stride_h, self.pad_top, self.pad_bottom)
+
+    @property
+    def W_out(self) -> int:
+        return _conv_out_size(self.W_in, self.KW, self.stride_w, self.pad_left, self.pad_right)
+
+    @property
+    def reduction(self) -> int:
+        """K = C_in / groups * KH * KW, the length of each dot product."""
+        return _elem_count(self.C_in // self.groups, self.KH, self.KW)
+
+    def status(self) -> int:
+        """C7X_OK, or C7X_ERR_SHAPE exactly when ``conv_check`` in C says so."""
+        if (self.C_in <= 0 or self.C_out <= 0 or self.groups <= 0 or
+                self.C_in % self.groups or self.C_out % self.groups):
+            return C7X_ERR_SHAPE
+        k = self.reduction
+        if (self.H_out <= 0 or self.W_out <= 0 or _elem_count(self.C_in, self.H_in, self.W_in) < 0
+                or _elem_count(self.C_out, self.H_out, self.W_out) < 0 or k < 0
+                or k > MAX_REDUCTION or _elem_count(self.C_out, k) < 0):
+            return C7X_ERR_SHAPE
+        return C7X_OK
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        ch = (self.C_out,)
+        return {"in": (1, self.C_in, self.H_in, self.W_in),
+                "w": (self.C_out, self.C_in // self.groups, self.KH, self.KW),
+                "bias": ch, "scale": ch, "shift": ch,
+                "out": (1, self.C_out, self.H_out, self.W_out)}
+
+
+@dataclass(frozen=True)
+class DepthwiseGeometry(_Geometry):
+    """Depthwise convolution: groups = C_in = C_out = C, w [C * KH * KW]."""
+
+    C: int
+    H_in: int
+    W_in: int
+    KH: int
+    KW: int
+    stride_h: int
+    stride_w: int
+    pad_top: int
+    pad_bottom: int
+    pad_left: int
+    pad_right: int
+    num_groups: int
+
+    def conv(self) -> ConvGeometry:
+        return ConvGeometry(self.C, self.H_in, self.W_in, self.C, self.KH, self.KW,
+                            self.stride_h, self.stride_w, self.pad_top, self.pad_bottom,
+                            self.pad_left, self.pad_right, groups=self.C)
+
+    def status(self) -> int:
+        return C7X_ERR_SHAPE if self.num_groups != self.C else self.conv().status()
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.conv().shapes()
+
+
+@dataclass(frozen=True)
+class MatmulGeometry(_Geometry):
+    """Fully connected: in [M, K], w [N, K], out [M, N]."""
+
+    M: int
+    K: int
+    N: int
+
+    def status(self) -> int:
+        if (_elem_count(self.M, self.K) < 0 or _elem_count(self.N, self.K) < 0 or
+                _elem_count(self.M, self.N) < 0 or self.K > MAX_REDUCTION):
+            return C7X_ERR_SHAPE
+        return C7X_OK
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        n = (self.N,)
+        return {"in": (self.M, self.K), "w": (self.N, self.K), "bias": n, "scale": n,
+                "shift": n, "out": (self.M, self.N)}
+
+
+@dataclass(frozen=True)
+class ElementwiseGeometry(_Geometry):
+    """n elements (residual add, ReLU, clamp); params is the 16-byte blob."""
+
+    n: int
+
+    def status(self) -> int:
+        return C7X_OK if _elem_count(self.n) > 0 else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        v = (self.n,)
+        return {"in": v, "x": v, "skip": v, "out": v, "params": (16,)}
+
+
+def _pool_size_ok(size: int, k: int, stride: int, pad: int, out: int) -> bool:
+    """``out`` is the floor-mode or torch's ceil-mode size; pad < k."""
+    floor_out = _conv_out_size(size, k, stride, pad, pad)
+    if floor_out <= 0 or pad >= k:
+        return False
+    ceil_out = (size + 2 * pad - k + stride - 1) // stride + 1
+    if (ceil_out - 1) * stride >= size + pad:
+        ceil_out -= 1
+    return out in (floor_out, ceil_out)
+
+
+@dataclass(frozen=True)
+class PoolGeometry(_Geometry):
+    """Max pool: in [N, C, H_in, W_in], out [N, C, H_out, W_out]."""
+
+    N: int
+    C: int
+    H_in: int
+    W_in: int
+    H_out: int
+    W_out: int
+    kH: int
+    kW: int
+    sH: int
+    sW: int
+    pH: int
+    pW: int
+
+    def status(self) -> int:
+        if (_elem_count(self.N, self.C) < 0 or
+                _elem_count(self.N, self.C, self.H_in, self.W_in) < 0 or
+                _elem_count(self.N, self.C, self.H_out, self.W_out) < 0 or
+                not _pool_size_ok(self.H_in, self.kH, self.sH, self.pH, self.H_out) or
+                not _pool_size_ok(self.W_in, self.kW, self.sW, self.pW, self.W_out)):
+            return C7X_ERR_SHAPE
+        return C7X_OK
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"in": (self.N, self.C, self.H_in, self.W_in),
+                "out": (self.N, self.C, self.H_out, self.W_out)}
+
+
+# --------------------------------------------------------------------------
+# Kernel families
+# --------------------------------------------------------------------------
+
+def conv_accumulate(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
+    """Exact integer accumulators int64 [C_out, H_out, W_out] of an NCHW conv.
+
+    ``x`` [1, C_in, H_in, W_in] and ``w`` [C_out, C_in / groups, KH, KW] integer
+    arrays. Padding adds raw zeros (c7x_kernels.h). float64 conv2d is exact here,
+    see the module docstring (K <= MAX_REDUCTION is checked by ``g.status()``).
+    """
+    xt = torch.from_numpy(x.astype(np.float64))
+    xt = F.pad(xt, (g.pad_left, g.pad_right, g.pad_top, g.pad_bottom))
+    wt = torch.from_numpy(w.astype(np.float64))
+    acc = F.conv2d(xt, wt, stride=(g.stride_h, g.stride_w), groups=g.groups)
+    return acc[0].numpy().astype(np.int64)
+
+
+def _conv(in_, w, bias, scale, shift, out, g, dtype: np.dtype, rounding) -> int:
+    """Plain, grouped and depthwise convolution (``g``: Conv/DepthwiseGeometry)."""
+    rounding = _check_rounding(rounding)
+    if in_ is None or w is None or out is None:
+        return C7X_ERR_NULL
+    status = g.status()
+    if status != C7X_OK:
+        return status
+    sh = g.shapes()
+    x = _array("in", in_, sh["in"], dtype)
+    wv = _array("w", w, sh["w"], dtype)
+    y = _array("out", out, sh["out"], dtype, output=True)
+    b = None if bias is None else _array("bias", bias, sh["bias"], _BIAS_DTYPE[dtype])
+    s = None if scale is None else _array("scale", scale, sh["scale"], _U8)
+    t = None if shift is None else _array("shift", shift, sh["shift"], _U8)
+    if not _requant_params_ok(s, t):
+        return C7X_ERR_PARAM
+    geometry = g.conv() if isinstance(g, DepthwiseGeometry) else g
+    y[0] = requantize(conv_accumulate(x, wv, geometry), b, s, t, dtype, rounding)
+    return C7X_OK
+
+
+def _matmul(in_, w, bias, scale, shift, out, g: MatmulGeometry, dtype: np.dtype, rounding) -> int:
+    """out[m, n] = requant(sum_k in[m, k] * w[n, k], channel n), exact in int64."""
+    rounding = _check_rounding(rounding)
+    if in_ is None or w is None or out is None:
+        return C7X_ERR_NULL
+    status = g.status()
+    if status != C7X_OK:
+        return status
+    sh = g.shapes()
+    x = _array("in", in_, sh["in"], dtype).astype(np.int64)
+    wv = _array("w", w, sh["w"], dtype).astype(np.int64)
+    y = _array("out", out, sh["out"], dtype, output=True)
+    b = None if bias is None else _array("bias", bias, sh["bias"], _BIAS_DTYPE[dtype])
+    s = None if scale is None else _array("scale", scale, sh["scale"], _U8)
+    t = None if shift is None else _array("shift", shift, sh["shift"], _U8)
+    if not _requant_params_ok(s, t):
+        return C7X_ERR_PARAM
+    acc = (x @ wv.T).T                         # [N, M]: requantize wants channels first
+    y[...] = requantize(acc, b, s, t, dtype, rounding).T
+    return C7X_OK
+
+
+def parse_residual_params(params: np.ndarray) -> dict[str, int]:
+    """Decode the 16-byte little-endian residual-add blob (facts B "Residual add"):
+    int32 M_x, M_skip, shift at bytes 0-11; int8 zp_x, zp_skip, zp_out at 12-14."""
+    raw = params.reshape(-1).tobytes()
+    m_x, m_skip, shift = (int(v) for v in np.frombuffer(raw[:12], dtype="<i4"))
+    zp_x, zp_skip, zp_out = (int(v) for v in np.frombuffer(raw[12:15], dtype=np.int8))
+    return {"M_x": m_x, "M_skip": m_skip, "shift": shift, "zp_x": zp_x, "zp_skip": zp_skip,
+            "zp_out": zp_out}
+
+
+def _residual(x, skip, params, out, n, has_relu, dtype: np.dtype, rounding) -> int:
+    """out = saturate([max(., zp_out)] rshift(dx * M_x + ds * M_skip, shift) + zp_out)."""
+    rounding = _check_rounding(rounding)
+    if x is None or skip is None or params is None or out is None:
+        return C7X_ERR_NULL
+    g = ElementwiseGeometry(_int32("n", n))
+    if g.status() != C7X_OK:
+        return g.status()
+    _int32("has_relu", has_relu)
+    sh = g.shapes()
+    p = parse_residual_params(_array("params", params, sh["params"], _U8))
+    xv = _array("x", x, sh["x"], dtype).astype(np.int64)
+    sv = _array("skip", skip, sh["skip"], dtype).astype(np.int64)
+    y = _array("out", out, sh["out"], dtype, output=True)
+    if not 0 <= p["shift"] <= MAX_SHIFT:
+        return C7X_ERR_PARAM
+    # |dx * M_x + ds * M_skip| <= 2 * 2^16 * 2^31 = 2^48: exact in int64.
+    total = (xv - p["zp_x"]) * p["M_x"] + (sv - p["zp_skip"]) * p["M_skip"]
+    r = rshift(total, p["shift"], rounding) + p["zp_out"]
+    if has_relu != 0:
+        r = np.maximum(r, p["zp_out"])
+    y[...] = saturate(r, dtype)
+    return C7X_OK
+
+
+def _max_pool(in_, out, g: PoolGeometry) -> int:
+    """Windows clipped to the input: padding is filled with a value below every
+    int8, which never wins because no window is all padding (``g.status()``)."""
+    if in_ is None or out is None:
+        return C7X_ERR_NULL
+    if g.status() != C7X_OK:
+        return g.status()
+    sh = g.shapes()
+    x = _array("in", in_, sh["in"], _I8)
+    y = _array("out", out, sh["out"], _I8, output=True)
+    bottom = max(0, (g.H_out - 1) * g.sH + g.kH - g.pH - g.H_in)
+    right = max(0, (g.W_out - 1) * g.sW + g.kW - g.pW - g.W_in)
+    padded = np.pad(x.astype(np.int16), ((0, 0), (0, 0), (g.pH, bottom), (g.pW, right)),
+                    constant_values=_POOL_PAD)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (g.kH, g.kW), axis=(2, 3))
+    windows = windows[:, :, ::g.sH, ::g.sW][:, :, :g.H_out, :g.W_out]
+    y[...] = windows.max(axis=(-2, -1)).astype(np.int8)
+    return C7X_OK
+
+
+def _elementwise_status(in_, out, n) -> int:
+    """NULL / size status of an int8 elementwise kernel (ReLU, clamp)."""
+    if in_ is None or out is None:
+        return C7X_ERR_NULL
+    return ElementwiseGeometry(n).status()
+
+
+def _elementwise(in_, out, n, fn) -> int:
+    """out = saturate(fn(in)) for int8 in / out [n], after a passing status."""
+    sh = ElementwiseGeometry(n).shapes()
+    x = _array("in", in_, sh["in"], _I8).astype(np.int64)
+    y = _array("out", out, sh["out"], _I8, output=True)
+    y[...] = saturate(fn(x), np.int8)
+    return C7X_OK
+
+
+# --------------------------------------------------------------------------
+# The extern names of c7x_kernels.h
+# --------------------------------------------------------------------------
+
+def mmalib_conv2d_i8(in_, w, bias, scale, shift, out, C_in, H_in, W_in, C_out, KH, KW,
+                     stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
+                     rounding=None) -> int:
+    """int8 conv2d, groups = 1: in int8 [1, C_in, H_in, W_in] (NCHW), w int8
+    [C_out, C_in, KH, KW] (OIHW), bias int32 [C_out], scale / shift uint8 [C_out]
+    (None = 0 / 1 / 0), out int8 [1, C_out, H_out, W_out] with
+    H_out = (H_in + pad_top + pad_bottom - KH) // stride_h + 1 (W alike).
+    out = saturate(rshift((acc + bias) * scale, shift)), facts B "Kernel math"."""
+    g = ConvGeometry(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
+                     pad_left, pad_right)
+    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding)
+
+
+def mmalib_conv2d_i16(in_, w, bias, scale, shift, out, C_in, H_in, W_in, C_out, KH, KW,
+                      stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
+                      rounding=None) -> int:
+    """int16 conv2d: as :func:`mmalib_conv2d_i8` with int16 in / w / out and int64 bias."""
+    g = ConvGeometry(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
+                     pad_left, pad_right)
+    return _conv(in_, w, bias, scale, shift, out, g, _I16, rounding)
+
+
+def mmalib_conv2d_i8_grouped_loop(in_, w, bias, scale, shift, out, C_in, H_in, W_in, C_out,
+                                  KH, KW, stride_h, stride_w, pad_top, pad_bottom, pad_left,
+                                  pad_right, groups, rounding=None) -> int:
+    """Grouped int8 conv2d: as :func:`mmalib_conv2d_i8` with w int8
+    [C_out, C_in / groups, KH, KW]; groups must divide C_in and C_out."""
+    g = ConvGeometry(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
+                     pad_left, pad_right, groups)
+    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding)
+
+
+def mmalib_depthwise_conv2d_i8(in_, w, bias, scale, shift, out, C, H_in, W_in, KH, KW,
+                               stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
+                               num_groups, rounding=None) -> int:
+    """Depthwise int8 conv2d (groups = C): in / out int8 [1, C, H, W], w int8
+    [C * KH * KW] (natural order = OIHW with I = 1), bias int32 [C],
+    scale / shift uint8 [C]; num_groups must equal C."""
+    g = DepthwiseGeometry(C, H_in, W_in, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
+                          pad_left, pad_right, num_groups)
+    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding)
+
+
+def mmalib_depthwise_conv2d_i16(in_, w, bias, scale, shift, out, C, H_in, W_in, KH, KW,
+                                stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
+                                num_groups, rounding=None) -> int:
+    """Depthwise int16 conv2d: as the int8 one with int16 tensors and int64 bias."""
+    g = DepthwiseGeometry(C, H_in, W_in, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
+                          pad_left, pad_right, num_groups)
+    return _conv(in_, w, bias, scale, shift, out, g, _I16, rounding)
+
+
+def mmalib_matmul_bias_i8(in_, w, bias, scale, shift, out, M, K, N, rounding=None) -> int:
+    """int8 fully connected: in int8 [M, K], w int8 [N, K], bias int32 [N],
+    scale / shift uint8 [N], out int8 [M, N]; requantized per output column n."""
+    return _matmul(in_, w, bias, scale, shift, out, MatmulGeometry(M, K, N), _I8, rounding)
+
+
+def mmalib_matmul_bias_i16(in_, w, bias, scale, shift, out, M, K, N, rounding=None) -> int:
+    """int16 fully connected: as the int8 one with int16 tensors and int64 bias."""
+    return _matmul(in_, w, bias, scale, shift, out, MatmulGeometry(M, K, N), _I16, rounding)
+
+
+def c7x_int8_residual_add_relu(x, skip, params, out, n, has_relu, rounding=None) -> int:
+    """int8 residual add (facts B "Residual add"): x, skip, out int8 [n], params
+    uint8 [16]; r = rshift((x - zp_x) M_x + (skip - zp_skip) M_skip, shift) + zp_out,
+    then max(r, zp_out) if has_relu, then saturate."""
+    return _residual(x, skip, params, out, n, has_relu, _I8, rounding)
+
+
+def c7x_int16_residual_add_relu(x, skip, params, out, n, has_relu, rounding=None) -> int:
+    """int16 residual add: as the int8 one with int16 tensors (same blob)."""
+    return _residual(x, skip, params, out, n, has_relu, _I16, rounding)
+
+
+def c7x_int8_max_pool(in_, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
+                      rounding=None) -> int:
+    """int8 max pool (facts B "Maxpool"): in int8 [N, C, H_in, W_in], out int8
+    [N, C, H_out, W_out], symmetric padding pH / pW that never wins; H_out is the
+    floor- or ceil-mode size, pH < kH. ``rounding`` is unused (no arithmetic)."""
+    g = PoolGeometry(N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW)
+    return _max_pool(in_, out, g)
+
+
+def c7x_int8_max_pool_tidl(in_, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
+                           rounding=None) -> int:
+    """The TIDL-library name of :func:`c7x_int8_max_pool`; same function."""
+    g = PoolGeometry(N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW)
+    return _max_pool(in_, out, g)
+
+
+def c7x_int8_relu(in_, out, n, zp, rounding=None) -> int:
+    """out = saturate(max(in, zp)); in / out int8 [n] (facts B "ReLU pass")."""
+    zp = _int32("zp", zp)
+    status = _elementwise_status(in_, out, n)
+    if status != C7X_OK:
+        return status
+    return _elementwise(in_, out, n, lambda x: np.maximum(x, zp))
+
+
+def c7x_int8_clamp(in_, out, n, lo, hi, rounding=None) -> int:
+    """out = saturate(min(max(in, lo), hi)); in / out int8 [n]; lo > hi is
+    C7X_ERR_PARAM (facts B "ReLU pass", clip with equal quantization)."""
+    lo, hi = _int32("lo", lo), _int32("hi", hi)
+    status = _elementwise_status(in_, out, n)
+    if status != C7X_OK:
+        return status
+    if lo > hi:
+        return C7X_ERR_PARAM
+    return _elementwise(in_, out, n, lambda x: np.minimum(np.maximum(x, lo), hi))
+
+
+KERNELS: dict[str, Callable[..., int]] = {
+    f.__name__: f for f in (
+        mmalib_conv2d_i8, mmalib_conv2d_i16, mmalib_conv2d_i8_grouped_loop,
+        mmalib_depthwise_conv2d_i8, mmalib_depthwise_conv2d_i16,
+        mmalib_matmul_bias_i8, mmalib_matmul_bias_i16,
+        c7x_int8_residual_add_relu, c7x_int16_residual_add_relu,
+        c7x_int8_max_pool, c7x_int8_max_pool_tidl, c7x_int8_relu, c7x_int8_clamp)
+}
+
+_GEOMETRY = {
+    "mmalib_conv2d_i8": ConvGeometry, "mmalib_conv2d_i16": ConvGeometry,
+    "mmalib_conv2d_i8_grouped_loop": ConvGeometry,
+    "mmalib_depthwise_conv2d_i8": DepthwiseGeometry,
+    "mmalib_depthwise_conv2d_i16": DepthwiseGeometry,
+    "mmalib_matmul_bias_i8": MatmulGeometry, "mmalib_matmul_bias_i16": MatmulGeometry,
+    "c7x_int8_residual_add_relu": ElementwiseGeometry,
+    "c7x_int16_residual_add_relu": ElementwiseGeometry,
+    "c7x_int8_max_pool": PoolGeometry, "c7x_int8_max_pool_tidl": PoolGeometry,
+    "c7x_int8_relu": ElementwiseGeometry, "c7x_int8_clamp": ElementwiseGeometry,
+}
+
+
+def buffer_shapes(name: str, *args) -> dict[str, tuple[int, ...]]:
+    """Shapes of the pointer arguments of kernel ``name`` (keys: C parameter
+    names, e.g. "in", "w", "out") implied by its scalar arguments, given in the
+    C order like a call. Empty when the scalars are invalid: the kernel then
+    returns an error before touching any buffer. Raises ``KeyError`` for an
+    unknown kernel, ``TypeError`` for a wrong argument count."""
+    arguments = inspect.signature(KERNELS[name]).bind(*args).arguments
+    arguments = {k.rstrip("_"): v for k, v in arguments.items()}
+    geometry = _GEOMETRY[name].from_arguments(arguments)
+    return geometry.shapes() if geometry.status() == C7X_OK else {}
