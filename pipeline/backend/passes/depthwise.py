@@ -1,0 +1,94 @@
+"""Offload of quantized depthwise conv2d (groups = C_in = C_out) to MMALIB.
+
+Pattern: the conv pattern of :mod:`.conv` with ``groups == C_in`` and weight
+``[C, 1, KH, KW]``::
+
+    q([relu|clip](add(conv2d(dq(x), dq(W), groups=C), bias)), o_s, o_zp)
+      ->  [int clip](call_tir(mmalib_depthwise_conv2d_i8 | _i16, x, W[C*KH*KW], bias', scale, shift))
+
+Eligibility (facts B): square kernel 3, 5 or 7; stride 1 or 2 (square),
+stride 2 only for kernels <= 5; dilation 1; N = 1; no channel multiplier;
+int16: 3x3 only and all zero points 0. Folding and deviations (a), (b), (d)
+as in :mod:`.conv`. The weight is passed flat in natural (C, KH, KW) order.
+"""
+
+from __future__ import annotations
+
+import tvm
+
+from .common import Decline, Graph, TensorArg, dequantize_of, run_pass, static_shape
+from .conv import CONV_OPS, check_common, conv_geometry, conv_offload
+from .log import OffloadLog
+from .weighted import fold_weighted, match_chain
+
+_KERNELS_I8 = (3, 5, 7)
+_KERNELS_I16 = (3,)
+
+
+def _shape_reason(g, dtype: str) -> str | None:
+    kh, kw = g.kernel
+    if g.c_out != g.c_in:
+        return f"channel multiplier {g.c_out // g.c_in} (C_out={g.c_out} != C_in={g.c_in})"
+    sizes = _KERNELS_I8 if dtype == "int8" else _KERNELS_I16
+    if kh != kw or kh not in sizes:
+        return f"kernel {kh}x{kw} (supported: square {'/'.join(map(str, sizes))})"
+    stride = g.strides[0]
+    if stride not in (1, 2):
+        return f"stride {stride} (supported: 1, 2)"
+    if stride == 2 and kh > 5:
+        return f"stride 2 with a {kh}x{kw} kernel (stride 2 only for kernels <= 5)"
+    return None
+
+
+def _dw_planner(dtype: str):
+    suffix = "i8" if dtype == "int8" else "i16"
+
+    def planner(graph: Graph, binding):
+        chain = match_chain(graph, binding, CONV_OPS)
+        if chain is None:
+            return None
+        data = dequantize_of(graph, chain.op.args[0])
+        w_shape = static_shape(chain.op.args[1])
+        groups = int(chain.op.attrs.groups)
+        if data is None or str(data.data.ty.dtype) != dtype:
+            return None
+        if not (groups > 1 and w_shape is not None and w_shape[1] == 1):
+            return None  # not depthwise: the conv passes decide
+        decline = lambda reason: Decline(chain.name, "depthwise_conv2d", dtype, reason)  # noqa: E731
+        g = conv_geometry(chain)
+        if isinstance(g, str):
+            return decline(g)
+        reason = _shape_reason(g, dtype)
+        if reason:
+            return decline(reason)
+        checked = check_common(graph, chain, g, dtype)
+        if isinstance(checked, str):
+            return decline(checked)
+        data, weights, bias = checked
+        folded = fold_weighted(weights, bias, data, chain.out, dtype)
+        if isinstance(folded, str):
+            return decline(folded)
+        kh, kw = g.kernel
+        c = g.c_in
+        scalars = [c, g.x_shape[2], g.x_shape[3], kh, kw, *g.strides, *g.pads, c]
+        w_arg = TensorArg("weight", (c * kh * kw,), dtype)
+        return conv_offload(chain, "depthwise_conv2d", dtype, f"mmalib_depthwise_conv2d_{suffix}",
+                            data, folded, w_arg, scalars)
+
+    return planner
+
+
+def offload_depthwise_conv2d_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """int8 depthwise conv2d -> ``mmalib_depthwise_conv2d_i8``.
+
+    Extern args (c7x_kernels.h): in int8[1,C,H,W], w int8[C*KH*KW], bias int32[C],
+    scale uint8[C], shift uint8[C], out int8[1,C,H_out,W_out], C, H_in, W_in, KH, KW,
+    stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, num_groups = C.
+    """
+    return run_pass(mod, log, "depthwise_conv2d_i8", _dw_planner("int8"))
+
+
+def offload_depthwise_conv2d_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """int16 depthwise 3x3 conv2d, zero points 0 -> ``mmalib_depthwise_conv2d_i16``
+    (int16 data/weights, int64 bias; int8 weights are widened)."""
+    return run_pass(mod, log, "depthwise_conv2d_i16", _dw_planner("int16"))

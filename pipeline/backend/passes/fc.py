@@ -1,0 +1,160 @@
+"""Offload of quantized fully connected layers (torch ``linear``) to MMALIB.
+
+Pattern (torch's linear imports as a matmul with the transposed weight;
+the bias may be either operand of the add; a 3-D input shows up as
+``reshape -> matmul -> add -> reshape``)::
+
+    q([relu|clip]([reshape](add(matmul([reshape](dq(x, d_s, d_zp)),
+                                       permute_dims(dq(W[N,K], w_s, 0))), bias))), o_s, o_zp)
+      ->  [int clip]([strided_slice](call_tir(mmalib_matmul_bias_i8 | _i16, x, W', bias', scale, shift)))
+
+``x`` is ``[..., K]`` with ``M`` = product of the leading dims (the kernel
+sees it as ``[M, K]`` memory). Eligibility (facts B): int8 data and weights
+with K % 32 == 0 and N % 32 == 0 (i8), int16 data with zero points 0 and
+K % 16, N % 16 (i16); constant weight, scales and bias; weight zero point 0.
+
+Deviations from the reference: (a) unrepresentable rescale declines;
+(c) N not a multiple of the MMA width is padded: W, bias, scale and shift
+get zero rows (the padded outputs are exactly 0; the header allows scale 0),
+the kernel writes ``[..., N_pad]`` and
+``R.strided_slice`` takes the first N (recorded as a note); K not a multiple
+still declines. (d) int16 with int8 weights widens W. The reference has no
+ReLU variant for FC; a fused ReLU / clip here becomes the same integer clip
+as for conv (exact, see :class:`~.common.Activation`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .common import const, Decline, Graph, Offload, TensorArg, dequantize_of, emit_activation, offload_primfunc, run_pass, static_shape
+from .log import OffloadLog
+from .weighted import bias_vector, fold_weighted, fused_users_reason, match_chain, quant_reason, weight_dtype_reason, weights_of
+
+#: MMA width in elements: 32 bytes on the C7504 (facts B, "FC i8/i16").
+MMA_MULTIPLE = {"int8": 32, "int16": 16}
+
+
+def _input_of(graph: Graph, lhs):
+    """``(dq of x, lhs if it is a reshape of that dq else None)`` for the matmul's left operand."""
+    reshape = graph.call(lhs, "relax.reshape")
+    if reshape is not None:
+        return dequantize_of(graph, reshape.args[0]), lhs
+    return dequantize_of(graph, lhs), None
+
+
+def _weight_dq(graph: Graph, rhs):
+    """The ``dq(W)`` under ``permute_dims`` that transposes a 2-D weight, else ``None``."""
+    perm = graph.call(rhs, "relax.permute_dims")
+    if perm is None:
+        return None
+    axes = perm.attrs.axes
+    if axes is not None and [int(a) for a in axes] != [1, 0]:
+        return None
+    return graph.call(perm.args[0], "relax.dequantize")
+
+
+def _pad_rows(a: np.ndarray, rows: int, value) -> np.ndarray:
+    pad = np.full((rows - a.shape[0],) + a.shape[1:], value, dtype=a.dtype)
+    return np.concatenate([a, pad]) if pad.shape[0] else a
+
+
+def _fc_shapes(graph: Graph, chain, binding, data, w_call, in_reshape, multiple: int):
+    """``(x_shape, q_shape, M, K, N)`` of a matched linear, or why the kernel cannot take it."""
+    x_shape, q_shape = static_shape(data.data), static_shape(binding.var)
+    w_shape = static_shape(w_call.args[0])
+    if None in (x_shape, static_shape(chain.anchor), q_shape, w_shape) or len(w_shape) != 2:
+        return "dynamic shapes or a weight that is not 2-D"
+    n, k = w_shape
+    m = math.prod(x_shape[:-1])
+    if x_shape[-1] != k or q_shape[-1] != n or math.prod(q_shape) != m * n:
+        return f"input {list(x_shape)} / output {list(q_shape)} do not flatten to [M, K={k}] x [K, N={n}]"
+    if in_reshape is not None and static_shape(in_reshape) != (m, k):
+        return f"input reshape to {list(static_shape(in_reshape))} is not [M={m}, K={k}]"
+    if k % multiple:
+        return f"K={k} is not a multiple of {multiple} (MMA width for {str(data.data.ty.dtype)})"
+    return x_shape, q_shape, m, k, n
+
+
+def _fc_constants(graph: Graph, chain, data, w_call, n: int, dtype: str):
+    """Folded weights / bias / scale / shift of a linear (:func:`~.weighted.fold_weighted`), or a reason."""
+    reason = quant_reason(data, chain.out, dtype) or fused_users_reason(graph, chain)
+    if reason:
+        return reason
+    weights = weights_of(dequantize_of(graph, w_call), n)
+    if isinstance(weights, str):
+        return weights
+    reason = weight_dtype_reason(weights.q, dtype)
+    if reason:
+        return reason
+    bias = bias_vector(graph, chain.bias_operand, static_shape(chain.anchor), axis=-1)
+    if isinstance(bias, str):
+        return bias
+    return fold_weighted(weights, bias, data, chain.out, dtype)
+
+
+def _fc_offload(chain, data, folded, shapes, dtype: str) -> Offload:
+    """Pad N to the MMA width (deviation (c)) and build the ``call_tir`` [+ slice] [+ clip]."""
+    x_shape, q_shape, m, k, n = shapes
+    n_pad = math.ceil(n / MMA_MULTIPLE[dtype]) * MMA_MULTIPLE[dtype]
+    notes = [folded.note] if folded.note else []
+    if n_pad != n:
+        notes.append(f"N={n} padded to {n_pad} (zero weight rows), output sliced back to {n}")
+    consts = [const(_pad_rows(a, n_pad, 0)) for a in (folded.w, folded.bias, folded.scale, folded.shift)]
+    kernel = f"mmalib_matmul_bias_{'i8' if dtype == 'int8' else 'i16'}"
+    out_shape = q_shape[:-1] + (n_pad,)
+    tensors = [TensorArg("data", x_shape, dtype), TensorArg("weight", (n_pad, k), dtype),
+               TensorArg("bias", (n_pad,), str(folded.bias.dtype)),
+               TensorArg("scale", (n_pad,), "uint8"), TensorArg("shift", (n_pad,), "uint8"),
+               TensorArg("out", out_shape, dtype)]
+    prim = offload_primfunc(kernel, tensors, [m, k, n_pad])
+    out = chain.out
+
+    def build(ctx):
+        res = ctx.call_offload(prim, [data.data, *consts], out_shape, dtype)
+        if n_pad != n:
+            res = relax.op.strided_slice(ctx.emit(res, f"{ctx.func_name}_padded"),
+                                         axes=[len(out_shape) - 1], begin=[0], end=[n])
+        return emit_activation(ctx, res, chain.act, out.s, out.z, dtype, f"{ctx.func_name}_out")
+
+    return Offload(chain.name, "fc", dtype, kernel, build, "; ".join(notes) or None)
+
+
+def _fc_planner(dtype: str):
+    def planner(graph: Graph, binding):
+        chain = match_chain(graph, binding, ("relax.matmul",), allow_reshape=True)
+        if chain is None:
+            return None
+        data, in_reshape = _input_of(graph, chain.op.args[0])
+        w_call = _weight_dq(graph, chain.op.args[1])
+        if data is None or w_call is None or str(data.data.ty.dtype) != dtype:
+            return None  # not a Q/DQ linear of this pass's dtype
+        shapes = _fc_shapes(graph, chain, binding, data, w_call, in_reshape, MMA_MULTIPLE[dtype])
+        if isinstance(shapes, str):
+            return Decline(chain.name, "fc", dtype, shapes)
+        folded = _fc_constants(graph, chain, data, w_call, shapes[4], dtype)
+        if isinstance(folded, str):
+            return Decline(chain.name, "fc", dtype, folded)
+        return _fc_offload(chain, data, folded, shapes, dtype)
+
+    return planner
+
+
+def offload_fc_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """int8 fully connected -> ``mmalib_matmul_bias_i8``.
+
+    Extern args (c7x_kernels.h): in int8[M,K], w int8[N,K] (torch layout, transposed
+    inside the kernel), bias int32[N], scale uint8[N], shift uint8[N], out int8[M,N], M, K, N
+    (N padded to a multiple of 32 if needed).
+    """
+    return run_pass(mod, log, "fc_i8", _fc_planner("int8"))
+
+
+def offload_fc_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """int16 fully connected, zero points 0 -> ``mmalib_matmul_bias_i16``
+    (int16 in/w/out, int64 bias; multiples of 16; int8 weights are widened)."""
+    return run_pass(mod, log, "fc_i16", _fc_planner("int16"))

@@ -1,0 +1,92 @@
+"""Offload of int8 max pooling to the C7x max-pool kernel.
+
+Pattern (facts B, "Maxpool")::
+
+    q(max_pool2d(dq(x, s, zp)), s, zp)  ->  call_tir(c7x_int8_max_pool_tidl | c7x_int8_max_pool, x)
+
+Max commutes with a monotone dequantize/quantize pair of *equal* parameters,
+so the pool runs on the integers. Eligibility: int8, NCHW, static shapes,
+dilation 1, symmetric padding smaller than the window (the kernel takes one
+pH < kH, pW < kW; the output size, floor or ceil mode, comes from the
+Relax type, which the header accepts either way), and equal input/output zero point *and* scale (the reference only compares
+zero points; with different scales the kernel would skip a requantization).
+The extern is ``c7x_int8_max_pool_tidl`` by default (reference target
+default ``tidl-kernels=1``), ``c7x_int8_max_pool`` with ``tidl_kernels=False``.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .common import Decline, Graph, Offload, TensorArg, dequantize_of, offload_primfunc, quantize_of, run_pass, static_shape, var_name
+from .log import OffloadLog
+
+
+def pooled_sizes(size: int, k: int, s: int, p: int) -> tuple[int, int]:
+    """(floor-mode, torch ceil-mode) output sizes of one pooled axis (torch's rule:
+    a ceil-mode window must start inside the input or its left padding)."""
+    floor = (size + 2 * p - k) // s + 1
+    ceil = -(-(size + 2 * p - k) // s) + 1
+    if (ceil - 1) * s >= size + p:
+        ceil -= 1
+    return floor, ceil
+
+
+def _pool_planner(kernel: str):
+    def planner(graph: Graph, binding):
+        out = quantize_of(graph, binding.value)
+        if out is None:
+            return None
+        pool = graph.call(out.data, "relax.nn.max_pool2d")
+        data = dequantize_of(graph, pool.args[0]) if pool is not None else None
+        if data is None or not isinstance(out.data, relax.Var):
+            return None
+        decline = lambda reason: Decline(var_name(out.data), "max_pool2d", str(data.data.ty.dtype), reason)  # noqa: E731
+        if str(data.data.ty.dtype) != "int8" or out.out_dtype != "int8":
+            return decline("only int8 max pooling has a kernel")
+        if not data.same_params(out):
+            return decline("input and output quantization differ (the kernel does not requantize)")
+        a = pool.attrs
+        in_shape, out_shape = static_shape(data.data), static_shape(out.data)
+        if in_shape is None or out_shape is None or len(in_shape) != 4:
+            return decline("dynamic or non-4-D shapes")
+        if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
+            return decline(f"layout {a.layout} (kernel takes NCHW)")
+        if any(int(d) != 1 for d in a.dilation):
+            return decline("dilation is not 1")
+        top, left, bottom, right = [int(p) for p in a.padding]
+        kh, kw = [int(k) for k in a.pool_size]
+        if top != bottom or left != right:
+            return decline(f"asymmetric padding {[top, left, bottom, right]}")
+        if top >= kh or left >= kw:
+            return decline(f"padding {[top, left]} not smaller than the window {[kh, kw]}")
+        n, c, h, w = in_shape
+        sh, sw = [int(s) for s in a.strides]
+        if (out_shape[2] not in pooled_sizes(h, kh, sh, top)
+                or out_shape[3] not in pooled_sizes(w, kw, sw, left)):
+            return decline(f"output size {list(out_shape[2:])} is neither the floor- nor the ceil-mode size")
+        if not graph.single_use(out.data):
+            return decline(f"float intermediate {var_name(out.data)} has other users")
+        scalars = [n, c, h, w, out_shape[2], out_shape[3], kh, kw, sh, sw, top, left]
+        prim = offload_primfunc(kernel, [TensorArg("data", in_shape, "int8"),
+                                         TensorArg("out", out_shape, "int8")], scalars)
+
+        def build(ctx):
+            return ctx.call_offload(prim, [data.data], out_shape, "int8")
+
+        return Offload(var_name(out.data), "max_pool2d", "int8", kernel, build)
+
+    return planner
+
+
+def offload_max_pool2d_i8(mod: tvm.IRModule, log: OffloadLog | None = None,
+                          tidl_kernels: bool = True) -> tvm.IRModule:
+    """int8 max_pool2d with equal in/out quantization -> ``c7x_int8_max_pool_tidl``
+    (or ``c7x_int8_max_pool`` if ``tidl_kernels`` is False).
+
+    Extern args: in int8[N,C,H,W], out int8[N,C,H_out,W_out], N, C, H_in, W_in, H_out,
+    W_out, kH, kW, sH, sW, pH, pW.
+    """
+    kernel = "c7x_int8_max_pool_tidl" if tidl_kernels else "c7x_int8_max_pool"
+    return run_pass(mod, log, "max_pool2d_i8", _pool_planner(kernel))

@@ -1,0 +1,86 @@
+"""Offload of quantized residual adds to the C7x residual-add kernel.
+
+Pattern (both operands dequantized activations; either operand order, the
+first becomes ``x``, the second ``skip``)::
+
+    q([relu|clip](add(dq(x, s_x, zp_x), dq(skip, s_skip, zp_skip))), s_o, zp_o)
+      ->  [int clip](call_tir(c7x_int8_residual_add_relu | c7x_int16_..., x, skip, params))
+
+Eligibility (facts B, "Residual add"): constant scalar scales and zero points,
+x / skip / output of one dtype (int8 or int16) and one static shape (no
+broadcasting); int16: all zero points 0. ``params`` is the 16-byte blob of
+:func:`pipeline.backend.fold.residual_add_params` (Q15 multipliers
+``M = round(s_in / s_o * 2**15)``, range-checked). A fused ReLU sets
+``has_relu`` (the kernel applies ``max(r, zp_o)``); a fused clip(a, b)
+(an extension) becomes an integer clip to ``[q(a), q(b)]`` after the call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import relax
+
+from .. import fold
+from .common import const, Decline, Graph, Offload, TensorArg, activation_of, dequantize_of, emit_activation, offload_primfunc, quantize_of, run_pass, static_shape, var_name
+from .log import OffloadLog
+
+
+def _residual_planner(dtype: str):
+    kernel = f"c7x_{dtype}_residual_add_relu"
+
+    def planner(graph: Graph, binding):
+        out = quantize_of(graph, binding.value)
+        if out is None:
+            return None
+        act, expr = activation_of(graph, out.data)
+        add = graph.call(expr, "relax.add")
+        if add is None or not isinstance(expr, relax.Var):
+            return None
+        x, skip = (dequantize_of(graph, a) for a in add.args)
+        if x is None or skip is None or str(x.data.ty.dtype) != dtype:
+            return None  # not a Q/DQ residual add of this pass's dtype
+        decline = lambda reason: Decline(var_name(expr), "residual_add", dtype, reason)  # noqa: E731
+        if not (x.scalar and skip.scalar and out.scalar):
+            return decline("scales and zero points are not constant scalars")
+        if str(skip.data.ty.dtype) != dtype or out.out_dtype != dtype:
+            return decline(f"operands {x.data.ty.dtype}/{skip.data.ty.dtype} and output "
+                           f"{out.out_dtype} are not all {dtype}")
+        shapes = [static_shape(e) for e in (x.data, skip.data, binding.var)]
+        if None in shapes or len(set(shapes)) != 1:
+            return decline(f"shapes {shapes} are not one static shape (the kernel does not broadcast)")
+        if dtype == "int16" and (x.z or skip.z or out.z):
+            return decline("int16 kernel needs zero points 0")
+        for v in ([out.data] if act is not None else []) + [expr]:
+            if not graph.single_use(v):
+                return decline(f"float intermediate {var_name(v)} has other users")
+        params = fold.residual_add_params(x.s, x.z, skip.s, skip.z, out.s, out.z)
+        if isinstance(params, str):
+            return decline(params)
+        relu = act is not None and act.kind == "relu"
+        shape = shapes[0]
+        tensors = [TensorArg("x", shape, dtype), TensorArg("skip", shape, dtype),
+                   TensorArg("params", (16,), "uint8"), TensorArg("out", shape, dtype)]
+        prim = offload_primfunc(kernel, tensors, [math.prod(shape), int(relu)])
+        params_const = const(params)
+        post = None if relu else act
+
+        def build(ctx):
+            res = ctx.call_offload(prim, [x.data, skip.data, params_const], shape, dtype)
+            return emit_activation(ctx, res, post, out.s, out.z, dtype, f"{ctx.func_name}_out")
+
+        return Offload(var_name(expr), "residual_add", dtype, kernel, build)
+
+    return planner
+
+
+def offload_residual_add_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """int8 residual add (+ReLU) -> ``c7x_int8_residual_add_relu(x, skip, params, out, n, has_relu)``
+    with x/skip/out int8 of one shape, params uint8[16], n = element count."""
+    return run_pass(mod, log, "residual_add_i8", _residual_planner("int8"))
+
+
+def offload_residual_add_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """int16 residual add (+ReLU), zero points 0 -> ``c7x_int16_residual_add_relu`` (same arguments)."""
+    return run_pass(mod, log, "residual_add_i16", _residual_planner("int16"))

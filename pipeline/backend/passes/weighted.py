@@ -1,0 +1,205 @@
+"""Matching and folding shared by the weighted-op families (conv, depthwise, FC).
+
+Pattern (facts B, "Matched pattern"), walked backwards from the quantize::
+
+    q( [relu | clip(a, b)] ( [reshape] ( [add(bias)] ( OP(dq(x, d_s, d_zp), dq(W, w_s, w_zp)) ))), o_s, o_zp)
+
+where OP is ``conv2d`` or ``matmul(·, permute_dims(·))``, the bias is a
+constant, possibly wrapped in reshape / expand_dims / squeeze / astype, that
+broadcasts along the output-channel axis, and ``reshape`` (FC only) restores
+the leading dims of a 3-D input. The fused values between OP and the quantize
+must have no other users.
+
+:func:`fold_weighted` turns a matched chain into the kernel's constants
+(facts B "Folding" and "int16 folding"; :mod:`pipeline.backend.fold`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import relax
+
+from .. import fold
+from .common import QDQ, Activation, Graph, activation_of, const_array, quantize_of, static_shape, var_name
+
+_BIAS_WRAPPERS = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.astype")
+
+
+@dataclass
+class WeightedChain:
+    """A matched ``dq -> OP(dq W) -> [bias] -> [act] -> q`` chain (not yet checked for eligibility).
+
+    ``op`` is the OP call, ``anchor`` its binding variable; ``out`` is the root
+    quantize; ``bias_operand`` the non-OP operand of the bias add (or ``None``);
+    ``out_reshape`` whether a reshape sits between OP/bias and the quantize.
+    """
+
+    anchor: object
+    op: object
+    act: Activation | None
+    bias_operand: object
+    out: QDQ
+    out_reshape: bool
+    fused: list
+
+    @property
+    def name(self) -> str:
+        """Anchor name (the OP's binding) used in the offload log."""
+        return var_name(self.anchor)
+
+
+def match_chain(graph: Graph, binding, ops: tuple[str, ...], allow_reshape: bool = False) -> WeightedChain | None:
+    """The chain ending at ``binding`` (a quantize) whose OP is one of ``ops``, or ``None``."""
+    out = quantize_of(graph, binding.value)
+    if out is None:
+        return None
+    fused = []
+    act, expr = activation_of(graph, out.data)
+    if act is not None:
+        fused.append(out.data)
+    out_reshape = False
+    if allow_reshape and graph.call(expr, "relax.reshape") is not None:
+        fused.append(expr)
+        expr, out_reshape = graph.call(expr, "relax.reshape").args[0], True
+    bias_operand = None
+    add = graph.call(expr, "relax.add")
+    if add is not None:
+        lhs, rhs = add.args
+        if graph.call(lhs, *ops) is not None:
+            fused.append(expr)
+            expr, bias_operand = lhs, rhs
+        elif graph.call(rhs, *ops) is not None:
+            fused.append(expr)
+            expr, bias_operand = rhs, lhs
+        else:
+            return None
+    op = graph.call(expr, *ops)
+    if op is None or not isinstance(expr, relax.Var):
+        return None
+    fused.append(expr)
+    return WeightedChain(expr, op, act, bias_operand, out, out_reshape, fused)
+
+
+def fused_users_reason(graph: Graph, chain: WeightedChain) -> str | None:
+    """Why the chain cannot be fused because a float intermediate has other users."""
+    for v in chain.fused:
+        if not graph.single_use(v):
+            return f"float intermediate {var_name(v)} has other users"
+    return None
+
+
+def bias_vector(graph: Graph, operand, out_shape: tuple[int, ...], axis: int) -> np.ndarray | str | None:
+    """Float bias[C] of the bias add, ``None`` without a bias, or a reason string.
+
+    The operand must be a constant (possibly wrapped in reshape / expand_dims /
+    squeeze / astype) whose shape, right-aligned against ``out_shape``, is 1
+    everywhere except the channel ``axis`` (so it really is a per-channel bias).
+    """
+    if operand is None:
+        return None
+    shape = static_shape(operand)
+    if shape is None:
+        return "bias has a dynamic shape"
+    aligned = (1,) * (len(out_shape) - len(shape)) + shape
+    channels = out_shape[axis]
+    if len(aligned) != len(out_shape) or any(d != 1 for i, d in enumerate(aligned) if i != axis % len(out_shape)):
+        return f"bias of shape {list(shape)} is not a per-channel vector of the output {list(out_shape)}"
+    expr = operand
+    while const_array(expr) is None:
+        wrapper = graph.call(expr, *_BIAS_WRAPPERS)
+        if wrapper is None:
+            return "bias is not a compile-time constant"
+        expr = wrapper.args[0]
+    values = const_array(expr).astype(np.float64).reshape(-1)
+    if values.size not in (1, channels):
+        return f"bias has {values.size} values for {channels} channels"
+    return np.broadcast_to(values, (channels,)).copy()
+
+
+@dataclass
+class Weights:
+    """A constant per-channel dequantized weight: ``q`` int[C, ...], ``scale`` f32[C], ``zp`` int[C]."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    zp: np.ndarray
+
+
+def weights_of(dq: QDQ | None, channels: int) -> Weights | str:
+    """Constant weight of a ``dq(W, w_s, w_zp, axis=0)``, or a reason string."""
+    if dq is None:
+        return "weight is not a dequantize"
+    w = const_array(dq.data)
+    if w is None or dq.scale is None or dq.zp is None:
+        return "weight, weight scale or weight zero point is not a compile-time constant"
+    if dq.scale.size != 1 and dq.axis != 0:
+        return f"weight is quantized along axis {dq.axis}, not the output channel"
+    if w.shape[0] != channels:
+        return f"weight has {w.shape[0]} output channels, expected {channels}"
+    scale = np.broadcast_to(dq.scale.astype(np.float32).reshape(-1), (channels,)).copy()
+    zp = np.broadcast_to(dq.zp.reshape(-1), (channels,)).copy()
+    if np.any(zp != 0):
+        return "weight zero point is not 0"
+    return Weights(w, scale, zp)
+
+
+def quant_reason(data: QDQ | None, out: QDQ, dtype: str) -> str | None:
+    """Checks on the activation Q/DQ of a weighted layer of ``dtype`` (int8 / int16)."""
+    if data is None:
+        return "input is not a dequantize"
+    if not data.scalar or not out.scalar:
+        return "input/output scale and zero point are not constant scalars"
+    if out.out_dtype != dtype:
+        return f"output is quantized to {out.out_dtype}, input to {dtype}"
+    if dtype == "int16" and (data.z != 0 or out.z != 0):
+        return "int16 kernels need zero points 0"
+    return None
+
+
+def weight_dtype_reason(w: np.ndarray, dtype: str) -> str | None:
+    """int8 layers need int8 weights; int16 layers take int16 or (widened) int8 weights."""
+    wd = str(w.dtype)
+    if dtype == "int8" and wd != "int8":
+        return f"{wd} weights with int8 activations"
+    if dtype == "int16" and wd not in ("int8", "int16"):
+        return f"{wd} weights with int16 activations"
+    return None
+
+
+@dataclass
+class Folded:
+    """Kernel constants of a weighted layer: weights (widened for int16), bias, scale, shift."""
+
+    w: np.ndarray
+    bias: np.ndarray
+    scale: np.ndarray
+    shift: np.ndarray
+    note: str | None = None
+
+
+def fold_weighted(weights: Weights, bias: np.ndarray | None, data: QDQ, out: QDQ, dtype: str) -> Folded | str:
+    """Fold a matched layer into kernel constants or return why it cannot be.
+
+    int8 (facts B "Folding"): ``bias_i32 = round(b/(d_s w_s)) - d_zp sum W
+    + round(o_zp o_s/(d_s w_s))``. int16 ("int16 folding"): ``bias_i64 =
+    round(b/(d_s w_s))``; int8 weights are widened to int16 here (deviation
+    (d): exact, doubles the weight memory). Scale/shift from
+    :func:`fold.requant_params` (deviation (a): no silent 1/0 fallback).
+    """
+    rq = fold.requant_params(data.s, weights.scale, out.s)
+    if isinstance(rq, str):
+        return rq
+    note = None
+    if dtype == "int8":
+        b = fold.fold_bias_i8(bias, data.s, data.z, weights.q, weights.scale, out.s, out.z)
+        w = weights.q
+    else:
+        b = fold.fold_bias_i16(bias, data.s, weights.scale, weights.q.shape[0])
+        w = weights.q.astype(np.int16)
+        if weights.q.dtype == np.int8:
+            note = "int8 weights widened to int16 at compile time"
+    if isinstance(b, str):
+        return b
+    return Folded(w, b, rq[0], rq[1], note)

@@ -1,0 +1,173 @@
+"""Folding math (pipeline.backend.fold) against hand-computed values and the rules of
+c7x-backend-facts.md section B: scale/shift search, bias folding, residual-add blob."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import torchenv  # noqa: F401  (registers quantized_decomposed ops)
+from pipeline.backend import fold
+
+
+# ----------------------------------------------------------------------------- float_to_scale_shift
+
+
+def test_scale_shift_hand_value():
+    # 0.3 * 2^8 = 76.8 -> 77 (error 0.26 %); 0.3 * 2^9 = 153.6 -> 154 > 127 stops the search.
+    assert fold.float_to_scale_shift(0.3) == (77, 8)
+    # 0.0004 * 2^18 = 104.86 -> 105; 2^19 gives 210 > 127.
+    assert fold.float_to_scale_shift(0.0004) == (105, 18)
+
+
+def test_scale_shift_exact_ties_keep_the_smaller_shift():
+    # 1.0 is exact as 1/2^0, 2/2^1, ..., 64/2^6: the first (smallest shift) wins.
+    assert fold.float_to_scale_shift(1.0) == (1, 0)
+    assert fold.float_to_scale_shift(96.0) == (96, 0)
+    # 0.75: (1,0) and (2,1) tie at 33 % error, (3,2) is exact.
+    assert fold.float_to_scale_shift(0.75) == (3, 2)
+
+
+def test_scale_shift_rounds_half_to_even():
+    # 0.5 * 2^0 = 0.5 rounds to 0 (half-to-even) and is skipped; half-up would give (1, 0).
+    assert fold.float_to_scale_shift(0.5) == (1, 1)
+    # 126.5 -> 126 (even); half-up would give 127. 2 * 126.5 = 253 > 127 stops.
+    assert fold.float_to_scale_shift(126.5) == (126, 0)
+
+
+@pytest.mark.parametrize("r", [127.5, 200.0, 1e6, 2.0**-33, 0.4 * 2.0**-31])
+def test_scale_shift_unrepresentable_is_none(r):
+    # The reference silently returns (1, 0) here; we return None so the pass can decline.
+    assert fold.float_to_scale_shift(r) is None
+
+
+def test_scale_shift_edges_of_the_range():
+    assert fold.float_to_scale_shift(127.4) == (127, 0)
+    assert fold.float_to_scale_shift(0.6 * 2.0**-31) == (1, 31)
+
+
+@pytest.mark.parametrize("r", [0.0, -0.25])
+def test_scale_shift_non_positive_is_zero(r):
+    assert fold.float_to_scale_shift(r) == (0, 0)
+
+
+@pytest.mark.parametrize("r", [float("nan"), float("inf")])
+def test_scale_shift_not_finite_is_none(r):
+    assert fold.float_to_scale_shift(r) is None
+
+
+def test_scale_shift_is_the_best_pair_by_brute_force():
+    """Independent formulation: over every (s, sh) with s in [1,127], sh in [0,31],
+    the minimum relative error, ties to the smaller shift then the smaller error."""
+    rng = np.random.default_rng(7)
+    s_all = np.arange(1, 128, dtype=np.float64)
+    for r in np.exp(rng.uniform(np.log(1e-9), np.log(127.0), 300)):
+        best = None
+        for sh in range(32):
+            err = np.abs(s_all / 2.0**sh - r) / r
+            i = int(np.argmin(err))
+            if best is None or err[i] < best[0]:
+                best = (err[i], int(s_all[i]), sh)
+        assert fold.float_to_scale_shift(r) == (best[1], best[2]), r
+
+
+# ----------------------------------------------------------------------------- requant_params
+
+
+def test_requant_params_per_channel():
+    scale, shift = fold.requant_params(0.02, np.array([0.001, 0.003], np.float32), 0.05)
+    # r = 0.02 * w_s / 0.05 = [0.0004, 0.0012]; 0.0012 * 2^16 = 78.64 -> 79.
+    assert scale.dtype == np.uint8 and shift.dtype == np.uint8
+    assert scale.tolist() == [105, 79] and shift.tolist() == [18, 16]
+
+
+def test_requant_params_declines_with_the_channel():
+    reason = fold.requant_params(1.0, np.array([0.01, 200.0], np.float32), 1.0)
+    assert isinstance(reason, str) and "channel 1" in reason and "does not fit" in reason
+    reason = fold.requant_params(1.0, np.array([1e-12], np.float32), 1.0)
+    assert isinstance(reason, str) and "channel 0" in reason
+    reason = fold.requant_params(1.0, np.array([0.5, 0.0], np.float32), 1.0)
+    assert isinstance(reason, str) and "not a positive number" in reason
+
+
+# ----------------------------------------------------------------------------- bias folding
+
+
+def test_fold_bias_i8_hand_value():
+    w = np.array([[1, 2, 3], [-4, 5, -6]], np.int8)         # sum_k W = [6, -5]
+    b = np.array([0.5, -1.0])
+    out = fold.fold_bias_i8(b, d_s=0.1, d_zp=3, w=w, w_s=np.array([0.01, 0.02], np.float32),
+                            o_s=0.2, o_zp=-5)
+    unit = 0.1 * np.array([0.01, 0.02], np.float32).astype(np.float64)
+    # round(b/unit) - 3 * [6, -5] + round(-5 * 0.2 / unit) = [500-18-1000, -500+15-500]
+    expected = np.rint(b / unit) - 3 * np.array([6, -5]) + np.rint(-1.0 / unit)
+    assert expected.tolist() == [-518, -985]
+    assert out.dtype == np.int32 and out.tolist() == [-518, -985]
+
+
+def test_fold_bias_i8_conv_weight_sums_all_but_the_output_channel():
+    w = np.ones((2, 3, 3, 3), np.int8)
+    w[1] = -2
+    out = fold.fold_bias_i8(None, d_s=1.0, d_zp=-2, w=w, w_s=np.ones(2, np.float32), o_s=1.0, o_zp=0)
+    assert out.tolist() == [2 * 27, -2 * 2 * 27]            # -d_zp * sum W, no bias, no o_zp term
+
+
+def test_fold_bias_i8_rounds_half_to_even():
+    out = fold.fold_bias_i8(np.array([2.5, 3.5, -2.5]), 1.0, 0, np.zeros((3, 1), np.int8),
+                            np.ones(3, np.float32), 1.0, 0)
+    assert out.tolist() == [2, 4, -2]
+
+
+def test_fold_bias_i8_range_check():
+    w = np.zeros((1, 1), np.int8)
+    ok = fold.fold_bias_i8(np.array([2.0**31 - 1]), 1.0, 0, w, np.ones(1, np.float32), 1.0, 0)
+    assert ok.tolist() == [2**31 - 1]
+    too_big = fold.fold_bias_i8(np.array([2.0**31]), 1.0, 0, w, np.ones(1, np.float32), 1.0, 0)
+    assert isinstance(too_big, str) and "int32" in too_big
+    too_small = fold.fold_bias_i8(np.array([-2.0**31 - 1]), 1.0, 0, w, np.ones(1, np.float32), 1.0, 0)
+    assert isinstance(too_small, str)
+
+
+def test_fold_bias_i16():
+    out = fold.fold_bias_i16(np.array([0.25, 0.75, 1e12]), 0.5, np.ones(3, np.float32), 3)
+    assert out.dtype == np.int64 and out.tolist() == [0, 2, 2 * 10**12]   # 0.5 -> 0, 1.5 -> 2
+    assert fold.fold_bias_i16(None, 0.5, np.ones(2, np.float32), 2).tolist() == [0, 0]
+    assert isinstance(fold.fold_bias_i16(np.array([1e30]), 1.0, np.ones(1, np.float32), 1), str)
+
+
+# ----------------------------------------------------------------------------- residual add
+
+
+def test_residual_params_blob_layout():
+    blob = fold.residual_add_params(0.02, 1, 0.01, -2, 0.04, 3)
+    assert blob.dtype == np.uint8 and blob.shape == (16,)
+    m_x, m_skip, shift, zx, zs, zo, pad = struct.unpack("<iiibbbB", blob.tobytes())
+    assert (m_x, m_skip, shift) == (16384, 8192, 15)          # 0.5 * 2^15, 0.25 * 2^15
+    assert (zx, zs, zo, pad) == (1, -2, 3, 0)
+
+
+def test_residual_multiplier_half_to_even_and_range():
+    assert fold.residual_multiplier(2.5 / 2**15, 1.0) == 2
+    assert fold.residual_multiplier(3.5 / 2**15, 1.0) == 4
+    assert fold.residual_multiplier(2.0**16 - 2.0**-15, 1.0) == 2**31 - 1
+    assert isinstance(fold.residual_multiplier(2.0**16, 1.0), str)     # 2^31 leaves int32
+    assert isinstance(fold.residual_add_params(2.0**16, 0, 1.0, 0, 1.0, 0), str)
+    assert isinstance(fold.residual_add_params(1.0, 200, 1.0, 0, 1.0, 0), str)
+
+
+# ----------------------------------------------------------------------------- quantize_value
+
+
+def test_quantize_value_matches_torch():
+    rng = np.random.default_rng(3)
+    q = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    for _ in range(300):
+        v = float(np.float32(rng.uniform(-8, 8)))
+        s = float(np.float32(rng.uniform(1e-3, 0.2)))
+        zp = int(rng.integers(-20, 20))
+        for dtype, tdt, lo, hi in (("int8", torch.int8, -128, 127), ("int16", torch.int16, -32768, 32767)):
+            expected = int(q(torch.tensor([v]), s, zp, lo, hi, tdt)[0])
+            assert fold.quantize_value(v, s, zp, dtype) == expected

@@ -1,0 +1,92 @@
+"""Coverage on real architectures (issue 4, item 7), asserted on the offload manifest:
+torchvision MobileNetV2 (int8 and int16) and ResNet-18 with random weights, randomized
+BatchNorm statistics and a few random calibration images, input 1x3x224x224.
+
+Marked ``slow`` (about 40 s for the three imports): deselect with ``-m 'not slow'``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from qflow import quantize, randomize_bn
+
+from pipeline.backend.manifest import build_manifest
+from pipeline.backend.passes.pipeline import run_offload
+
+pytestmark = pytest.mark.slow
+
+
+def _manifest(builder, **kw):
+    torch.manual_seed(0)
+    model = randomize_bn(builder())
+    gen = torch.Generator().manual_seed(0)
+    calib = [torch.randn(1, 3, 224, 224, generator=gen) for _ in range(3)]
+    flow = quantize(model, calib[0], calib=calib, **kw)
+    mod, log = run_offload(flow.mod)
+    return build_manifest(flow.mod, mod, log)
+
+
+@pytest.fixture(scope="module")
+def mobilenet_v2_int8():
+    return _manifest(torchvision.models.mobilenet_v2)
+
+
+@pytest.fixture(scope="module")
+def mobilenet_v2_int16():
+    return _manifest(torchvision.models.mobilenet_v2, dtype="int16")
+
+
+@pytest.fixture(scope="module")
+def resnet18_int8():
+    return _manifest(torchvision.models.resnet18)
+
+
+def _by(manifest, op):
+    return [e for e in manifest["layers"] if e["op"] == op]
+
+
+def _check_mobilenet(m):
+    s = m["summary"]
+    assert s["by_op"]["conv2d"] == {"layers": 35, "offloaded": 35}
+    assert s["by_op"]["depthwise_conv2d"] == {"layers": 17, "offloaded": 17}
+    assert s["by_op"]["residual_add"] == {"layers": 10, "offloaded": 10}
+    assert s["by_op"]["fc"] == {"layers": 1, "offloaded": 1}
+    assert {e["backend"] for e in _by(m, "conv2d") + _by(m, "depthwise_conv2d") + _by(m, "fc")} == {"mmalib"}
+    assert {e["backend"] for e in _by(m, "residual_add")} == {"c7x"}
+    # Only the global average pool (imported as mean) stays scalar; every MAC is offloaded.
+    assert [(e["op"], e["backend"]) for e in m["layers"] if e["backend"] == "scalar"] == [("mean", "scalar")]
+    assert s["macs_offloaded"] == s["macs_total"] == 300_774_272
+    assert s["layers"] == 64 and s["layers_offloaded"] == 63
+
+
+def test_mobilenet_v2_int8_coverage(mobilenet_v2_int8):
+    m = mobilenet_v2_int8
+    _check_mobilenet(m)
+    (fc,) = _by(m, "fc")
+    assert fc["kernel"] == "mmalib_matmul_bias_i8" and "N=1000 padded to 1024" in fc["note"]
+    assert {e["kernel"] for e in _by(m, "depthwise_conv2d")} == {"mmalib_depthwise_conv2d_i8"}
+    assert {e["dtype"] for e in m["layers"]} == {"int8"}
+
+
+def test_mobilenet_v2_int16_coverage(mobilenet_v2_int16):
+    m = mobilenet_v2_int16
+    _check_mobilenet(m)                       # every depthwise of MobileNetV2 is 3x3: all fit i16
+    (fc,) = _by(m, "fc")
+    assert fc["kernel"] == "mmalib_matmul_bias_i16" and "N=1000 padded to 1008" in fc["note"]
+    assert {e["kernel"] for e in _by(m, "conv2d")} == {"mmalib_conv2d_i16"}
+    assert {e["kernel"] for e in _by(m, "residual_add")} == {"c7x_int16_residual_add_relu"}
+    assert all("widened" in e["note"] for e in _by(m, "conv2d"))   # int8 weights by default
+
+
+def test_resnet18_int8_coverage(resnet18_int8):
+    m = resnet18_int8
+    s = m["summary"]
+    assert s["by_op"]["conv2d"] == {"layers": 20, "offloaded": 20}
+    assert s["by_op"]["residual_add"] == {"layers": 8, "offloaded": 8}
+    assert s["by_op"]["fc"] == {"layers": 1, "offloaded": 1}
+    assert s["by_op"]["max_pool2d"] == {"layers": 1, "offloaded": 1}
+    assert {e["activation"] for e in _by(m, "residual_add")} == {"relu"}
+    assert {e["kernel"] for e in _by(m, "residual_add")} == {"c7x_int8_residual_add_relu"}
+    assert s["macs_offloaded"] == s["macs_total"] == 1_814_073_344
+    assert [e["op"] for e in m["layers"] if e["backend"] == "scalar"] == ["mean"]
