@@ -1,0 +1,109 @@
+"""``compile_model``: imported Q/DQ Relax module -> a folder of static C for the C7x.
+
+Steps: :func:`~pipeline.backend.lower.lower_module` (MMALIB offload when on,
+scalar integer rewrites, TVM lowering and static memory plan), the offload
+manifest, then :func:`~pipeline.backend.emit_c.emit`. Output files in
+``out_dir``: ``model.h``, ``model.c``, ``tvm_kernels.c``, ``weights.bin``
+(``weights_data.c`` too for ``weights_format="c_array"``), ``lowered.py`` (for
+:mod:`.interp`), ``manifest.json``. Deterministic: the same module and options
+give byte-identical files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import GenericConst
+
+from ..fsutil import write_json
+from .emit_c import Quant, emit
+from .lower import lower_module
+
+MMALIB_OFF_REASON = "mmalib disabled"
+
+
+def _bound_value(main, var):
+    for block in main.body.blocks:
+        for b in block.bindings:
+            if b.var.same_as(var):
+                return b.value
+    return None
+
+
+def _quant_of(call) -> Quant | None:
+    s, z = call.args[1], call.args[2]
+    if not (isinstance(s, GenericConst) and isinstance(z, GenericConst)):
+        return None
+    s, z = s.value.numpy(), z.value.numpy()
+    if s.size != 1 or z.size != 1:
+        return None
+    dtype = str(call.args[0].ty.dtype) if call.op.name == "relax.dequantize" else str(call.attrs.out_dtype)
+    return Quant(dtype, float(np.float32(s.reshape(()))), int(z.reshape(())))
+
+
+def io_quantization(mod: tvm.IRModule) -> dict[str, Quant | None]:
+    """Quantization of the model input (the per-tensor ``R.quantize`` applied
+    to ``main``'s first parameter) and output (the per-tensor ``R.dequantize``
+    that produces the returned tensor). ``None`` where there is none."""
+    main = mod["main"]
+    x = main.params[0]
+    found: dict[str, Quant | None] = {"input": None, "output": None}
+    for block in main.body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.quantize"
+                    and v.args[0].same_as(x) and found["input"] is None):
+                found["input"] = _quant_of(v)
+    ret = main.body.body
+    value = _bound_value(main, ret) if isinstance(ret, relax.Var) else ret
+    if isinstance(value, relax.Tuple) and len(value.fields) == 1:
+        value = value.fields[0]
+    if isinstance(value, relax.Var):
+        value = _bound_value(main, value)
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.dequantize":
+        found["output"] = _quant_of(value)
+    return found
+
+
+def _manifest(mod: tvm.IRModule, offloaded: tvm.IRModule, log, mmalib: bool) -> dict:
+    from .manifest import build_manifest
+    from .passes.log import OffloadLog
+
+    if mmalib:
+        return build_manifest(mod, offloaded, log)
+    manifest = build_manifest(mod, mod, OffloadLog())
+    for layer in manifest["layers"]:
+        layer["reason"] = MMALIB_OFF_REASON
+    return manifest
+
+
+def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: bool = True,
+                  weights_format: str = "bin") -> dict:
+    """Compile ``mod`` into the static C files listed in the module docstring.
+
+    ``mod``: the imported module with params bound (``load_irmodule``), NCHW,
+    static shapes, one float32 input and one float32 output. ``model_name``:
+    names the C entry (``<c_name>_run``; non-identifier characters become
+    ``_``). ``out_dir``: an existing, empty folder (the caller makes it fresh
+    and replaces the old one atomically). ``mmalib``: offload eligible layers
+    to MMALIB/C7x kernels; off = everything on the scalar path (the baseline).
+    ``weights_format``: "bin" (weights.bin, loaded by the caller) or
+    "c_array" (also weights_data.c). Returns a summary: ``c_name``,
+    ``layers``, ``layers_offloaded``, ``macs_total``, ``macs_offloaded``,
+    ``arena_bytes``, ``workspace_bytes``, ``weights_bytes``, ``kernels``
+    (distinct PrimFuncs), ``calls``. Raises UnsupportedOpError for a graph the
+    emitter cannot express, ValueError for a bad ``weights_format``.
+    """
+    out_dir = Path(out_dir)
+    low = lower_module(mod, mmalib=mmalib)
+    manifest = _manifest(mod, low.offloaded, low.offload_log, mmalib)
+    info = emit(low.mod, model_name, out_dir, quant=io_quantization(mod), weights_format=weights_format)
+    write_json(out_dir / "manifest.json", manifest)
+    s = manifest["summary"]
+    return {"c_name": info["c_name"], "layers": s["layers"], "layers_offloaded": s["layers_offloaded"],
+            "macs_total": s["macs_total"], "macs_offloaded": s["macs_offloaded"],
+            "arena_bytes": info["arena_bytes"], "workspace_bytes": info["workspace_bytes"],
+            "weights_bytes": info["weights_bytes"], "kernels": info["kernels"], "calls": info["calls"]}

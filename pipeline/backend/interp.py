@@ -1,0 +1,214 @@
+"""Python reference executor of a compiled model, bit-exact with its C.
+
+It runs ``lowered.py`` + ``weights.bin`` (written by :mod:`.emit_c`) with
+the semantics of ``<model>_run``, but independently of the C:
+
+- no memory plan: every ``alloc_tensor`` is a fresh zeroed array (reshape
+  stays a view), so agreement with the C, which reuses arena slots,
+  proves TVM's static plan (no live tensor overwritten);
+- offload PrimFuncs (attribute ``c7x_kernel``) run the numpy twin
+  ``kernels.reference.KERNELS[name]`` on the arguments of the body's
+  ``T.call_extern``: buffer data pointers -> the parameters' arrays, int
+  immediates -> ints (contract in :mod:`pipeline.backend`);
+- every other PrimFunc runs TVM's own LLVM build of the same TIR that
+  ``tvm_kernels.c`` was printed from. LLVM is checked not to contract
+  a*b+c into an FMA (gcc is run with ``-ffp-contract=off``), see
+  :func:`llvm_target`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from . import weights_bin
+from .lower import is_offload
+
+
+# ---------------------------------------------------------------------------
+# LLVM without FMA contraction
+# ---------------------------------------------------------------------------
+
+def _fma_probe_module() -> tvm.IRModule:
+    a = tirx.decl_buffer((1,), "float32", "a")
+    d = tirx.decl_buffer((1,), "float32", "d")
+    idx = [tirx.IntImm("int32", 0)]
+    body = tirx.BufferStore(d, a[0] * a[0] + tirx.FloatImm("float32", -(1.0 + 2.0 ** -11)), idx)
+    return tvm.IRModule({"probe": tirx.PrimFunc([a, d], body).with_attr("global_symbol", "probe")})
+
+
+def _contracts(target) -> bool:
+    """True if ``target`` fuses a*a + c: with a = 1 + 2^-12 the exact product
+    1 + 2^-11 + 2^-24 loses its last bit in float32, so the fused result is
+    2^-24 and the unfused one 0."""
+    rt = tvm.tirx.build(_fma_probe_module(), target=target)
+    a = tvm.runtime.tensor(np.array([1.0 + 2.0 ** -12], np.float32))
+    d = tvm.runtime.tensor(np.zeros(1, np.float32))
+    rt["probe"](a, d)
+    return float(d.numpy()[0]) != 0.0
+
+
+@functools.lru_cache(maxsize=1)
+def llvm_target() -> tvm.target.Target:
+    """An LLVM CPU target that does not contract float multiply-adds.
+
+    TVM's LLVM codegen allows contraction: measured here, ``mcpu=skylake-avx512``
+    emits ``vfmadd`` for a*b+c; the generic default does not (no FMA unit).
+    Tries the default, then the default without the ``fma`` feature.
+    Raises RuntimeError if both contract."""
+    for spec in ("llvm", {"kind": "llvm", "mattr": ["-fma"]}):
+        target = tvm.target.Target(spec)
+        if not _contracts(target):
+            return target
+    raise RuntimeError("TVM's LLVM target contracts a*b+c into FMA; the reference would not match gcc")
+
+
+# ---------------------------------------------------------------------------
+# the program
+# ---------------------------------------------------------------------------
+
+def _aligned_zeros(shape, dtype) -> np.ndarray:
+    """Zeroed array whose data is 64-byte aligned (TVM's from_dlpack needs it)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.zeros(n + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + n].view(dtype).reshape(shape)
+
+
+def _shape(ty) -> tuple[int, ...]:
+    return tuple(int(d) for d in ty.shape.values)
+
+
+@dataclass
+class _Extern:
+    """How to call an offload kernel: ``args`` items are ("buf", param index) or ("int", value)."""
+
+    kernel: str
+    args: list
+
+
+def _param_index(func: tirx.PrimFunc, arg) -> int | None:
+    """Index of the parameter whose data pointer ``arg`` is (``buf.data`` is
+    ``tirx.buffer_data(param)`` in tvm 0.27), else None."""
+    if isinstance(arg, tvm.ir.Call) and getattr(arg.op, "name", "") == "tirx.buffer_data":
+        arg = arg.args[0]
+    return next((i for i, p in enumerate(func.params) if p.same_as(arg)), None)
+
+
+def _extern_call(func: tirx.PrimFunc) -> _Extern:
+    """Decode the ``T.call_extern`` body of an offload PrimFunc.
+    Raises ValueError if the body breaks the offload PrimFunc contract."""
+    tag = str(func.attrs["c7x_kernel"])
+    body = func.body
+    call = body.value if isinstance(body, tirx.Evaluate) else None
+    if not (isinstance(call, tvm.ir.Call) and getattr(call.op, "name", "") == "tirx.call_extern"):
+        raise ValueError(f"offload PrimFunc of {tag} is not one T.call_extern")
+    kernel = str(call.args[0].value)
+    if kernel != tag:
+        raise ValueError(f"offload PrimFunc calls {kernel} but is tagged {tag}")
+    args = []
+    for a in call.args[1:]:
+        index = _param_index(func, a)
+        if index is not None:
+            args.append(("buf", index))
+        elif isinstance(a, tirx.IntImm):
+            args.append(("int", int(a.value)))
+        else:
+            raise ValueError(f"{kernel}: argument {a} is neither a parameter buffer nor an int")
+    return _Extern(kernel, args)
+
+
+class Program:
+    """A compiled model loaded for reference execution (see the module docstring)."""
+
+    def __init__(self, codegen_dir: Path, rounding: str = "half_up"):
+        codegen_dir = Path(codegen_dir)
+        try:
+            self.mod = tvm.script.from_source((codegen_dir / "lowered.py").read_text())
+        except Exception as e:  # TVMScript diagnostics: one message, not a dump
+            raise ValueError(f"{codegen_dir / 'lowered.py'}: cannot parse the lowered module: {e}") from None
+        self.rounding = rounding
+        self.weights = []
+        for w in weights_bin.unpack((codegen_dir / "weights.bin").read_bytes()):
+            a = _aligned_zeros(w.shape, w.dtype)
+            a[...] = w
+            self.weights.append(a)
+        self.externs = {}
+        scalar = {}
+        for gv, f in self.mod.functions.items():
+            if is_offload(f):
+                self.externs[gv.name_hint] = _extern_call(f)
+            elif isinstance(f, tirx.PrimFunc):
+                scalar[gv] = f.with_attr("global_symbol", gv.name_hint)
+        self.lib = tvm.tirx.build(tvm.IRModule(scalar), target=llvm_target()) if scalar else None
+
+    def run(self, image: np.ndarray) -> np.ndarray:
+        """One image: float32 array of the model input shape. Returns the output."""
+        main = self.mod["main"]
+        x = _aligned_zeros(image.shape, np.float32)
+        x[...] = image
+        env = {main.params[0]: x}
+        env.update(zip(main.params[1:], self.weights))
+        for block in main.body.blocks:
+            for b in block.bindings:
+                self._bind(env, b.var, b.value)
+        out = env[main.body.body]
+        out = out if isinstance(out, list) else [out]
+        return np.array(out[0])
+
+    def _arg(self, env, expr):
+        return env[expr]
+
+    def _bind(self, env, var, value):
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+            self._call(value.op.name_hint, [env[a] for a in value.args])
+        elif isinstance(value, relax.Call):
+            op = value.op.name
+            if op == "relax.memory.alloc_storage":
+                env[var] = None  # no plan: tensors get their own arrays
+            elif op in ("relax.memory.alloc_tensor", "relax.builtin.alloc_tensor"):
+                env[var] = _aligned_zeros(_shape(var.ty), str(var.ty.dtype))
+            elif op == "relax.reshape":
+                env[var] = env[value.args[0]].reshape(_shape(var.ty))
+            else:
+                raise NotImplementedError(f"op {op} in the lowered main")
+        elif isinstance(value, relax.Var):
+            env[var] = env[value]
+        elif isinstance(value, relax.Tuple):
+            env[var] = [env[f] for f in value.fields]
+        elif isinstance(value, relax.TupleGetItem):
+            env[var] = env[value.tuple_value][value.index]
+        else:
+            raise NotImplementedError(f"binding {type(value).__name__} in the lowered main")
+
+    def _call(self, name: str, arrays: list[np.ndarray]):
+        if name in self.externs:
+            from .kernels.reference import KERNELS
+
+            ext = self.externs[name]
+            args = [arrays[v] if kind == "buf" else v for kind, v in ext.args]
+            status = KERNELS[ext.kernel](*args, rounding=self.rounding)
+            if status != 0:
+                raise RuntimeError(f"kernel {ext.kernel} ({name}) returned {status}")
+        else:
+            self.lib[name](*[tvm.runtime.from_dlpack(a) for a in arrays])
+
+
+def run_reference(codegen_dir: Path, inputs: np.ndarray, rounding: str = "half_up") -> np.ndarray:
+    """Reference outputs of the model compiled into ``codegen_dir``.
+
+    ``inputs``: float32 [N, C, H, W], N images of the model's [1, C, H, W]
+    input, each run separately like one ``<model>_run`` call. Returns the
+    outputs stacked on axis 0: [N, *output_shape[1:]] float32. ``rounding``:
+    right-shift rounding of the offload kernels ("half_up" | "floor"), as
+    the host build's ``C7X_ROUNDING``.
+    """
+    prog = Program(codegen_dir, rounding)
+    x = np.asarray(inputs, np.float32)
+    return np.concatenate([prog.run(x[i:i + 1]) for i in range(len(x))], axis=0)

@@ -1,0 +1,119 @@
+/*
+ * host_main.c: host harness around one generated model (model.h / model.c).
+ *
+ *   <exe> <weights.bin | -> <input.f32> <n_images> <output.f32>
+ *
+ * Reads n_images raw float32 inputs (each <M>_INPUT_SIZE floats, as the model
+ * expects them: NCHW, batch 1), runs <m>_run on each, writes the raw float32
+ * outputs back to back. "-" as weights uses the C array of weights_data.c
+ * (build with -DC7X_WEIGHTS_ARRAY). Prints "c7x-host: <n> images, <t> ms/image"
+ * (CPU time, clock()) to stderr. Exit status 0, or 2 for bad usage / I/O,
+ * 3 for a weights blob that fails <m>_check_weights, 4 if <m>_run fails (the
+ * code is printed).
+ *
+ * Build with -DC7X_MODEL=<m> -DC7X_MODEL_UC=<M> (the C name of the model and
+ * its upper-case macro prefix, as in model.h). Plain C99.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "model.h"
+
+#define C7X_CAT_(a, b) a##b
+#define C7X_CAT(a, b) C7X_CAT_(a, b)
+#define RUN C7X_CAT(C7X_MODEL, _run)
+#define CHECK_WEIGHTS C7X_CAT(C7X_MODEL, _check_weights)
+#define INPUT_SIZE C7X_CAT(C7X_MODEL_UC, _INPUT_SIZE)
+#define OUTPUT_SIZE C7X_CAT(C7X_MODEL_UC, _OUTPUT_SIZE)
+#define WEIGHTS_BYTES C7X_CAT(C7X_MODEL_UC, _WEIGHTS_BYTES)
+
+/* Whole file into a 64-byte aligned buffer; *base gets the pointer to free. */
+static uint8_t* read_file(const char* path, size_t* n, void** base) {
+  FILE* f = fopen(path, "rb");
+  long size;
+  uint8_t* p;
+  if (f == NULL) return NULL;
+  if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    fclose(f);
+    return NULL;
+  }
+  *base = malloc((size_t)size + 64);
+  if (*base == NULL) {
+    fclose(f);
+    return NULL;
+  }
+  /* malloc gives 16-byte alignment; the model wants 64 (C99 has no aligned_alloc). */
+  p = (uint8_t*)*base + (64 - ((size_t)*base & 63u)) % 64;
+  if (fread(p, 1, (size_t)size, f) != (size_t)size) {
+    fclose(f);
+    return NULL;
+  }
+  fclose(f);
+  *n = (size_t)size;
+  return p;
+}
+
+int main(int argc, char** argv) {
+  const uint8_t* weights;
+  size_t wbytes = 0, inbytes = 0;
+  void *wbase = NULL, *inbase = NULL;
+  const float* input;
+  float* output;
+  long n, i;
+  int rc;
+  clock_t t0;
+  FILE* out;
+
+  if (argc != 5) {
+    fprintf(stderr, "usage: %s <weights.bin|-> <input.f32> <n_images> <output.f32>\n", argv[0]);
+    return 2;
+  }
+#ifdef C7X_WEIGHTS_ARRAY
+  if (argv[1][0] == '-' && argv[1][1] == '\0') {
+    weights = C7X_CAT(C7X_MODEL, _weights);
+    wbytes = WEIGHTS_BYTES;
+  } else
+#endif
+  {
+    weights = read_file(argv[1], &wbytes, &wbase);
+  }
+  if (weights == NULL) {
+    fprintf(stderr, "c7x-host: cannot read weights %s\n", argv[1]);
+    return 2;
+  }
+  rc = CHECK_WEIGHTS(weights, wbytes);
+  if (rc != 0) {
+    fprintf(stderr, "c7x-host: weights check failed (%d)\n", rc);
+    return 3;
+  }
+  n = strtol(argv[3], NULL, 10);
+  input = (const float*)read_file(argv[2], &inbytes, &inbase);
+  if (input == NULL || n <= 0 || inbytes != (size_t)n * INPUT_SIZE * sizeof(float)) {
+    fprintf(stderr, "c7x-host: %s must hold %ld x %d float32\n", argv[2], n, (int)INPUT_SIZE);
+    return 2;
+  }
+  output = (float*)malloc((size_t)n * OUTPUT_SIZE * sizeof(float));
+  if (output == NULL) return 2;
+  t0 = clock();
+  for (i = 0; i < n; ++i) {
+    rc = RUN(weights, input + (size_t)i * INPUT_SIZE, output + (size_t)i * OUTPUT_SIZE);
+    if (rc != 0) {
+      fprintf(stderr, "c7x-host: run failed on image %ld (%d)\n", i, rc);
+      return 4;
+    }
+  }
+  fprintf(stderr, "c7x-host: %ld images, %.3f ms/image\n", n,
+          1000.0 * (double)(clock() - t0) / CLOCKS_PER_SEC / (double)n);
+  out = fopen(argv[4], "wb");
+  if (out == NULL || fwrite(output, sizeof(float), (size_t)n * OUTPUT_SIZE, out) != (size_t)n * OUTPUT_SIZE) {
+    fprintf(stderr, "c7x-host: cannot write %s\n", argv[4]);
+    return 2;
+  }
+  fclose(out);
+  free(output);
+  free(inbase);
+  free(wbase);
+  return 0;
+}

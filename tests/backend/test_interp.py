@@ -1,0 +1,94 @@
+"""The Python reference executor: no FMA in its LLVM build, offload calls decoded
+from the PrimFunc bodies, and results within 1 LSB of the torch Q/DQ model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import tvm
+
+from qflow import ConvReluPool, InvertedResidual, ResidualBlock, quantize, randomize_bn
+
+from pipeline.backend.compile import compile_model
+from pipeline.backend.interp import Program, _contracts, llvm_target, run_reference
+from pipeline.backend.kernels.hostlib import kernel_signatures
+
+NETS = {"crp": (ConvReluPool, (1, 3, 16, 16)), "res": (ResidualBlock, (1, 32, 8, 8)),
+        "inv": (lambda: InvertedResidual(stride=2, cout=48), (1, 32, 8, 8))}
+
+
+def _host_has_fma() -> bool:
+    try:
+        return " fma " in f" {Path('/proc/cpuinfo').read_text()} ".replace("\n", " ")
+    except OSError:
+        return False
+
+
+def test_llvm_target_does_not_contract_multiply_add():
+    assert not _contracts(llvm_target())
+
+
+@pytest.mark.skipif(not _host_has_fma(), reason="the host CPU has no FMA: cannot run the contracting build")
+def test_fma_probe_detects_contraction():
+    """The probe is sensitive: an FMA-capable mcpu does contract (measured)."""
+    assert _contracts(tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"}))
+
+
+def _flow(net: str, **kw):
+    make, shape = NETS[net]
+    torch.manual_seed(0)
+    return quantize(randomize_bn(make()), torch.randn(*shape), **kw), shape
+
+
+def _torch_outputs(flow, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(len(x))])
+
+
+def _output_scale(flow) -> float:
+    return [n.args[1] for n in flow.ep.graph.nodes if "dequantize_per_tensor" in str(n.target)][-1]
+
+
+def lsb_diff(a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
+    """|a - b| in output quanta: both are dequantized values (q - zp) * scale,
+    so rint(v / scale) recovers q - zp exactly."""
+    return np.abs(np.rint(a.astype(np.float64) / scale) - np.rint(b.astype(np.float64) / scale))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16"])
+@pytest.mark.parametrize("net", sorted(NETS))
+def test_reference_within_one_lsb_of_torch(net, dtype, tmp_path):
+    """Scalar path (mmalib off): every output element within 1 LSB of torch's Q/DQ model."""
+    flow, shape = _flow(net, dtype=dtype)
+    compile_model(flow.mod, net, tmp_path, mmalib=False)
+    x = np.random.default_rng(4).standard_normal((3, *shape[1:])).astype(np.float32)
+    ours = run_reference(tmp_path, x)
+    ref = _torch_outputs(flow, x)
+    assert ours.shape == ref.shape and ours.dtype == np.float32
+    lsb = lsb_diff(ours, ref, _output_scale(flow))
+    assert lsb.max() <= 1, lsb.max()
+
+
+def test_offload_calls_are_decoded_from_the_primfunc(tmp_path):
+    flow, shape = _flow("crp", dtype="int8")
+    compile_model(flow.mod, "crp", tmp_path, mmalib=True)
+    prog = Program(tmp_path)
+    assert prog.externs, "no offload PrimFunc in an MMALIB build"
+    sigs = kernel_signatures()
+    for name, ext in prog.externs.items():
+        params = sigs[ext.kernel]
+        assert len(ext.args) == len(params), name
+        for (kind, _), p in zip(ext.args, params):
+            assert (kind == "buf") == p.pointer, (name, p.name)
+        func = prog.mod[name]
+        buffers = [v for kind, v in ext.args if kind == "buf"]
+        assert buffers == list(range(len(func.params)))  # contract: params in call order, output last
+
+
+def test_unparsable_lowered_module_is_a_clear_error(tmp_path):
+    (tmp_path / "lowered.py").write_text("this is not TVMScript\n")
+    with pytest.raises(ValueError, match="cannot parse the lowered module"):
+        Program(tmp_path)
