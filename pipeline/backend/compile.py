@@ -101,6 +101,7 @@ def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: 
     low = lower_module(mod, mmalib=mmalib)
     manifest = _manifest(mod, low.offloaded, low.offload_log, mmalib)
     info = emit(low.mod, model_name, out_dir, quant=io_quantization(mod), weights_format=weights_format)
+    manifest["summary"].update({k: info[k] for k in ("arena_bytes", "workspace_bytes", "weights_bytes")})
     write_json(out_dir / "manifest.json", manifest)
     s = manifest["summary"]
     return {"c_name": info["c_name"], "layers": s["layers"], "layers_offloaded": s["layers_offloaded"],

@@ -31,7 +31,8 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
         lines.append(
             f"  codegen [{variant}]: {s['layers_offloaded']}/{s['layers']} layers and "
             f"{100 * s['macs_offloaded'] / max(s['macs_total'], 1):.1f}% of {s['macs_total'] / 1e6:.1f}M MACs "
-            f"on MMALIB/C7x kernels; activation arena {s['arena_bytes']:,} B, weights {s['weights_bytes']:,} B")
+            f"on MMALIB/C7x kernels; activation arena {s['arena_bytes']:,} B, workspace "
+            f"{s['workspace_bytes']:,} B, weights {s['weights_bytes']:,} B")
     if verify:
         for line in verify.get("summary_lines", []):
             lines.append(f"  verify: {line}")

@@ -1,0 +1,101 @@
+"""Which aten ops the C7x quantizer annotates, and the graph tests behind its rules.
+
+The op tables follow the reference annotation table (facts file section A);
+ops marked *ours* cover what torchvision CNNs produce that the table misses,
+so that the int8/int16 chain between MMALIB layers stays unbroken.
+
+Per kind: the ops, what is observed on the inputs, and the output.
+
+* WEIGHTED -- conv2d, linear: input act; weight per-channel (axis 0); bias
+  left float. Output act, or not observed when fused (below).
+* BINARY -- mm, add.Tensor, add_.Tensor: both args act, only if both are
+  float-tensor Nodes (``x + 1.0`` stays float). Output act (add: or fused).
+* ADDMM -- addmm: args[1] and args[2] per-tensor act (the reference's choice,
+  the weight operand too); bias args[0] float. Output act.
+* INDEPENDENT -- gelu, silu, hardsigmoid, hardswish, adaptive_avg_pool2d,
+  avg_pool2d; *ours*: gelu_, silu_, hardsigmoid_, hardswish_ (torchvision's
+  ``inplace=True`` modules) and mean.dim (global average pool). Input act,
+  output an independent act (the op changes the value range).
+* LAYER_NORM -- layer_norm: input act, weight/bias float. Output act.
+* TRANSPARENT -- relu, relu_, max_pool2d, view, permute, flatten.using_ints;
+  *ours*: hardtanh, hardtanh_, relu6 (ReLU6), reshape, dropout, dropout_
+  (identity in eval). Input act; the output shares the input node's
+  observer (SharedQuantizationSpec) when that output is observed, else an
+  independent act. Not annotated when it reaches ``topk`` (detection rule).
+* Not annotated: cat (deliberately), group_norm, sigmoid, mul, anything else.
+
+Float-tensor gating (``meta["val"]`` is a floating-point tensor) applies to
+every kind except WEIGHTED and ADDMM.
+
+Shapes and dtypes: activations are float32 tensors of any rank (NCHW for the
+conv/pool ops, [M, K] for mm/addmm, [..., K] for linear); conv weights are
+OIHW and linear weights [out, in], so output channels are axis 0.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Node
+
+aten = torch.ops.aten
+
+WEIGHTED = frozenset({aten.conv2d.default, aten.linear.default})
+BINARY = frozenset({aten.mm.default, aten.add.Tensor, aten.add_.Tensor})
+ADDMM = frozenset({aten.addmm.default})
+INDEPENDENT = frozenset({
+    aten.gelu.default, aten.silu.default, aten.hardsigmoid.default, aten.hardswish.default,
+    aten.adaptive_avg_pool2d.default, aten.avg_pool2d.default,
+    # ours: inplace variants from torchvision modules (inplace=True) and mean.dim (GAP)
+    aten.gelu_.default, aten.silu_.default, aten.hardsigmoid_.default, aten.hardswish_.default,
+    aten.mean.dim,
+})
+LAYER_NORM = frozenset({aten.layer_norm.default})
+TRANSPARENT = frozenset({
+    aten.relu.default, aten.relu_.default, aten.max_pool2d.default, aten.view.default,
+    aten.permute.default, aten.flatten.using_ints,
+    # ours: ReLU6 (hardtanh_ in torchvision MobileNetV2, relu6 from F.relu6), reshape,
+    # eval-mode dropout (an identity)
+    aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default,
+    aten.reshape.default, aten.dropout.default, aten.dropout_.default,
+})
+
+#: producers whose output is not observed when a fusable activation is their only user.
+FUSABLE_PRODUCERS = frozenset({aten.conv2d.default, aten.linear.default,
+                               aten.add.Tensor, aten.add_.Tensor})
+#: activations the C7x kernels apply after the accumulator (relu / clip, facts B).
+FUSABLE_ACTIVATIONS = frozenset({aten.relu.default, aten.relu_.default, aten.hardtanh.default,
+                                 aten.hardtanh_.default, aten.relu6.default})
+
+TOPK = frozenset({aten.topk.default})
+#: ops a detection score may pass through on its way to topk and still count as
+#: "reaching topk" (facts A, detection-head rule).
+RANKING_PATH = TRANSPARENT | {operator.getitem, aten.split.Tensor, aten.split_with_sizes.default,
+                              aten.max.dim, aten.min.dim}
+
+
+def is_float_tensor(arg) -> bool:
+    """True if ``arg`` is an fx Node whose ``meta["val"]`` is a floating-point tensor
+    (the float-tensor gating of facts A; a Node without ``val`` does not pass)."""
+    if not isinstance(arg, Node):
+        return False
+    val = arg.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.is_floating_point()
+
+
+def reaches_topk(node: Node) -> bool:
+    """True if ``node``'s output reaches a ``topk`` through RANKING_PATH ops only
+    (transparent, getitem/split, max.dim/min.dim). Such transparent ops stay
+    unannotated, which keeps detection ranking in float (facts A)."""
+    stack, seen = list(node.users), set()
+    while stack:
+        user = stack.pop()
+        if user in seen or user.op != "call_function":
+            continue
+        seen.add(user)
+        if user.target in TOPK:
+            return True
+        if user.target in RANKING_PATH:
+            stack.extend(user.users)
+    return False

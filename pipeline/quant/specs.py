@@ -1,0 +1,97 @@
+"""Quantization specs of the C7x quantizer: option checking and the two specs it hands out.
+
+Two specs exist, both built from torchao observer classes (torch.ao observers
+are not converted by torchao's ``convert_pt2e``; facts file section A):
+
+* **activation spec**: per-tensor, dtype int8 [-128, 127] or int16
+  [-32768, 32767]; ``per_tensor_symmetric`` (zero point 0), or
+  ``per_tensor_affine`` for int8 with ``symmetric_activations=False``.
+  Observer: ``MinMaxObserver`` (the reference's), ``HistogramObserver`` or
+  ``MovingAverageMinMaxObserver``.
+* **weight spec**: ``PerChannelMinMaxObserver``, ``per_channel_symmetric``,
+  ``ch_axis=0`` (output channels of OIHW conv / [out, in] linear weights),
+  zero point 0. dtype int8 [-128, 127] by default for both activation dtypes
+  (the user's document, "Choosing int8 vs int16": int16 mode keeps int8
+  weights); int16 [-32768, 32767] with ``weight_dtype="int16"`` (what the
+  reference *code* does in int16 mode, facts section A, and what its i16
+  MMALIB passes require, section B).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torchao.quantization.pt2e import (HistogramObserver, MinMaxObserver,
+                                       MovingAverageMinMaxObserver, PerChannelMinMaxObserver)
+from torchao.quantization.pt2e.quantizer import QuantizationSpec
+
+#: dtype name -> (torch dtype, quant_min, quant_max); the full range of the type (facts A).
+DTYPES: dict[str, tuple[torch.dtype, int, int]] = {
+    "int8": (torch.int8, -128, 127),
+    "int16": (torch.int16, -32768, 32767),
+}
+
+#: observer option -> torchao activation observer class ("minmax" is the reference's).
+OBSERVERS = {
+    "minmax": MinMaxObserver,
+    "histogram": HistogramObserver,
+    "moving_average": MovingAverageMinMaxObserver,
+}
+
+#: accepted ``weight_dtype`` values; None means "int8" (the user's document).
+WEIGHT_DTYPES = (None, "int8", "int16")
+
+
+def check_dtype(dtype: str) -> str:
+    """Return ``dtype`` if it is "int8" or "int16"; raise ValueError naming both otherwise
+    (facts A, constructor)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+def check_observer(observer: str) -> type:
+    """The torchao observer class for ``observer``; ValueError naming the allowed values."""
+    if observer not in OBSERVERS:
+        raise ValueError(f"observer must be one of {sorted(OBSERVERS)}, got {observer!r}")
+    return OBSERVERS[observer]
+
+
+def resolve_symmetric(dtype: str, symmetric_activations: bool) -> bool:
+    """Whether activations are symmetric. int16 is always symmetric: asking for
+    asymmetric int16 emits a UserWarning and is ignored (facts A; the user's document:
+    "asymmetric int16 has no lowering path")."""
+    if dtype == "int16" and not symmetric_activations:
+        warnings.warn("int16 activations are always symmetric (asymmetric int16 has no lowering "
+                      "path); symmetric_activations=False is ignored", UserWarning, stacklevel=3)
+        return True
+    return bool(symmetric_activations)
+
+
+def resolve_weight_dtype(dtype: str, weight_dtype: str | None) -> str:
+    """The weight dtype name: None -> "int8" (user's document); "int16" only with
+    ``dtype="int16"`` (int16 weights under int8 activations have no kernel, facts B).
+    Raises ValueError for any other value or combination."""
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weight_dtype must be one of {list(WEIGHT_DTYPES)}, got {weight_dtype!r}")
+    if weight_dtype == "int16" and dtype != "int16":
+        raise ValueError("weight_dtype='int16' is only valid with dtype='int16'")
+    return weight_dtype or "int8"
+
+
+def activation_spec(dtype: str, symmetric: bool, observer_cls: type) -> QuantizationSpec:
+    """Per-tensor activation spec (see module docstring); zero point 0 when ``symmetric``."""
+    qdtype, qmin, qmax = DTYPES[dtype]
+    return QuantizationSpec(
+        dtype=qdtype, quant_min=qmin, quant_max=qmax,
+        qscheme=torch.per_tensor_symmetric if symmetric else torch.per_tensor_affine,
+        observer_or_fake_quant_ctr=observer_cls.with_args())
+
+
+def weight_spec(weight_dtype: str) -> QuantizationSpec:
+    """Per-channel symmetric weight spec, axis 0, zero point 0 (facts A, weight spec)."""
+    qdtype, qmin, qmax = DTYPES[weight_dtype]
+    return QuantizationSpec(
+        dtype=qdtype, quant_min=qmin, quant_max=qmax, qscheme=torch.per_channel_symmetric,
+        ch_axis=0, observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args())
