@@ -252,10 +252,10 @@ class Project:
     def _verify(self, spec, L):
         images = self._images(spec.evaluation_set)
         cfg = {"preprocess": spec.preprocess.__dict__, "images": [p.name for p in images]}
-        deps = [L.quantized_pt2] + self._codegen_targets(spec, L) + \
+        deps = [L.float_pt2, L.quantized_pt2] + self._codegen_targets(spec, L) + \
             [L.host_exe(v) for v in variants(spec)] + images
         return self._task("verify", spec, deps, [L.verify], cfg,
-                          self._payload(spec, quantized_pt2=L.quantized_pt2,
+                          self._payload(spec, float_pt2=L.float_pt2, quantized_pt2=L.quantized_pt2,
                                         images_dir=self.calib_root / (spec.evaluation_set or ""),
                                         builds={v: [str(L.codegen_dir(v)), str(L.host_exe(v))]
                                                 for v in variants(spec)}, out=L.verify),

@@ -38,7 +38,7 @@ def run(stage: str, payload: dict) -> None:
         host_build_model({k: (Path(a), Path(b)) for k, (a, b) in payload["builds"].items()})
     elif stage == "verify":
         from .verify import verify_model
-        verify_model(spec, p["quantized_pt2"], p["images_dir"],
+        verify_model(spec, p["float_pt2"], p["quantized_pt2"], p["images_dir"],
                      {k: (Path(a), Path(b)) for k, (a, b) in payload["builds"].items()}, p["out"])
     elif stage == "evaluate":
         from .evaluate import evaluate_model

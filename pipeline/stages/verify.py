@@ -4,12 +4,17 @@ For every build variant the host executable runs the preprocessed images and
 is compared with
 
 1. the Python integer reference of the same lowered program
-   (``backend.interp``): must be bit-identical (0 LSB) on every image, else the
-   stage fails;
-2. the PyTorch Q/DQ model (``quantized.pt2``): max / mean difference in LSB of
-   the output scale and top-1 agreement. The scalar baseline is expected
-   within 1 LSB (int8) on every output; the MMALIB build rescales with 8-bit
-   multipliers, so it is judged by top-1 agreement.
+   (``backend.interp``): must be bit-identical on every image, else the stage
+   fails (this proves the emitter, the memory plan and the kernels);
+2. the PyTorch Q/DQ model (``quantized.pt2``): difference in integer steps
+   (LSB) of the output scale, and top-1 agreement;
+3. the float model and the labels: the accuracy of what would actually run.
+
+Measured on MobileNetV2 with real weights: the PyTorch Q/DQ model is not
+stable at the bit level itself (1 vs 2 threads, or MKLDNN on/off, changes
+outputs by up to ~16 LSB), because a 1-LSB rounding flip in an early layer
+propagates. So the report also gives that self-noise band of PyTorch; the
+scalar build is judged against it, and exactness is judged against (1).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 
 from .. import torchenv  # noqa: F401
 from ..config import ModelSpec, list_images
-from ..data.images import load_images
+from ..data.images import label_of, load_images
 from ..errors import CalibrationDataError, PipelineError
 from ..fsutil import write_json
 
@@ -52,8 +57,17 @@ def lsb_stats(a: np.ndarray, b: np.ndarray, lsb: float) -> dict:
             "top1_agreement": int((a.argmax(1) == b.argmax(1)).sum())}
 
 
+def accuracy(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
+    """Top-1 against the labels and the float model, and mean |logit - float logit|."""
+    top1 = logits.argmax(1)
+    lab = [(i, y) for i, y in enumerate(labels) if y is not None]
+    return {"top1": sum(int(top1[i]) == y for i, y in lab), "labeled": len(lab),
+            "top1_agreement_with_float": int((top1 == float_logits.argmax(1)).sum()),
+            "mean_abs_logit_error_vs_float": round(float(np.abs(logits - float_logits).mean()), 6)}
+
+
 def verify_variant(variant: str, codegen_dir: Path, exe: Path, images: np.ndarray,
-                   torch_out: np.ndarray, lsb: float) -> dict:
+                   torch_out: np.ndarray, float_out: np.ndarray, labels: list, lsb: float) -> dict:
     """Run one build on ``images`` [N, C, H, W] float32 and compare it."""
     from ..backend.host import run_host
     from ..backend.interp import run_reference
@@ -64,22 +78,41 @@ def verify_variant(variant: str, codegen_dir: Path, exe: Path, images: np.ndarra
     return {"variant": variant, "images": len(images),
             "vs_python_reference": {"bit_exact_images": sum(per_image_exact),
                                     **lsb_stats(host, ref, lsb)},
-            "vs_pytorch_qdq": lsb_stats(host, torch_out, lsb)}
+            "vs_pytorch_qdq": lsb_stats(host, torch_out, lsb),
+            "accuracy": accuracy(host, float_out, labels)}
 
 
-def summary_line(r: dict, dtype: str) -> str:
-    ref, pt = r["vs_python_reference"], r["vs_pytorch_qdq"]
+def run_torch(module, x: torch.Tensor) -> np.ndarray:
+    """Outputs [N, K] of a batch-1 program, one image at a time."""
+    with torch.no_grad():
+        return torch.cat([module(x[i:i + 1]) for i in range(len(x))]).numpy()
+
+
+def pytorch_self_noise(module, x: torch.Tensor, reference: np.ndarray, lsb: float) -> dict:
+    """How far PyTorch's own Q/DQ outputs move with 1 thread and without MKLDNN."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.backends.mkldnn.flags(enabled=False):
+            other = run_torch(module, x)
+    finally:
+        torch.set_num_threads(threads)
+    return lsb_stats(other, reference, lsb)
+
+
+def summary_line(r: dict, noise: dict) -> str:
+    """One line per build for the run's summary."""
+    ref, pt, acc = r["vs_python_reference"], r["vs_pytorch_qdq"], r["accuracy"]
     n = r["images"]
-    line = (f"[{r['variant']}] C == Python integer reference on {ref['bit_exact_images']}/{n} images; "
-            f"vs PyTorch Q/DQ: max {pt['max_lsb']:g} LSB, mean {pt['mean_lsb']:g} LSB, "
-            f"top-1 agreement {pt['top1_agreement']}/{n}")
-    if r["variant"] == "scalar":
-        ok = pt["max_lsb"] <= 1
-        line += f" (within 1 LSB on every output: {'yes' if ok else 'NO'})"
-    return line
+    return (f"[{r['variant']}] C == Python integer reference on {ref['bit_exact_images']}/{n} images; "
+            f"vs PyTorch Q/DQ: max {pt['max_lsb']:g} LSB, mean {pt['mean_lsb']:g} LSB, top-1 agreement "
+            f"{pt['top1_agreement']}/{n} (PyTorch vs itself: max {noise['max_lsb']:g}, mean "
+            f"{noise['mean_lsb']:g} LSB); top-1 {acc['top1']}/{acc['labeled']}, agrees with float "
+            f"{acc['top1_agreement_with_float']}/{n}, mean |logit error| vs float "
+            f"{acc['mean_abs_logit_error_vs_float']:.4f}")
 
 
-def verify_model(spec: ModelSpec, quantized_pt2: Path, images_dir: Path,
+def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_dir: Path,
                  builds: dict[str, tuple[Path, Path]], out: Path) -> dict:
     """Verify every build variant on the evaluation images; write ``verify.json``.
 
@@ -90,15 +123,20 @@ def verify_model(spec: ModelSpec, quantized_pt2: Path, images_dir: Path,
     if not paths:
         raise CalibrationDataError(f"model {spec.name!r}: no images in {images_dir} to verify on")
     x = load_images(paths, spec.preprocess, desc=f"verify {spec.name}")
-    module = torch.export.load(quantized_pt2).module()
-    with torch.no_grad():
-        torch_out = torch.cat([module(x[i:i + 1]) for i in range(len(x))]).numpy()
+    qdq = torch.export.load(quantized_pt2).module()
+    torch_out = run_torch(qdq, x)
+    float_out = run_torch(torch.export.load(float_pt2).module(), x)
     lsb = output_scale(quantized_pt2)
+    noise = pytorch_self_noise(qdq, x, torch_out, lsb)
+    labels = [label_of(p) for p in paths]
     images = x.numpy().astype(np.float32)
-    results = [verify_variant(v, cdir, exe, images, torch_out, lsb) for v, (cdir, exe) in builds.items()]
+    results = [verify_variant(v, cdir, exe, images, torch_out, float_out, labels, lsb)
+               for v, (cdir, exe) in builds.items()]
     report = {"model": spec.name, "dtype": spec.dtype, "output_lsb": lsb,
               "images": [p.name for p in paths], "variants": results,
-              "summary_lines": [summary_line(r, spec.dtype) for r in results]}
+              "pytorch_qdq": {"accuracy": accuracy(torch_out, float_out, labels),
+                              "self_noise_1_thread_no_mkldnn": noise},
+              "summary_lines": [summary_line(r, noise) for r in results]}
     write_json(out, report)
     bad = [r["variant"] for r in results if r["vs_python_reference"]["bit_exact_images"] != len(paths)]
     if bad:
