@@ -51,11 +51,14 @@ class Run:
 class Project:
     """A temp project: dodo.py, models/*.toml, calib_data/<set>/*.jpg, tinynets.py."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, copy_pipeline: bool = False):
         self.root = root
         (root / "models").mkdir(parents=True)
         (root / "dodo.py").write_text(DODO)
         shutil.copy(TESTS / "tinynets.py", root / "tinynets.py")
+        if copy_pipeline:  # a private copy of the package, first on PYTHONPATH, safe to edit
+            shutil.copytree(TESTS.parent / "pipeline", root / "pipeline",
+                            ignore=shutil.ignore_patterns("__pycache__"))
 
     def add_model(self, name: str, set_name: str = "setA", dtype: str = "int8", extra: str = "") -> Path:
         p = self.root / "models" / f"{name}.toml"

@@ -24,7 +24,7 @@ FROM_PREPARE = ALL_STAGES[1:]
 
 @pytest.fixture(scope="module")
 def proj(tmp_path_factory):
-    p = Project(tmp_path_factory.mktemp("staleness"))
+    p = Project(tmp_path_factory.mktemp("staleness"), copy_pipeline=True)
     p.add_images("setA", 3, seed0=0)
     p.add_images("setB", 3, seed0=10)
     p.add_model("tiny_a", "setA")
@@ -97,6 +97,31 @@ def test_calibration_option_reruns_calibrate_onward_only(proj):
     proj.add_model("tiny_b", "setB", extra='observer = "histogram"\n')
     run = proj.doit()
     assert_ran(run, {s: {"tiny_b"} for s in FROM_CALIBRATE})
+    assert_nothing_runs(proj)
+
+
+def test_codegen_option_reruns_codegen_onward_only(proj):
+    proj.add_model("tiny_a", "setA", dtype="int16", extra="[codegen]\nmmalib = false\n")
+    run = proj.doit()
+    assert_ran(run, {s: {"tiny_a"} for s in ("codegen", "host_build", "verify")})
+    art = proj.root / "artifacts" / "tiny_a"
+    assert [d.name for d in (art / "c").iterdir()] == ["scalar"]  # no stale MMALIB build left
+    assert_nothing_runs(proj)
+
+
+def test_pipeline_code_change_reruns_its_stage(proj):
+    """Editing a stage's source (here: appending a comment to the project's
+    private copy of the package) re-runs that stage."""
+    src = proj.root / "pipeline" / "stages" / "evaluate.py"
+    original = src.read_text()
+    try:
+        src.write_text(original + "\n# touched by test_staleness\n")
+        run = proj.doit()
+        assert_ran(run, {"evaluate": set(MODELS)})
+    finally:
+        src.write_text(original)
+    run = proj.doit()
+    assert_ran(run, {"evaluate": set(MODELS)})
     assert_nothing_runs(proj)
 
 

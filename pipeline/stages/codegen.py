@@ -13,6 +13,16 @@ from ..config import ModelSpec
 from ..fsutil import atomic_dir
 
 
+def _remove_other_variants(out_dirs: dict[str, Path]) -> None:
+    """Delete builds of variants no longer configured (e.g. c/mmalib after mmalib = false)."""
+    import shutil
+    keep = {Path(p).name for p in out_dirs.values()}
+    for parent in {Path(p).parent for p in out_dirs.values()}:
+        for d in parent.iterdir() if parent.is_dir() else []:
+            if d.is_dir() and d.name not in keep and not d.name.startswith("."):
+                shutil.rmtree(d)
+
+
 def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[str, Path]) -> dict:
     """Compile ``relax/module.py`` + ``params.bin`` once per variant into ``out_dirs``.
 
@@ -22,6 +32,7 @@ def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[st
     from ..frontend.irmodule_io import load_irmodule
 
     mod = load_irmodule(script, params)
+    _remove_other_variants(out_dirs)
     summaries = {}
     for variant, out in out_dirs.items():
         with atomic_dir(out) as tmp:

@@ -14,6 +14,11 @@ def host_build_model(builds: dict[str, tuple[Path, Path]]) -> None:
     """
     from ..backend.host import build_host
 
+    exes = [exe for _, exe in builds.values()]
+    for parent in {e.parent for e in exes}:  # drop executables of variants no longer built
+        for old in parent.glob("*.exe") if parent.is_dir() else []:
+            if old not in exes:
+                old.unlink()
     for codegen_dir, exe in builds.values():
         with atomic_path(exe) as tmp:
             build_host(codegen_dir, tmp)

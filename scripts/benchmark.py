@@ -1,0 +1,118 @@
+"""Measure the pipeline: prints figures, asserts nothing (targets live here, not in tests).
+
+    .venv/bin/python scripts/benchmark.py [--model mobilenet_v2] [--images 5]
+
+Reports: `doit list` wall time and whether it imported torch/tvm; wall time of
+every stage function for one model (run in a temporary artifacts folder, the
+repo's own artifacts are not touched); host C time per image for each build
+variant; Python reference time per image; peak resident memory of this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+LIST_PROBE = """
+import sys, time
+t = time.perf_counter()
+from doit.doit_cmd import DoitMain
+import io, contextlib
+with contextlib.redirect_stdout(io.StringIO()):
+    DoitMain().run(["list", "--all"])
+heavy = any(m.split(".")[0] in ("torch", "tvm") for m in sys.modules)
+print(f"{time.perf_counter() - t:.3f} {heavy}")
+"""
+
+
+def bench_list(repeat: int = 5) -> None:
+    times, heavy = [], False
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", LIST_PROBE], cwd=REPO, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        inner, h = out.stdout.split()
+        times.append((wall, float(inner)))
+        heavy |= h == "True"
+    print(f"doit list --all: {statistics.median(w for w, _ in times):.3f} s wall including Python start-up, "
+          f"{statistics.median(i for _, i in times):.3f} s in doit; imports torch/tvm: {heavy}")
+
+
+def timed(label: str, fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    print(f"  {label:<28} {time.perf_counter() - t0:8.2f} s")
+    return out
+
+
+def bench_stages(model: str, n_images: int) -> None:
+    from pipeline.config import load_models, list_images
+    from pipeline.data.images import load_images
+    from pipeline.stages.calibrate import calibrate_model
+    from pipeline.stages.codegen import codegen_model
+    from pipeline.stages.convert import convert_model
+    from pipeline.stages.export import export_model
+    from pipeline.stages.host_build import host_build_model
+    from pipeline.stages.prepare import prepare_model
+    from pipeline.stages.relax_import import import_model
+    from pipeline.tasks import Layout, variants
+    from pipeline.weights import resolve_weights
+
+    spec = next(e for e in load_models(REPO / "models") if e.name == model)
+    calib = REPO / "calib_data" / spec.calibration.set
+    with tempfile.TemporaryDirectory() as tmp:
+        L = Layout(Path(tmp), model)
+        print(f"stages of {model} ({spec.dtype}, {len(list_images(calib))} calibration images):")
+        timed("export", export_model, spec, resolve_weights(spec, REPO), L.float_pt2, REPO)
+        timed("prepare", prepare_model, spec, L.float_pt2, L.prepared, L.prepared_table)
+        timed("calibrate", calibrate_model, spec, L.float_pt2, L.prepared, L.prepared_table, calib,
+              L.calibrated, L.calibration_json)
+        timed("convert", convert_model, spec, L.float_pt2, L.calibrated, L.quantized_pt2)
+        timed("relax_import", import_model, L.quantized_pt2, L.relax_script, L.relax_params)
+        dirs = {v: L.codegen_dir(v) for v in variants(spec)}
+        summaries = timed("codegen (all variants)", codegen_model, spec, L.relax_script, L.relax_params, dirs)
+        timed("host_build (all variants)", host_build_model,
+              {v: (L.codegen_dir(v), L.host_exe(v)) for v in variants(spec)})
+        x = load_images(list_images(calib)[:n_images], spec.preprocess, desc="load").numpy()
+        bench_runs(spec, L, x, summaries)
+
+
+def bench_runs(spec, L, x, summaries) -> None:
+    from pipeline.backend.host import run_host_timed
+    from pipeline.backend.interp import run_reference
+    from pipeline.tasks import variants
+
+    print(f"per image ({len(x)} images):")
+    for v in variants(spec):
+        host = run_host_timed(L.host_exe(v), L.codegen_dir(v), x)
+        t0 = time.perf_counter()
+        run_reference(L.codegen_dir(v), x)
+        ref = (time.perf_counter() - t0) / len(x)
+        s = summaries[v]
+        print(f"  [{v}] host C {host.ms_per_image:8.1f} ms/image (reference kernels on x86, not the DSP), "
+              f"Python reference {ref:6.2f} s/image (incl. its TVM build); arena {s['arena_bytes']:,} B, "
+              f"workspace {s['workspace_bytes']:,} B, weights {s['weights_bytes']:,} B")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="mobilenet_v2")
+    ap.add_argument("--images", type=int, default=5, help="images for the per-image timings")
+    args = ap.parse_args()
+    bench_list()
+    bench_stages(args.model, args.images)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak resident memory of this process: {peak:,.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
