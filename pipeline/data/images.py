@@ -92,5 +92,6 @@ def iter_images(paths: list[Path], pre: PreprocessSpec, n_jobs: int = 2):
 
 def load_images(paths: list[Path], pre: PreprocessSpec, desc: str, n_jobs: int = 2) -> torch.Tensor:
     """All of ``paths`` as one float32 NCHW tensor, behind a progress bar (img/s)."""
-    it = tqdm(iter_images(paths, pre, n_jobs), total=len(paths), desc=desc, unit="img", leave=False)
+    it = tqdm(iter_images(paths, pre, n_jobs), total=len(paths), desc=desc, unit="img", leave=False,
+              disable=None)  # None: a live bar on a terminal, silent in logs
     return torch.stack(list(it))

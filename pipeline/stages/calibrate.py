@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     check_prepared(gm, prepared_state, prepared_table)
     total = len(images) if images else (cal.num_images or 8)
     t0 = time.perf_counter()
-    with torch.no_grad(), tqdm(total=total, desc=f"calibrate {spec.name}", unit="img", leave=False) as bar:
+    # disable=None: a live img/s bar on a terminal, nothing in logs (the line below stays)
+    with torch.no_grad(), tqdm(total=total, desc=f"calibrate {spec.name}", unit="img", leave=False,
+                               disable=None) as bar:
         for batch in calibration_batches(spec, images):
             gm(batch)
             bar.update(len(batch))
@@ -67,6 +70,6 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
         "for_deployment": cal.source == "images",
     }
     write_json(out_info, info)
-    print(f"calibrate {spec.name}: {total} images, observer {cal.observer}, "
-          f"{total / max(seconds, 1e-9):.1f} img/s")
+    print(f"calibrate {spec.name}: {total} {'images' if images else 'random tensors'}, observer "
+          f"{cal.observer}, {total / max(seconds, 1e-9):.1f} img/s", file=sys.stderr)
     return info

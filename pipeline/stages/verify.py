@@ -19,6 +19,7 @@ scalar build is judged against it, and exactness is judged against (1).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +94,8 @@ def pytorch_self_noise(module, x: torch.Tensor, reference: np.ndarray, lsb: floa
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        with torch.backends.mkldnn.flags(enabled=False):
+        with warnings.catch_warnings(), torch.backends.mkldnn.flags(enabled=False):
+            warnings.simplefilter("ignore")  # oneDNN's TF32-on-Intel-GPU notice
             other = run_torch(module, x)
     finally:
         torch.set_num_threads(threads)
