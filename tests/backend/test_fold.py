@@ -171,3 +171,140 @@ def test_quantize_value_matches_torch():
         for dtype, tdt, lo, hi in (("int8", torch.int8, -128, 127), ("int16", torch.int16, -32768, 32767)):
             expected = int(q(torch.tensor([v]), s, zp, lo, hi, tdt)[0])
             assert fold.quantize_value(v, s, zp, dtype) == expected
+
+
+# ----------------------------------------------------------------------------- int16 weight pre-scaling
+
+
+def _rel_err(triple, r):
+    k, s, sh = triple
+    return abs(k * s / 2.0**sh - r) / r
+
+
+def test_prescale_hand_value_and_tie_rule():
+    # r = 7400 / 2^20 = 925 / 2^17 exactly. Exact triples need k*s = 925 * 2^(sh-17):
+    # sh=17: 925 = 25*37 (k >= 925/127 -> smallest divisor k = 25), sh=18: 1850 = 25*74,
+    # sh=19: 3700 = 37*100, sh=20: 7400 = 74*100. Smallest k (25), then smallest shift (17).
+    assert fold.float_to_prescale_scale_shift(7400 / 2**20) == (25, 37, 17)
+    # 1.0 is exact with k=1 at every shift 0..6: smallest k, then smallest shift.
+    assert fold.float_to_prescale_scale_shift(1.0) == (1, 1, 0)
+    # Above the 7-bit range: 200 = 2 * 100 (k = 1 cannot represent it).
+    assert fold.float_to_prescale_scale_shift(200.0) == (2, 100, 0)
+
+
+def test_prescale_with_k_max_1_is_float_to_scale_shift():
+    rng = np.random.default_rng(7)
+    for r in list(np.exp(rng.uniform(np.log(1e-10), np.log(130.0), 1000))) + [0.5, 126.5, 127.5, 2.0**-33]:
+        base = fold.float_to_scale_shift(r)
+        assert fold.float_to_prescale_scale_shift(r, 1) == (None if base is None else (1, *base)), r
+
+
+def test_prescale_edges():
+    assert fold.float_to_prescale_scale_shift(0.0) == (1, 0, 0)
+    assert fold.float_to_prescale_scale_shift(-1.0) == (1, 0, 0)
+    assert fold.float_to_prescale_scale_shift(float("nan")) is None
+    assert fold.float_to_prescale_scale_shift(0.4 * 2.0**-31) is None       # nothing rounds to >= 1
+    assert fold.float_to_prescale_scale_shift(256 * 127.0) == (256, 127, 0)
+    assert fold.float_to_prescale_scale_shift(256 * 127.5 + 1) is None
+    with pytest.raises(ValueError):
+        fold.float_to_prescale_scale_shift(0.1, 257)
+
+
+def test_prescale_is_the_best_triple_by_brute_force():
+    """Independent formulation: every product k*s (k <= 256, s <= 127) at every shift;
+    the minimum relative error, ties to the smallest k then the smallest shift."""
+    rng = np.random.default_rng(11)
+    ks = np.repeat(np.arange(1, 257), 127)
+    ss = np.tile(np.arange(1, 128), 256)
+    prods = (ks * ss).astype(np.float64)
+    for r in np.exp(rng.uniform(np.log(1e-7), np.log(50.0), 60)):
+        best = None
+        for sh in range(32):
+            err = np.abs(prods / 2.0**sh - r) / r
+            i = int(np.argmin(err))                      # first = smallest k at this shift
+            cand = (err[i], int(ks[i]), sh, int(ss[i]))
+            if best is None or cand[:2] < best[:2]:      # smaller error, else smaller k
+                best = cand
+        got = fold.float_to_prescale_scale_shift(r)
+        assert got == (best[1], best[3], best[2]), (r, got, best)
+
+
+def test_prescale_precision_typical_rescales():
+    """~14-bit multiplier: median relative error < 1e-4 (vs ~2.7e-3 with the 7-bit scale alone)."""
+    rng = np.random.default_rng(0)
+    rs = np.exp(rng.uniform(np.log(1e-6), np.log(10.0), 500))
+    pre = np.array([_rel_err(fold.float_to_prescale_scale_shift(r), r) for r in rs])
+    base = np.array([_rel_err((1, *fold.float_to_scale_shift(r)), r) for r in rs])
+    assert np.median(pre) < 1e-4 and np.percentile(pre, 90) < 2e-4 and pre.max() < 1e-3
+    assert np.median(base) > 20 * np.median(pre)
+    assert np.all(pre <= base)                            # k = 1 is always a candidate
+
+
+def test_prescale_limit_uses_each_channels_min_and_max():
+    w = np.array([[127, -128, 0], [0, 0, 0], [1, -1, 0]], np.int8)
+    assert fold.prescale_limit(w).tolist() == [256, 256, 256]           # int8 always allows 256
+    wide = np.array([[200, 0], [0, -300], [200, -100], [-32768, 1]], np.int16)
+    # 32767 // 200 = 163; 32768 // 300 = 109; min(163, 327); 32768 // 32768 = 1
+    assert fold.prescale_limit(wide).tolist() == [163, 109, 163, 1]
+    k = fold.prescale_limit(wide)
+    assert np.all(np.abs(wide.astype(np.int64) * k[:, None]) <= 32768)
+
+
+def test_prescale_weights_are_exact_int16():
+    w = np.array([[[[127]], [[-128]]], [[[5]], [[-3]]]], np.int8)        # OIHW [2, 2, 1, 1]
+    out = fold.prescale_weights(w, np.array([256, 7]))
+    assert out.dtype == np.int16 and out.reshape(2, 2).tolist() == [[32512, -32768], [35, -21]]
+    with pytest.raises(ValueError):
+        fold.prescale_weights(np.array([[-128]], np.int8), np.array([257]))
+
+
+def test_fold_bias_i16_prescaled():
+    out = fold.fold_bias_i16(np.array([0.25, 0.75, -1.5]), 0.5, np.ones(3, np.float32), 3,
+                             k=np.array([3, 5, 256]))
+    assert out.dtype == np.int64 and out.tolist() == [0, 2 * 5, -3 * 256]   # round first, then * k
+    assert isinstance(fold.fold_bias_i16(np.array([2.0**56]), 1.0, np.ones(1, np.float32), 1,
+                                         k=np.array([256])), str)
+
+
+def test_prescale_requant_params_per_channel_and_reasons():
+    w_s = np.array([0.001, 0.003], np.float32)
+    k, scale, shift = fold.prescale_requant_params(0.02, w_s, 0.05, np.array([256, 256]))
+    assert k.dtype == np.int64 and scale.dtype == np.uint8 and shift.dtype == np.uint8
+    r = fold.rescale(0.02, w_s, 0.05)
+    assert np.all(np.abs(k * scale / 2.0**shift - r) / r < 2e-4)             # 1.3e-4 here
+    assert np.all((k >= 1) & (k <= 256) & (scale >= 1) & (scale <= 127) & (shift <= 31))
+    k1, s1, sh1 = fold.prescale_requant_params(0.02, w_s, 0.05, np.array([1, 1]))
+    assert k1.tolist() == [1, 1] and (s1.tolist(), sh1.tolist()) == ([105, 79], [18, 16])
+    reason = fold.prescale_requant_params(1.0, np.array([0.5, 0.0], np.float32), 1.0, np.array([256, 256]))
+    assert isinstance(reason, str) and "channel 1" in reason
+
+
+def test_prescaled_requantization_is_the_direct_formula_exactly():
+    """Integer identity behind the pre-scaling, with the kernels' numpy twin:
+    requant(acc(x, k*W), k*B, s, sh) == rshift((acc(x, W) + B) * (k*s), sh) exactly, and
+    that is within 0.5 + |acc + B| * |k*s/2^sh - r| (+ half-up vs exact rounding) of (acc + B) * r."""
+    from pipeline.backend.kernels import reference
+
+    rng = np.random.default_rng(3)
+    c, kdim, m = 24, 288, 50
+    w8 = rng.integers(-128, 128, (c, kdim)).astype(np.int8)
+    x = rng.integers(-32768, 32768, (kdim, m)).astype(np.int64)
+    w_s = np.exp(rng.uniform(np.log(1e-4), np.log(1e-2), c)).astype(np.float32)
+    d_s, o_s = 3e-4, 2e-2
+    bias_f = rng.normal(0, 0.5, c)
+    k, s, sh = fold.prescale_requant_params(d_s, w_s, o_s, fold.prescale_limit(w8))
+    w16 = fold.prescale_weights(w8, k)
+    b16 = fold.fold_bias_i16(bias_f, d_s, w_s, c, k)
+    acc = w8.astype(np.int64) @ x                                   # [C, M]
+    acc_k = w16.astype(np.int64) @ x
+    np.testing.assert_array_equal(acc_k, acc * k[:, None])          # acc' = k * acc, exact
+    out = reference.requantize(acc_k, b16, s, sh, np.int16).astype(np.int64)
+    b = np.rint(bias_f / (d_s * w_s.astype(np.float64))).astype(np.int64)
+    total = acc + b[:, None]
+    direct = reference.rshift(total * (k * s.astype(np.int64))[:, None], sh.astype(np.int64)[:, None])
+    np.testing.assert_array_equal(out, np.clip(direct, -32768, 32767))
+    r = fold.rescale(d_s, w_s, o_s)[:, None]
+    unsat = np.abs(direct) < 32767
+    approx = np.abs(total * (k * s / 2.0**sh)[:, None] - total * r)
+    assert np.all((np.abs(out - total * r) <= 0.5 + approx + 1e-9)[unsat])
+    assert unsat.mean() > 0.5 and np.abs(out[unsat]).max() > 5000   # a real int16 range

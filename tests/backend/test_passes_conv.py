@@ -129,14 +129,31 @@ def test_conv_i16(weight_dtype):
     assert call.kernel == "mmalib_conv2d_i16"
     assert [str(p.dtype) for p in call.prim.params] == ["int16", "int16", "int64", "uint8", "uint8", "int16"]
     d_s, _, w, w_s, o_s, _ = _conv_consts(flow.mod)
-    np.testing.assert_array_equal(call.const(1), w.astype(np.int16))     # widened when int8
-    expected = np.rint(_bias_of(flow.mod) / (d_s * w_s.astype(np.float64)))
+    k, scale, shift = _prescale_of(call, w)
+    if weight_dtype == "int16":
+        assert str(w.dtype) == "int16" and k.tolist() == [1] * 16                # full range: no pre-scale
+    else:                                                                    # widened int8, pre-scaled
+        assert str(w.dtype) == "int8" and np.all((k >= 1) & (k <= 256)) and k.max() > 1
+    np.testing.assert_array_equal(call.const(1), w.astype(np.int16) * k.reshape(-1, 1, 1, 1))
+    expected = np.rint(_bias_of(flow.mod) / (d_s * w_s.astype(np.float64))) * k
     np.testing.assert_array_equal(call.const(2), expected.astype(np.int64))
+    r = d_s * w_s.astype(np.float64) / o_s
+    rel = np.abs(k * scale / 2.0**shift - r) / r
+    assert rel.max() < (1 / 128 if weight_dtype == "int16" else 1e-3)
     (decision,) = log.decisions
     assert (decision.note is not None) == (weight_dtype is None)
+    assert weight_dtype is not None or "pre-scaled" in decision.note
     g = Graph(mod["main"])
     clip = next(g.call(b.var, "relax.clip") for b in g.bindings if g.call(b.var, "relax.clip") is not None)
     assert (int(clip.args[1].value), int(clip.args[2].value)) == (0, 32767)
+
+
+def _prescale_of(call, w):
+    """``(k int64[C], scale, shift)`` of an int16 conv call: ``k = W' / W`` per channel."""
+    w2 = call.const(1).astype(np.int64).reshape(w.shape[0], -1)
+    w1 = w.astype(np.int64).reshape(w.shape[0], -1)
+    k = np.array([w2[c][w1[c] != 0][0] // w1[c][w1[c] != 0][0] for c in range(w.shape[0])])
+    return k, call.const(3).astype(np.int64), call.const(4).astype(np.int64)
 
 
 def _declined(flow, pass_fn=offload_conv2d_i8):
@@ -156,13 +173,27 @@ def test_decline_non_square_stride():
     assert "not square" in _declined(_flow(Conv(stride=(2, 1))))
 
 
-def test_decline_input_zero_point_with_padding():
-    flow = _flow(Conv(act=None), symmetric_activations=False)
-    assert _conv_consts(flow.mod)[1] != 0
-    assert "zero point" in _declined(flow) and "pads with raw 0" in _declined(flow)
-    # Without padding the same asymmetric layer is offloaded (d_zp folded into the bias).
-    flow = _flow(Conv(k=1, padding=0, act=None), symmetric_activations=False)
-    assert [c.kernel for c in offload_calls(offload_conv2d_i8(flow.mod))] == ["mmalib_conv2d_i8"]
+def test_asymmetric_padded_input_is_padded_with_its_zero_point_first():
+    flow = _flow(Conv(k=(3, 5), padding=(1, 2), act=None), symmetric_activations=False)
+    d_zp = _conv_consts(flow.mod)[1]
+    assert d_zp != 0
+    log = OffloadLog()
+    mod = offload_conv2d_i8(flow.mod, log)
+    (call,) = offload_calls(mod)
+    g = Graph(mod["main"])
+    pad = g.call(call.args[0], "relax.nn.pad")                # the kernel reads the padded input
+    assert pad is not None and float(pad.attrs.pad_value) == d_zp
+    assert [int(p) for p in pad.attrs.pad_width] == [0, 0, 0, 0, 1, 1, 2, 2]
+    assert str(pad.ty.dtype) == "int8" and g.call(pad.args[0], "relax.dequantize") is None
+    # C_in, H + 2, W + 4, C_out, KH, KW, strides, and no kernel padding.
+    assert call.scalars == [8, 12, 14, 16, 3, 5, 1, 1, 0, 0, 0, 0]
+    assert tuple(int(d) for d in call.prim.params[0].shape) == (1, 8, 12, 14)
+    (decision,) = log.decisions
+    assert decision.status == "offloaded" and f"zero point {d_zp}" in decision.note
+    # Symmetric (zp 0) and unpadded asymmetric layers keep the kernel's own padding, no pad op.
+    for model, kw in ((Conv(act=None), {}), (Conv(k=1, padding=0, act=None), dict(symmetric_activations=False))):
+        mod = offload_conv2d_i8(_flow(model, **kw).mod)
+        assert "relax.nn.pad" not in _ops(mod) and len(offload_calls(mod)) == 1
 
 
 def test_decline_grouped_int16():

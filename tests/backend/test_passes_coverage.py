@@ -1,8 +1,15 @@
 """Coverage on real architectures (issue 4, item 7), asserted on the offload manifest:
-torchvision MobileNetV2 (int8 and int16) and ResNet-18 with random weights, randomized
-BatchNorm statistics and a few random calibration images, input 1x3x224x224.
+torchvision MobileNetV2 (int8, int16, int8 affine) and ResNet-18 (int8, int8 affine) with
+random weights, randomized BatchNorm statistics and a few random calibration images,
+input 1x3x224x224.
 
-Marked ``slow`` (about 40 s for the three imports): deselect with ``-m 'not slow'``."""
+int8 affine (``symmetric_activations=False``): before the explicit zero-point pad
+(passes/conv.py, deviation (b)) every padded layer with a nonzero input zero point was
+declined: ResNet-18 offloaded 3 of 20 convs (19.8 M of 1814 M MACs), MobileNetV2 34 of 35
+convs and 0 of 17 depthwise convs (269 M of 301 M MACs). Now the coverage is that of the
+symmetric build.
+
+Marked ``slow`` (about 25 s for the five imports): deselect with ``-m 'not slow'``."""
 
 from __future__ import annotations
 
@@ -42,6 +49,23 @@ def resnet18_int8():
     return _manifest(torchvision.models.resnet18)
 
 
+@pytest.fixture(scope="module")
+def mobilenet_v2_int8_affine():
+    return _manifest(torchvision.models.mobilenet_v2, symmetric_activations=False)
+
+
+@pytest.fixture(scope="module")
+def resnet18_int8_affine():
+    return _manifest(torchvision.models.resnet18, symmetric_activations=False)
+
+
+_ZP_PAD_NOTE = "explicitly padded with its zero point"
+
+
+def _zero_point_padded(m):
+    return [e for e in m["layers"] if _ZP_PAD_NOTE in (e.get("note") or "")]
+
+
 def _by(manifest, op):
     return [e for e in manifest["layers"] if e["op"] == op]
 
@@ -77,10 +101,32 @@ def test_mobilenet_v2_int16_coverage(mobilenet_v2_int16):
     assert {e["kernel"] for e in _by(m, "conv2d")} == {"mmalib_conv2d_i16"}
     assert {e["kernel"] for e in _by(m, "residual_add")} == {"c7x_int16_residual_add_relu"}
     assert all("widened" in e["note"] for e in _by(m, "conv2d"))   # int8 weights by default
+    weighted = _by(m, "conv2d") + _by(m, "depthwise_conv2d") + _by(m, "fc")
+    assert all("pre-scaled" in e["note"] for e in weighted)        # ~14-bit requant multiplier
+
+
+def test_mobilenet_v2_int8_affine_coverage(mobilenet_v2_int8_affine):
+    m = mobilenet_v2_int8_affine
+    _check_mobilenet(m)
+    # The stem conv (input zp != 0 after quantizing the image) and all 17 depthwise convs
+    # (input after ReLU6: zp -128) pad; the 1x1 convs do not.
+    padded = _zero_point_padded(m)
+    assert [e["op"] for e in padded] == ["conv2d"] + ["depthwise_conv2d"] * 17
+    assert {e["backend"] for e in padded} == {"mmalib"}
+
+
+def test_resnet18_int8_affine_coverage(resnet18_int8_affine):
+    _check_resnet18(resnet18_int8_affine)
+    padded = _zero_point_padded(resnet18_int8_affine)
+    assert len(padded) == 17 and {e["op"] for e in padded} == {"conv2d"}   # stem + 16 3x3 convs
 
 
 def test_resnet18_int8_coverage(resnet18_int8):
-    m = resnet18_int8
+    _check_resnet18(resnet18_int8)
+    assert _zero_point_padded(resnet18_int8) == []
+
+
+def _check_resnet18(m):
     s = m["summary"]
     assert s["by_op"]["conv2d"] == {"layers": 20, "offloaded": 20}
     assert s["by_op"]["residual_add"] == {"layers": 8, "offloaded": 8}

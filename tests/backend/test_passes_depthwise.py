@@ -78,7 +78,31 @@ def test_depthwise_i16_3x3(weight_dtype):
     (call,) = offload_calls(mod)
     assert call.kernel == "mmalib_depthwise_conv2d_i16"
     assert [str(p.dtype) for p in call.prim.params] == ["int16", "int16", "int64", "uint8", "uint8", "int16"]
-    np.testing.assert_array_equal(call.const(1), _weight(flow.mod).reshape(-1).astype(np.int16))
+    w = _weight(flow.mod).astype(np.int64).reshape(16, 9)
+    w2 = call.const(1).astype(np.int64).reshape(16, 9)
+    k = np.array([w2[c][w[c] != 0][0] // w[c][w[c] != 0][0] for c in range(16)])
+    # Full-range int16 weights pass as they are; int8 ones are widened and pre-scaled by k[c].
+    assert (k.max() == 1) == (weight_dtype == "int16") and np.all((k >= 1) & (k <= 256))
+    np.testing.assert_array_equal(w2, w * k[:, None])
+    assert np.all(np.abs(w2) <= 32768)
+
+
+def test_depthwise_i8_asymmetric_padded_input_is_offloaded_after_a_zero_point_pad():
+    flow = _flow(3, 2, symmetric_activations=False)
+    log = OffloadLog()
+    mod = offload_depthwise_conv2d_i8(flow.mod, log)
+    (call,) = offload_calls(mod)
+    g0 = Graph(flow.mod["main"])
+    conv = next(b.value for b in g0.bindings if g0.call(b.var, "relax.nn.conv2d") is not None)
+    d_zp = int(const_array(g0.call(conv.args[0], "relax.dequantize").args[2]))
+    assert d_zp != 0
+    pad = Graph(mod["main"]).call(call.args[0], "relax.nn.pad")
+    assert pad is not None and float(pad.attrs.pad_value) == d_zp
+    assert [int(p) for p in pad.attrs.pad_width] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert call.scalars == [16, 14, 14, 3, 3, 2, 2, 0, 0, 0, 0, 16]        # H, W + 2; kernel pads 0
+    assert tuple(int(d) for d in call.prim.params[5].shape) == (1, 16, 6, 6)
+    (decision,) = log.decisions
+    assert decision.status == "offloaded" and "explicitly padded with its zero point" in decision.note
 
 
 def test_depthwise_i16_declines_5x5():

@@ -139,3 +139,22 @@ def test_fc_i16_pads_to_16():
     assert call.kernel == "mmalib_matmul_bias_i16" and call.scalars == [1, 32, 32]
     assert [str(p.dtype) for p in call.prim.params] == ["int16", "int16", "int64", "uint8", "uint8", "int16"]
     assert "N=24 padded to 32" in log.decisions[0].note
+
+
+def test_fc_i16_widened_int8_weights_are_prescaled():
+    flow = _flow(32, 24, dtype="int16")                                 # int8 weights (default)
+    log = OffloadLog()
+    (call,) = offload_calls(offload_fc_i16(flow.mod, log))
+    d_s, _, w, w_s, b, o_s, _ = _params(flow.mod)
+    assert str(w.dtype) == "int8"
+    w2, bias = call.const(1).astype(np.int64), call.const(2)
+    k = np.array([w2[n][w[n] != 0][0] // int(w[n][w[n] != 0][0]) for n in range(24)])
+    np.testing.assert_array_equal(w2[:24], w.astype(np.int64) * k[:, None])
+    assert np.all((k >= 1) & (k <= 256)) and k.max() > 1
+    unit = d_s * w_s.astype(np.float64)
+    np.testing.assert_array_equal(bias[:24], np.rint(b / unit).astype(np.int64) * k)
+    r = unit / o_s
+    approx = k * call.const(3)[:24] / 2.0 ** call.const(4)[:24].astype(np.int64)
+    assert np.all(np.abs(approx - r) / r < 1e-3)
+    assert not w2[24:].any() and not call.const(3)[24:].any()           # padded rows stay 0
+    assert "pre-scaled" in log.decisions[0].note and "N=24 padded to 32" in log.decisions[0].note

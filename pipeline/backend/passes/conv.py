@@ -15,14 +15,27 @@ channel (:func:`~.weighted.fold_weighted`).
 
 Deviations from the reference (documented in the offload log):
 (a) a rescale that ``scale in [1,127], shift in [0,31]`` cannot represent
-declines; (b) a padded layer whose input zero point is not 0 declines (the
-kernel pads with raw 0, not the zero point); (d) int16 activations with int8
-weights widen the weights at compile time.
+declines; (b) a padded layer whose input zero point is not 0 (int8 affine
+activations) gets an explicit zero-point pad before the call, since the kernel
+pads with raw 0 (c7x_kernels.h) while the float model pads with 0.0, i.e.
+with ``d_zp`` in the integer domain::
+
+    x_p = R.nn.pad(x, [0, 0, 0, 0, pt, pb, pl, pr], pad_value=d_zp)   (scalar-path copy kernel)
+    call_tir(kernel, x_p, ..., H_in + pt + pb, W_in + pl + pr, ..., pads 0, 0, 0, 0)
+
+Every window then is full, so the folded ``- d_zp * sum W`` of the bias
+(facts B, "Folding") is exact for border pixels too (recorded as a note);
+(d) int16 activations with int8 weights widen the weights at compile time and
+pre-scale them per channel (:mod:`pipeline.backend.fold`, "pre-scaling").
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+
 import tvm
+from tvm import relax
 
 from .common import const, Decline, Graph, Offload, TensorArg, dequantize_of, emit_activation, offload_primfunc, run_pass, static_shape
 from .log import OffloadLog
@@ -64,6 +77,46 @@ class ConvGeometry:
         """True if any side is padded."""
         return any(self.pads)
 
+    def explicitly_padded(self) -> "ConvGeometry":
+        """The same conv on its input padded beforehand: ``H_in + pt + pb``,
+        ``W_in + pl + pr``, no padding; the output shape is unchanged."""
+        top, bottom, left, right = self.pads
+        g = copy.copy(self)
+        n, c, h, w = self.x_shape
+        g.x_shape, g.pads = (n, c, h + top + bottom, w + left + right), (0, 0, 0, 0)
+        return g
+
+
+@dataclass(frozen=True)
+class ZeroPointPad:
+    """An explicit ``R.nn.pad`` of the integer input with its zero point (deviation (b)).
+
+    ``pads`` = (top, bottom, left, right) of the conv; ``zp`` the input zero point."""
+
+    pads: tuple[int, int, int, int]
+    zp: int
+
+    @property
+    def note(self) -> str:
+        """Manifest note."""
+        return (f"input explicitly padded with its zero point {self.zp} (t,b,l,r = "
+                f"{','.join(map(str, self.pads))}) before the call; kernel padding 0")
+
+    def emit(self, ctx, x, name: str):
+        """Bind ``pad(x)`` (NCHW, constant ``zp``) to ``name`` and return the variable."""
+        top, bottom, left, right = self.pads
+        return ctx.emit(relax.op.nn.pad(ctx.remap(x), [0, 0, 0, 0, top, bottom, left, right],
+                                        pad_value=float(self.zp)), name)
+
+
+def kernel_geometry(g: ConvGeometry, d_zp: int) -> tuple[ConvGeometry, ZeroPointPad | None]:
+    """``(geometry the kernel is called with, explicit pad or None)``: a padded
+    conv whose input zero point is not 0 is padded beforehand with the zero point
+    and called with zero padding; otherwise the kernel pads (raw 0 = zero point 0)."""
+    if d_zp == 0 or not g.pads_any:
+        return g, None
+    return g.explicitly_padded(), ZeroPointPad(g.pads, int(d_zp))
+
 
 def conv_geometry(chain: WeightedChain) -> ConvGeometry | str:
     """Geometry of the chain's conv2d, or why it has no offload kernel at all."""
@@ -84,16 +137,14 @@ def conv_geometry(chain: WeightedChain) -> ConvGeometry | str:
 
 
 def check_common(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
-    """Checks shared by conv and depthwise: quantization, zero-point padding,
-    weights, bias, fused users. Returns ``(data_dq, weights, bias)`` or a reason."""
+    """Checks shared by conv and depthwise: quantization, weights, bias, fused
+    users. Returns ``(data_dq, weights, bias)`` or a reason. (A padded input
+    with a zero point is not a reason: see :func:`kernel_geometry`.)"""
     conv = chain.op
     data = dequantize_of(graph, conv.args[0])
     reason = quant_reason(data, chain.out, dtype) or fused_users_reason(graph, chain)
     if reason:
         return reason
-    if data.z != 0 and g.pads_any:
-        return (f"input zero point {data.z} with padding {list(g.pads)} "
-                "(the kernel pads with raw 0, not the zero point)")
     weights = weights_of(dequantize_of(graph, conv.args[1]), g.c_out)
     if isinstance(weights, str):
         return weights
@@ -107,12 +158,14 @@ def check_common(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str
 
 
 def conv_offload(chain: WeightedChain, op: str, dtype: str, kernel: str, data, folded,
-                 w_arg: TensorArg, scalars: list[int]) -> Offload:
-    """The :class:`Offload` of a conv-like layer: ``call_tir`` on
-    ``[x, W, bias, scale, shift]`` (W reshaped to ``w_arg.shape``) plus the
-    fused activation's integer clip; ``scalars`` are the extern's int32 args."""
+                 w_arg: TensorArg, scalars: list[int], kg: ConvGeometry,
+                 pad: ZeroPointPad | None = None) -> Offload:
+    """The :class:`Offload` of a conv-like layer: [zero-point ``pad``, then]
+    ``call_tir`` on ``[x, W, bias, scale, shift]`` (W reshaped to ``w_arg.shape``)
+    plus the fused activation's integer clip. ``kg``: the geometry the kernel
+    sees (:func:`kernel_geometry`); ``scalars``: the extern's int32 args."""
     out_shape = static_shape(chain.anchor)
-    tensors = [TensorArg("data", static_shape(data.data), dtype), w_arg,
+    tensors = [TensorArg("data", kg.x_shape, dtype), w_arg,
                TensorArg("bias", folded.bias.shape, str(folded.bias.dtype)),
                TensorArg("scale", folded.scale.shape, "uint8"),
                TensorArg("shift", folded.shift.shape, "uint8"),
@@ -123,10 +176,12 @@ def conv_offload(chain: WeightedChain, op: str, dtype: str, kernel: str, data, f
     out = chain.out
 
     def build(ctx):
-        res = ctx.call_offload(prim, [data.data, *consts], out_shape, dtype)
+        x = data.data if pad is None else pad.emit(ctx, data.data, f"{chain.name}_zp_pad")
+        res = ctx.call_offload(prim, [x, *consts], out_shape, dtype)
         return emit_activation(ctx, res, chain.act, out.s, out.z, dtype, f"{ctx.func_name}_out")
 
-    return Offload(chain.name, op, dtype, kernel, build, folded.note)
+    notes = [n for n in (folded.note, pad.note if pad else None) if n]
+    return Offload(chain.name, op, dtype, kernel, build, "; ".join(notes) or None)
 
 
 def _conv_planner(dtype: str):
@@ -161,12 +216,13 @@ def _conv_planner(dtype: str):
         if isinstance(folded, str):
             return decline(folded)
         kernel = f"mmalib_conv2d_{suffix}" if groups == 1 else "mmalib_conv2d_i8_grouped_loop"
-        kh, kw = g.kernel
-        scalars = [g.c_in, g.x_shape[2], g.x_shape[3], g.c_out, kh, kw, *g.strides, *g.pads]
+        kg, pad = kernel_geometry(g, data.z)
+        kh, kw = kg.kernel
+        scalars = [kg.c_in, kg.x_shape[2], kg.x_shape[3], kg.c_out, kh, kw, *kg.strides, *kg.pads]
         if groups > 1:
             scalars.append(groups)
         w_arg = TensorArg("weight", tuple(folded.w.shape), dtype)
-        return conv_offload(chain, op, dtype, kernel, data, folded, w_arg, scalars)
+        return conv_offload(chain, op, dtype, kernel, data, folded, w_arg, scalars, kg, pad)
 
     return planner
 
@@ -184,8 +240,10 @@ def offload_conv2d_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.I
 
 def offload_conv2d_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
     """int16 conv2d, groups = 1, all zero points 0 -> ``mmalib_conv2d_i16``
-    (in/w/out int16, bias int64; int8 weights are widened)."""
+    (in/w/out int16, bias int64; int8 weights are widened and pre-scaled per channel,
+    :mod:`pipeline.backend.fold` "pre-scaling")."""
     return run_pass(mod, log, "conv2d_i16", _conv_planner("int16"))
 
 
-__all__ = ["offload_conv2d_i8", "offload_conv2d_i16", "conv_geometry", "ConvGeometry"]
+__all__ = ["offload_conv2d_i8", "offload_conv2d_i16", "conv_geometry", "kernel_geometry",
+           "ConvGeometry", "ZeroPointPad"]

@@ -8,8 +8,10 @@ Pattern: the conv pattern of :mod:`.conv` with ``groups == C_in`` and weight
 
 Eligibility (facts B): square kernel 3, 5 or 7; stride 1 or 2 (square),
 stride 2 only for kernels <= 5; dilation 1; N = 1; no channel multiplier;
-int16: 3x3 only and all zero points 0. Folding and deviations (a), (b), (d)
-as in :mod:`.conv`. The weight is passed flat in natural (C, KH, KW) order.
+int16: 3x3 only and all zero points 0. Folding and deviations (a), (b)
+(explicit zero-point pad of an asymmetric padded input), (d) (int16 weight
+pre-scaling) as in :mod:`.conv`. The weight is passed flat in natural
+(C, KH, KW) order.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import tvm
 
 from .common import Decline, Graph, TensorArg, dequantize_of, run_pass, static_shape
-from .conv import CONV_OPS, check_common, conv_geometry, conv_offload
+from .conv import CONV_OPS, check_common, conv_geometry, conv_offload, kernel_geometry
 from .log import OffloadLog
 from .weighted import fold_weighted, match_chain
 
@@ -68,12 +70,13 @@ def _dw_planner(dtype: str):
         folded = fold_weighted(weights, bias, data, chain.out, dtype)
         if isinstance(folded, str):
             return decline(folded)
-        kh, kw = g.kernel
-        c = g.c_in
-        scalars = [c, g.x_shape[2], g.x_shape[3], kh, kw, *g.strides, *g.pads, c]
+        kg, pad = kernel_geometry(g, data.z)
+        kh, kw = kg.kernel
+        c = kg.c_in
+        scalars = [c, kg.x_shape[2], kg.x_shape[3], kh, kw, *kg.strides, *kg.pads, c]
         w_arg = TensorArg("weight", (c * kh * kw,), dtype)
         return conv_offload(chain, "depthwise_conv2d", dtype, f"mmalib_depthwise_conv2d_{suffix}",
-                            data, folded, w_arg, scalars)
+                            data, folded, w_arg, scalars, kg, pad)
 
     return planner
 
@@ -90,5 +93,5 @@ def offload_depthwise_conv2d_i8(mod: tvm.IRModule, log: OffloadLog | None = None
 
 def offload_depthwise_conv2d_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
     """int16 depthwise 3x3 conv2d, zero points 0 -> ``mmalib_depthwise_conv2d_i16``
-    (int16 data/weights, int64 bias; int8 weights are widened)."""
+    (int16 data/weights, int64 bias; int8 weights are widened and pre-scaled per channel)."""
     return run_pass(mod, log, "depthwise_conv2d_i16", _dw_planner("int16"))

@@ -18,7 +18,8 @@ Deviations from the reference: (a) unrepresentable rescale declines;
 get zero rows (the padded outputs are exactly 0; the header allows scale 0),
 the kernel writes ``[..., N_pad]`` and
 ``R.strided_slice`` takes the first N (recorded as a note); K not a multiple
-still declines. (d) int16 with int8 weights widens W. The reference has no
+still declines. (d) int16 with int8 weights widens W and pre-scales each row by
+``k[n]`` in [1, 256] (``k*scale/2^shift`` multiplier, :mod:`pipeline.backend.fold`). The reference has no
 ReLU variant for FC; a fused ReLU / clip here becomes the same integer clip
 as for conv (exact, see :class:`~.common.Activation`).
 """
@@ -156,5 +157,6 @@ def offload_fc_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRMod
 
 def offload_fc_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
     """int16 fully connected, zero points 0 -> ``mmalib_matmul_bias_i16``
-    (int16 in/w/out, int64 bias; multiples of 16; int8 weights are widened)."""
+    (int16 in/w/out, int64 bias; multiples of 16; int8 weights are widened and pre-scaled
+    per channel, :mod:`pipeline.backend.fold` "pre-scaling")."""
     return run_pass(mod, log, "fc_i16", _fc_planner("int16"))

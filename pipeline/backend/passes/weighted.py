@@ -170,7 +170,8 @@ def weight_dtype_reason(w: np.ndarray, dtype: str) -> str | None:
 
 @dataclass
 class Folded:
-    """Kernel constants of a weighted layer: weights (widened for int16), bias, scale, shift."""
+    """Kernel constants of a weighted layer: weights (widened, and for int8 weights
+    pre-scaled, for int16), bias, scale, shift."""
 
     w: np.ndarray
     bias: np.ndarray
@@ -179,27 +180,54 @@ class Folded:
     note: str | None = None
 
 
-def fold_weighted(weights: Weights, bias: np.ndarray | None, data: QDQ, out: QDQ, dtype: str) -> Folded | str:
-    """Fold a matched layer into kernel constants or return why it cannot be.
+#: Manifest note of an int16 layer whose int8 weights were widened and pre-scaled.
+PRESCALE_NOTE = ("int8 weights widened to int16 and pre-scaled per output channel by k in [1,256] "
+                 "(bias scaled by k too): requant multiplier k*scale/2^shift instead of scale/2^shift")
 
-    int8 (facts B "Folding"): ``bias_i32 = round(b/(d_s w_s)) - d_zp sum W
-    + round(o_zp o_s/(d_s w_s))``. int16 ("int16 folding"): ``bias_i64 =
-    round(b/(d_s w_s))``; int8 weights are widened to int16 here (deviation
-    (d): exact, doubles the weight memory). Scale/shift from
-    :func:`fold.requant_params` (deviation (a): no silent 1/0 fallback).
-    """
+
+def _fold_i8(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded | str:
+    """int8 (facts B "Folding"): ``bias_i32 = round(b/(d_s w_s)) - d_zp sum W + round(o_zp o_s/(d_s w_s))``."""
     rq = fold.requant_params(data.s, weights.scale, out.s)
     if isinstance(rq, str):
         return rq
-    note = None
-    if dtype == "int8":
-        b = fold.fold_bias_i8(bias, data.s, data.z, weights.q, weights.scale, out.s, out.z)
-        w = weights.q
-    else:
-        b = fold.fold_bias_i16(bias, data.s, weights.scale, weights.q.shape[0])
-        w = weights.q.astype(np.int16)
-        if weights.q.dtype == np.int8:
-            note = "int8 weights widened to int16 at compile time"
+    b = fold.fold_bias_i8(bias, data.s, data.z, weights.q, weights.scale, out.s, out.z)
+    return b if isinstance(b, str) else Folded(weights.q, b, rq[0], rq[1])
+
+
+def _fold_i16_full(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded | str:
+    """int16 with int16 weights (facts B "int16 folding"): ``bias_i64 = round(b/(d_s w_s))``."""
+    rq = fold.requant_params(data.s, weights.scale, out.s)
+    if isinstance(rq, str):
+        return rq
+    b = fold.fold_bias_i16(bias, data.s, weights.scale, weights.q.shape[0])
+    return b if isinstance(b, str) else Folded(weights.q.astype(np.int16), b, rq[0], rq[1])
+
+
+def _fold_i16_prescaled(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded | str:
+    """int16 with int8 weights: widen and pre-scale by ``k[c]`` (fold module docstring):
+    ``W' = k W``, ``bias_i64 = round(b/(d_s w_s)) * k``, ``k*scale/2^shift ~= d_s w_s / o_s``."""
+    rq = fold.prescale_requant_params(data.s, weights.scale, out.s, fold.prescale_limit(weights.q))
+    if isinstance(rq, str):
+        return rq
+    k, scale, shift = rq
+    b = fold.fold_bias_i16(bias, data.s, weights.scale, weights.q.shape[0], k)
     if isinstance(b, str):
         return b
-    return Folded(w, b, rq[0], rq[1], note)
+    return Folded(fold.prescale_weights(weights.q, k), b, scale, shift, PRESCALE_NOTE)
+
+
+def fold_weighted(weights: Weights, bias: np.ndarray | None, data: QDQ, out: QDQ, dtype: str) -> Folded | str:
+    """Fold a matched layer into kernel constants or return why it cannot be.
+
+    int8: :func:`_fold_i8` (facts B "Folding"). int16 with int16 weights:
+    :func:`_fold_i16_full` ("int16 folding"). int16 with int8 weights:
+    :func:`_fold_i16_prescaled`: widened to int16 (deviation (d): exact,
+    doubles the weight memory) and pre-scaled per channel for a ~14-bit
+    requantization multiplier (:mod:`pipeline.backend.fold`, "pre-scaling").
+    Scale/shift never silently fall back to 1/0 (deviation (a)).
+    """
+    if dtype == "int8":
+        return _fold_i8(weights, bias, data, out)
+    if weights.q.dtype == np.int8:
+        return _fold_i16_prescaled(weights, bias, data, out)
+    return _fold_i16_full(weights, bias, data, out)
