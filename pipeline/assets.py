@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default="calib_data", type=Path)
     args = ap.parse_args(argv)
     sources = sorted(args.root.glob("*.source.toml"))
+    if not sources:
+        print(f"{args.root}: no *.source.toml set descriptions, nothing to fetch")
     try:
         for s in sources:
             fetch_set(s)

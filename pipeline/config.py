@@ -67,12 +67,6 @@ class WeightsSpec:
     optional: bool = False
     pretrained: bool = True
 
-    @property
-    def sha256_prefix(self) -> str | None:
-        """The hash prefix torchvision puts in checkpoint names, if any."""
-        m = re.search(r"-([0-9a-f]{8,64})\.pth?$", self.file or "")
-        return m.group(1) if m else None
-
 
 @dataclass(frozen=True)
 class PreprocessSpec:
@@ -235,15 +229,21 @@ def _resolve_extends(name: str, raw: dict, seen: tuple = ()) -> dict:
                        {k: v for k, v in data.items() if k != "extends"})
 
 
+# Tables an extending entry replaces as a whole: a new checkpoint must not
+# inherit the base's file name, hash prefix or registry package.
+_REPLACED_TABLES = {"weights"}
+
+
 def _deep_merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        mergeable = isinstance(v, dict) and isinstance(out.get(k), dict) and k not in _REPLACED_TABLES
+        out[k] = _deep_merge(out[k], v) if mergeable else v
     return out
 
 
 _TOP_KEYS = {"builder", "builder_kwargs", "input_shape", "dtype", "preprocess", "weights",
-             "calibration", "quantizer", "codegen", "evaluation", "description"}
+             "calibration", "quantizer", "codegen", "evaluation", "description", "extends"}
 
 
 def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
@@ -251,7 +251,7 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     def fail(msg: str):
         raise ConfigError(f"{path} (model {name!r}): {msg}")
 
-    unknown = set(data) - _TOP_KEYS
+    unknown = set(data) - _TOP_KEYS  # ("extends" is resolved before parsing)
     if unknown:
         fail(f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
     builder = data.get("builder")

@@ -38,6 +38,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; artifacts are shared files
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
@@ -74,6 +75,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX + target.name + ".", dir=target.parent))
     try:
         yield tmp
+        _normal_modes(tmp)
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX + "old.", dir=target.parent))
             os.replace(target, old / target.name)
@@ -84,6 +86,23 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _normal_modes(folder: Path) -> None:
+    """mkdtemp/mkstemp make 0700/0600; give the usual umask modes instead."""
+    mask = _umask()
+    folder.chmod(0o777 & ~mask)
+    for p in folder.rglob("*"):
+        if p.is_dir():
+            p.chmod(0o777 & ~mask)
+        elif p.stat().st_mode & 0o777 == 0o600:
+            p.chmod(0o666 & ~mask)
 
 
 def _remove_leftovers(target: Path) -> None:

@@ -84,6 +84,7 @@ class Layout:
     def __init__(self, artifacts: Path, name: str):
         self.dir = artifacts / name
         self.float_pt2 = self.dir / "float.pt2"
+        self.export_json = self.dir / "export.json"
         self.prepared = self.dir / "prepared.pt"
         self.prepared_table = self.dir / "prepared_observers.txt"
         self.calibrated = self.dir / "calibrated.pt"
@@ -166,7 +167,7 @@ class Project:
             "targets": [str(t) for t in targets],
             "uptodate": [config_changed(config)],
             "clean": True,
-            "doc": doc,
+            "doc": doc + (" [skipped by default: weights not found]" if spec.name in self.skipped else ""),
         }
 
     def _payload(self, spec: ModelSpec, **paths) -> dict:
@@ -191,8 +192,8 @@ class Project:
         w = self.weights.get(spec.name)
         cfg = {"builder": spec.builder, "kwargs": spec.builder_kwargs, "shape": spec.input_shape,
                "pretrained": spec.weights.pretrained, **_versions("torch", "torchvision")}
-        return self._task("export", spec, [w] if w else [], [L.float_pt2], cfg,
-                          self._payload(spec, weights=w, out=L.float_pt2),
+        return self._task("export", spec, [w] if w else [], [L.float_pt2, L.export_json], cfg,
+                          self._payload(spec, weights=w, out=L.float_pt2, info=L.export_json),
                           f"export {spec.builder} -> {L.float_pt2.name}")
 
     def _quant_cfg(self, spec):
@@ -265,9 +266,11 @@ class Project:
         images = self._images(spec.evaluation_set)
         cfg = {"preprocess": spec.preprocess.__dict__, "images": [p.name for p in images],
                "calibration_set": spec.calibration.set, "source": spec.calibration.source}
-        return self._task("evaluate", spec, [L.float_pt2, L.quantized_pt2, L.calibration_json, *images],
+        return self._task("evaluate", spec, [L.float_pt2, L.quantized_pt2, L.calibration_json, L.export_json,
+                                             *images],
                           [L.report], cfg,
                           self._payload(spec, float_pt2=L.float_pt2, quantized_pt2=L.quantized_pt2,
+                                        export_info=L.export_json,
                                         calibration=L.calibration_json,
                                         images_dir=self.calib_root / (spec.evaluation_set or ""),
                                         out=L.report),
@@ -290,19 +293,27 @@ class Project:
         for spec in built:
             L = Layout(self.artifacts, spec.name)
             deps += [L.report, L.verify] + [L.codegen_dir(v) / "manifest.json" for v in variants(spec)]
-        payload = {"models": [s.name for s in built], "artifacts": str(self.artifacts),
-                   "skipped": self.skipped, "variants": {s.name: variants(s) for s in built}}
+        payload = self.summary_payload()
         return {"actions": [(run_summary, [payload])], "file_dep": [str(d) for d in deps]
                 + stage_sources_summary(), "targets": [str(self.artifacts / "summary.json")],
                 "uptodate": [config_changed({"models": payload["models"], "skipped": sorted(self.skipped)})],
-                "verbosity": 2, "clean": True, "doc": "print float/quantized accuracy, offload and verify numbers"}
+                "clean": True, "doc": "accuracy, offload and verify numbers of every model (summary.json)"}
+
+    def summary_payload(self) -> dict:
+        """What the summary task and the reporter read (plain data)."""
+        built = self.built()
+        return {"models": [s.name for s in built], "artifacts": str(self.artifacts),
+                "skipped": self.skipped, "variants": {s.name: variants(s) for s in built},
+                "invalid": {e.name: str(e.error) for e in self.entries if isinstance(e, InvalidModel)}}
 
     def doit_config(self) -> dict:
         self.artifacts.mkdir(parents=True, exist_ok=True)  # doit keeps its state DB there
         default = ["summary"] + [f"export:{e.name}" for e in self.entries if isinstance(e, InvalidModel)]
         if os.environ.get("TI_CGT_C7000_PATH"):
             default += [f"cross_compile:{s.name}" for s in self.built()]
-        return {"default_tasks": default, "continue": True,
+        from .console import C7xReporter
+        reporter = type("C7xReporter", (C7xReporter,), {"payload": self.summary_payload()})
+        return {"default_tasks": default, "continue": True, "reporter": reporter,
                 "dep_file": str(self.artifacts / ".doit.db"), "action_string_formatting": "new"}
 
     def namespace(self) -> dict:
@@ -357,9 +368,7 @@ def load_project(models_dir="models", artifacts_dir="artifacts", calib_root="cal
     """Everything a dodo file needs: ``globals().update(load_project("models"))``.
 
     Paths are relative to ``root`` (default: the folder holding ``models_dir``).
-    Prints one line per model the default run skips (optional weights missing).
+    Models the default run skips (optional weights missing) are named in the
+    summary printed at the end of the run.
     """
-    project = Project(models_dir, artifacts_dir, calib_root, root)
-    for name, why in project.skipped.items():
-        print(f"skipping {name}: {why}", file=__import__("sys").stderr)
-    return project.namespace()
+    return Project(models_dir, artifacts_dir, calib_root, root).namespace()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 from .config import ModelSpec
@@ -58,17 +59,19 @@ def missing_weights_message(spec: ModelSpec, root: Path) -> str:
             + "; ".join(f for f in fix if f))
 
 
-def check_weights_hash(spec: ModelSpec, path: Path) -> None:
-    """Check torchvision's sha256 prefix in the file name against the content.
+def check_weights_hash(spec: ModelSpec, path: Path) -> str:
+    """Check torchvision's sha256 prefix in the loaded file's name against its content.
 
-    Raises :class:`WeightsNotFoundError` on a mismatch (a truncated download or
-    a different checkpoint under the expected name).
+    The prefix comes from the name of the file actually loaded (an explicit
+    ``path`` named ``mine.pth`` is not checked). Returns the sha256. Raises
+    :class:`WeightsNotFoundError` on a mismatch (a truncated download or a
+    different checkpoint under a torchvision name).
     """
-    prefix = spec.weights.sha256_prefix
-    if prefix is None:
-        return
     digest = sha256_file(path)
-    if not digest.startswith(prefix):
+    m = re.search(r"-([0-9a-f]{8,64})\.pth?$", path.name)
+    if m and not digest.startswith(m.group(1)):
         raise WeightsNotFoundError(
-            f"model {spec.name!r}: {path} has sha256 {digest[:12]}..., expected prefix {prefix} "
-            f"(from the name {spec.weights.file}); the file is corrupt or a different checkpoint: replace it")
+            f"model {spec.name!r}: {path} has sha256 {digest[:12]}..., but its name promises prefix "
+            f"{m.group(1)}: the file is corrupt or a different checkpoint (re-download it, or rename "
+            f"your own checkpoint so its name carries no torchvision hash)")
+    return digest

@@ -24,6 +24,36 @@ def test_corrupt_and_truncated_and_empty_images_are_named(tmp_path):
         assert ".cpp" not in msg and "\n" not in msg
 
 
+def test_no_decode_is_running_when_the_error_surfaces(tmp_path, monkeypatch):
+    """A decode thread still inside torchvision at interpreter exit aborts the
+    process (SIGABRT): the error is raised only after every started decode ended."""
+    import threading
+    import time
+
+    import pipeline.data.images as images
+    for i in range(12):
+        write_jpeg(tmp_path / f"ok_{i:02d}_{i}.jpg", i, size=160)
+    (tmp_path / "aa_bad_0.jpg").write_bytes(b"not an image")
+    running, lock = [0], threading.Lock()
+    real = images.load_image
+
+    def slow_load(path, transform):
+        with lock:
+            running[0] += 1
+        try:
+            time.sleep(0.02)
+            return real(path, transform)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(images, "load_image", slow_load)
+    with pytest.raises(CalibrationDataError, match="aa_bad_0.jpg"):
+        for _ in images.iter_images(sorted(tmp_path.iterdir()), PreprocessSpec(resize=36, crop=32)):
+            pass
+    assert running[0] == 0
+
+
 def test_empty_calibration_folder_says_what_to_do(tmp_path):
     from pipeline.data.images import select_images
     (tmp_path / "empty").mkdir()
@@ -73,7 +103,7 @@ def _failure_message(run, task):
 ])
 def test_each_bad_model_fails_with_one_clear_line(broken, task, needles):
     _, run = broken
-    assert run.returncode != 0
+    assert run.returncode == 1  # a failure, not a crash (SIGABRT would be -6)
     msg = _failure_message(run, task)
     for n in needles:
         assert n in msg, msg

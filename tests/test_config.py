@@ -33,7 +33,6 @@ def test_defaults_and_roundtrip(tmp_path):
     (spec,) = load_models(write(tmp_path, "m", BASE))
     assert spec.calibration.set == "imagenet20" and spec.calibration.observer == "minmax"
     assert spec.preprocess.crop == 224 and spec.codegen.mmalib
-    assert spec.weights.sha256_prefix == "b0353104"
     assert ModelSpec.from_dict(spec.to_dict()) == spec
 
 
@@ -75,3 +74,13 @@ def test_extends_overrides_and_reports_unknown_base(tmp_path):
     assert e["v16"].dtype == "int16" and e["v16"].calibration.num_images == 5
     assert e["v16"].builder == e["base"].builder
     assert isinstance(e["orphan"], InvalidModel) and "extends unknown model 'nope'" in str(e["orphan"].error)
+
+
+def test_extends_replaces_the_weights_table_as_a_whole(tmp_path):
+    """A variant naming its own checkpoint must not inherit the base's package or file."""
+    base = BASE + 'package = "pkg"\npackage_path = "w/m-b0353104.pth"\n'
+    d = write(tmp_path, "base", base)
+    write(tmp_path, "mine", 'extends = "base"\n[weights]\npath = "ckpt/mine.pth"\n')
+    e = {x.name: x for x in load_models(d)}
+    assert e["mine"].weights.path == "ckpt/mine.pth"
+    assert e["mine"].weights.file is None and e["mine"].weights.package is None

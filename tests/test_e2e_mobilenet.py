@@ -39,7 +39,8 @@ def test_report_float_and_quantized_accuracy(built):
     r8, r16 = load(p, "mobilenet_v2", "report.json"), load(p, "mobilenet_v2_int16", "report.json")
     assert r8["float_top1"] == 18 and r8["labeled"] == 20          # torchvision MobileNetV2 on these 20
     assert r8["quant_top1"] >= 17 and r8["top1_agreement"] >= 19
-    assert "also the calibration images" in r8["note"]
+    assert any("20 of the 20 evaluation images were also calibration images" in n for n in r8["notes"])
+    assert r8["for_deployment"] and r8["weights"]["sha256"].startswith("b0353104")
     # int16 activations keep the logits much closer to float than int8 (measured: 0.21 vs 0.72)
     assert r16["mean_abs_logit_error"] < 0.5 * r8["mean_abs_logit_error"]
     assert "== doit-c7x summary ==" in run.out and "float 18/20" in run.out

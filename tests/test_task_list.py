@@ -29,10 +29,20 @@ def test_list_shows_every_stage_of_every_model_without_torch_or_tvm():
     assert "summary" in names
 
 
-def test_skipped_model_is_announced_in_one_line(tmp_path):
+def test_skipped_model_is_marked_in_list_and_named_in_the_summary(tmp_path):
     """resnet18's weights are on no registry: without them the default run skips it."""
     env = {"TORCH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("skipping")]
-    assert len(lines) == 1 and lines[0].startswith("skipping resnet18: ")
-    assert "resnet18-f37072fd.pth" in lines[0] and str(tmp_path) in lines[0]
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # nothing printed while loading
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("export:resnet18 "))
+    assert "skipped by default: weights not found" in line
+    import os
+    os.environ["TORCH_HOME"] = str(tmp_path)
+    try:
+        from pipeline.stages.summary import render
+        from pipeline.tasks import Project
+        text = render(Project(REPO / "models", artifacts_dir=tmp_path / "art").summary_payload())
+    finally:
+        del os.environ["TORCH_HOME"]
+    skip = [line for line in text.splitlines() if line.startswith("resnet18: skipped")]
+    assert len(skip) == 1 and "resnet18-f37072fd.pth" in skip[0] and str(tmp_path) in skip[0]

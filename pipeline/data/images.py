@@ -80,14 +80,36 @@ def select_images(folder: Path, calib: CalibrationSpec, model: str) -> list[Path
     return files[: calib.num_images] if calib.num_images else files
 
 
+def _decode(path: Path, transform) -> torch.Tensor | CalibrationDataError:
+    """Worker job: the error is returned, not raised, so the pool never dies mid-batch."""
+    try:
+        return load_image(path, transform)
+    except CalibrationDataError as e:
+        return e
+
+
 def iter_images(paths: list[Path], pre: PreprocessSpec, n_jobs: int = 2):
     """Yield preprocessed float32 [3, crop, crop] tensors in ``paths`` order.
 
     Decoding runs ahead in joblib threads (torchvision's decoders release the
-    GIL), so the consumer (calibration, evaluation) overlaps with it."""
+    GIL), so the consumer (calibration, evaluation) overlaps with it. Raises
+    :class:`CalibrationDataError` for the first unreadable file, after the
+    queued decodes finished: a thread still inside torchvision when the
+    interpreter exits aborts the process ("terminate called without an
+    active exception").
+    """
     transform = make_transform(pre)
-    jobs = (joblib.delayed(load_image)(p, transform) for p in paths)
-    yield from joblib.Parallel(n_jobs=n_jobs, prefer="threads", return_as="generator")(jobs)
+    jobs = (joblib.delayed(_decode)(p, transform) for p in paths)
+    with joblib.Parallel(n_jobs=n_jobs, prefer="threads", return_as="generator") as parallel:
+        results = parallel(jobs)
+        try:
+            for r in results:
+                if isinstance(r, CalibrationDataError):
+                    raise r
+                yield r
+        finally:
+            for _ in results:  # let every queued decode finish before leaving
+                pass
 
 
 def load_images(paths: list[Path], pre: PreprocessSpec, desc: str, n_jobs: int = 2) -> torch.Tensor:

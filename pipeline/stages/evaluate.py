@@ -43,14 +43,33 @@ def compare_logits(float_logits: torch.Tensor, quant_logits: torch.Tensor,
     }
 
 
+def report_notes(calib: dict, export: dict, eval_images: list[str], labels: list[int | None],
+                 classes: int) -> list[str]:
+    """Caveats a reader of the numbers must know, one sentence each."""
+    notes = []
+    if calib["source"] != "images":
+        notes.append("NOT FOR DEPLOYMENT: calibrated on random noise, not on real images")
+    if not export["pretrained"]:
+        notes.append("NOT FOR DEPLOYMENT: random-init weights (pretrained = false); accuracy is meaningless")
+    shared = len(set(calib["images"]) & set(eval_images)) if calib["source"] == "images" else 0
+    if shared:
+        notes.append(f"{shared} of the {len(eval_images)} evaluation images were also calibration images: "
+                     f"the numbers measure quantization fidelity, not held-out accuracy")
+    outside = sum(1 for y in labels if y is not None and y >= classes)
+    if outside:
+        notes.append(f"{outside} labels are outside the model's {classes} classes: top-1 is not meaningful")
+    return notes
+
+
 def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibration_json: Path,
-                   images_dir: Path, out: Path) -> dict:
+                   export_json: Path, images_dir: Path, out: Path) -> dict:
     """Run float.pt2 and quantized.pt2 on the evaluation set; write ``report.json``.
 
     Raises :class:`CalibrationDataError` when the model has no labeled set or
     it is empty.
     """
     calib = json.loads(calibration_json.read_text())
+    export = json.loads(export_json.read_text())
     if not spec.evaluation_set:
         raise CalibrationDataError(f"model {spec.name!r}: no [evaluation] set and calibration is "
                                    f"random; set evaluation.set in {spec.source}")
@@ -58,21 +77,20 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
     if not paths:
         raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images")
     x = load_images(paths, spec.preprocess, desc=f"evaluate {spec.name}")
-    result = compare_logits(run_program(float_pt2, x), run_program(quantized_pt2, x),
-                            [label_of(p) for p in paths])
-    overlap = calib["source"] == "images" and calib["set"] == spec.evaluation_set
+    float_logits = run_program(float_pt2, x)
+    labels = [label_of(p) for p in paths]
+    result = compare_logits(float_logits, run_program(quantized_pt2, x), labels)
+    notes = report_notes(calib, export, [p.name for p in paths], labels, float_logits.shape[1])
     report = {
         "model": spec.name,
         "dtype": spec.dtype,
         "weight_dtype": spec.quantizer.weight_dtype or "int8",
         "evaluation_set": spec.evaluation_set,
+        "weights": {k: export[k] for k in ("weights", "sha256", "pretrained")},
         "calibration": {k: calib[k] for k in ("source", "set", "num_images", "observer", "batch_size")},
-        "for_deployment": bool(calib["for_deployment"]),
+        "for_deployment": calib["source"] == "images" and export["pretrained"],
         **result,
-        "note": ("the evaluation images are also the calibration images: these numbers measure "
-                 "quantization fidelity, not held-out accuracy") if overlap else "",
+        "notes": notes,
     }
-    if not calib["for_deployment"]:
-        report["note"] = "NOT FOR DEPLOYMENT: calibrated on random noise, not on real images"
     write_json(out, report)
     return report

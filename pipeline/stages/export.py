@@ -9,6 +9,7 @@ from pathlib import Path
 from .. import torchenv
 from ..config import ModelSpec
 from ..errors import ConfigError, WeightsNotFoundError
+from ..fsutil import write_json
 from ..weights import check_weights_hash
 
 import torch  # noqa: E402  (after torchenv)
@@ -19,11 +20,12 @@ from torch.export import Dim  # noqa: E402
 MAX_BATCH = 1024
 
 
-def build_model(spec: ModelSpec, weights: Path | None, root: Path) -> torch.nn.Module:
+def build_model(spec: ModelSpec, weights: Path | None, root: Path) -> tuple[torch.nn.Module, str | None]:
     """Instantiate ``spec.builder`` and load ``weights`` (``weights_only=True``).
 
-    Returns the module in eval mode. Raises :class:`ConfigError` for an unknown
-    builder, :class:`WeightsNotFoundError` for a checkpoint that does not fit.
+    Returns the module in eval mode and the checkpoint's sha256 (None for a
+    random init). Raises :class:`ConfigError` for an unknown builder,
+    :class:`WeightsNotFoundError` for a checkpoint that does not fit.
     """
     module_name, _, attr = spec.builder.partition(":")
     if str(root) not in sys.path:
@@ -35,25 +37,33 @@ def build_model(spec: ModelSpec, weights: Path | None, root: Path) -> torch.nn.M
                           f"({e}); use 'module:callable', e.g. 'torchvision.models:mobilenet_v2'") from None
     torch.manual_seed(0)  # random-init models (tests) are reproducible
     model = builder(**spec.builder_kwargs)
+    digest = None
     if weights is not None:
-        check_weights_hash(spec, weights)
+        digest = check_weights_hash(spec, weights)
         state = torch.load(weights, map_location="cpu", weights_only=True)
         try:
             model.load_state_dict(state)
         except RuntimeError as e:
             raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "
                                        f"{spec.builder} ({str(e).splitlines()[0]})") from None
-    return model.eval()
+    return model.eval(), digest
 
 
-def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path) -> None:
-    """Export the float model to ``out`` with ``torch.export.save``.
+def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
+                 out_info: Path | None = None) -> dict:
+    """Export the float model to ``out`` with ``torch.export.save``; record the
+    checkpoint actually loaded (path, sha256) in ``out_info`` (JSON).
 
     Input: float32 NCHW ``spec.input_shape``, batch dim dynamic (1..1024).
     """
-    model = build_model(spec, weights, root)
+    model, digest = build_model(spec, weights, root)
+    info = {"model": spec.name, "builder": spec.builder, "pretrained": weights is not None,
+            "weights": str(weights) if weights else None, "sha256": digest}
     example = torch.randn(2, *spec.input_shape[1:])
     with torch.no_grad():
         ep = torch.export.export(model, (example,),
                                  dynamic_shapes=({0: Dim("batch", min=1, max=MAX_BATCH)},))
     torchenv.save_program(ep, out)
+    if out_info is not None:
+        write_json(out_info, info)
+    return info

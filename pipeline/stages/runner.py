@@ -17,7 +17,7 @@ def run(stage: str, payload: dict) -> None:
         from .export import export_model
         from ..weights import resolve_weights
         weights = p["weights"] if payload.get("weights") else resolve_weights(spec, root)
-        export_model(spec, weights, p["out"], root)
+        export_model(spec, weights, p["out"], root, p["info"])
     elif stage == "prepare":
         from .prepare import prepare_model
         prepare_model(spec, p["float_pt2"], p["out"], p["table"])
@@ -42,7 +42,8 @@ def run(stage: str, payload: dict) -> None:
                      {k: (Path(a), Path(b)) for k, (a, b) in payload["builds"].items()}, p["out"])
     elif stage == "evaluate":
         from .evaluate import evaluate_model
-        evaluate_model(spec, p["float_pt2"], p["quantized_pt2"], p["calibration"], p["images_dir"], p["out"])
+        evaluate_model(spec, p["float_pt2"], p["quantized_pt2"], p["calibration"], p["export_info"],
+                       p["images_dir"], p["out"])
     elif stage == "cross_compile":
         from .cross_compile import cross_compile_model
         cross_compile_model(spec, p["codegen_dir"], p["out"])

@@ -36,8 +36,8 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
     n = report["labeled"]
     lines = [f"{name}: {report['dtype']} activations, {report['weight_dtype']} weights; "
              f"{n} labeled images ({report['evaluation_set']})"]
-    if report.get("note"):
-        lines.append(f"  note           {report['note']}")
+    for note in report.get("notes", []):
+        lines.append(f"  note           {note}")
     builds = {r["variant"]: r for r in (verify or {}).get("variants", [])}
     acc = [f"float {report['float_top1']}/{n}", f"PyTorch Q/DQ {report['quant_top1']}/{n}"]
     acc += [f"C {v} {r['accuracy']['top1']}/{n}" for v, r in builds.items()]
@@ -63,22 +63,45 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
     return lines
 
 
-def summarize(payload: dict) -> dict:
-    """Print the summary of ``payload['models']`` and write ``summary.json``."""
+def collect(payload: dict) -> dict:
+    """Per-model JSON artifacts of ``payload['models']`` (None where missing)."""
     art = Path(payload["artifacts"])
-    out, printed = {}, []
+    out = {}
     for name in payload["models"]:
         d = art / name
-        report = _load(d / "report.json")
-        verify = _load(d / "verify.json")
         manifests = {v: _load(d / "c" / v / "manifest.json") for v in payload["variants"][name]}
-        manifests = {k: v for k, v in manifests.items() if v}
-        out[name] = {"report": report, "verify": verify,
-                     "codegen": {k: v["summary"] for k, v in manifests.items()}}
-        printed += model_lines(name, report, verify, manifests)
-    for name, why in payload["skipped"].items():
-        printed.append(f"{name}: skipped ({why})")
-    print("\n".join(["", "== doit-c7x summary =="] + printed
-                    + [f"(per-model details: {art}/<model>/report.json, verify.json, c/<build>/manifest.json)"]))
-    write_json(art / "summary.json", {"models": out, "skipped": payload["skipped"]})
+        out[name] = {"report": _load(d / "report.json"), "verify": _load(d / "verify.json"),
+                     "manifests": {k: v for k, v in manifests.items() if v}}
+    return out
+
+
+def render(payload: dict, failed: dict[str, str] | None = None) -> str:
+    """The text block printed at the end of a run.
+
+    ``failed``: model -> "<stage>: <error>" for models whose task failed in
+    this run (their possibly stale numbers are not shown)."""
+    failed = failed or {}
+    art = Path(payload["artifacts"])
+    lines = ["", "== doit-c7x summary =="]
+    for name, d in collect(payload).items():
+        if name in failed:
+            lines.append(f"{name}: FAILED at {failed[name]}")
+        elif d["report"] is None:
+            lines.append(f"{name}: not built yet")
+        else:
+            lines += model_lines(name, d["report"], d["verify"], d["manifests"])
+            lines.append(f"  files          {art / name}/ (C: c/<build>/, numbers: report.json, verify.json, "
+                         f"c/<build>/manifest.json)")
+    lines += [f"{name}: FAILED ({why})" for name, why in payload.get("invalid", {}).items()]
+    lines += [f"{name}: skipped ({why})" for name, why in payload["skipped"].items()]
+    return "\n".join(lines)
+
+
+def summarize(payload: dict) -> dict:
+    """The summary task: write ``artifacts/summary.json`` (the reporter prints)."""
+    data = collect(payload)
+    out = {name: {"report": d["report"], "verify": d["verify"],
+                  "codegen": {k: v["summary"] for k, v in d["manifests"].items()}}
+           for name, d in data.items()}
+    write_json(Path(payload["artifacts"]) / "summary.json", {"models": out, "skipped": payload["skipped"]})
     return out

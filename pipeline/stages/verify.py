@@ -94,9 +94,10 @@ def pytorch_self_noise(module, x: torch.Tensor, reference: np.ndarray, lsb: floa
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        with warnings.catch_warnings(), torch.backends.mkldnn.flags(enabled=False):
-            warnings.simplefilter("ignore")  # oneDNN's TF32-on-Intel-GPU notice
-            other = run_torch(module, x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # oneDNN's TF32-on-Intel-GPU notice on enter/exit
+            with torch.backends.mkldnn.flags(enabled=False):
+                other = run_torch(module, x)
     finally:
         torch.set_num_threads(threads)
     return lsb_stats(other, reference, lsb)
