@@ -209,6 +209,10 @@ def load_models(models_dir: str | Path) -> list[ModelSpec | InvalidModel]:
             out.append(parse_model(name, path, _resolve_extends(name, raw)))
         except ConfigError as e:
             out.append(InvalidModel(name, path, e))
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a value of the wrong kind
+            out.append(InvalidModel(name, path, ConfigError(
+                f"{path} (model {name!r}): invalid value ({type(e).__name__}: {e}); check the types "
+                f"against the README's model entry reference")))
     return out
 
 
@@ -219,6 +223,8 @@ def _resolve_extends(name: str, raw: dict, seen: tuple = ()) -> dict:
     base_name = data.get("extends")
     if base_name is None:
         return data
+    if not isinstance(base_name, str):
+        raise ConfigError(f"{path}: 'extends' must be the name of another model entry (a string)")
     if base_name in seen or base_name == name:
         raise ConfigError(f"{path}: 'extends' forms a cycle through {base_name!r}")
     if base_name not in raw:
@@ -266,6 +272,9 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     dtype = data.get("dtype", "int8")
     if dtype not in DTYPES:
         fail(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    kwargs = data.get("builder_kwargs", {})
+    if not isinstance(kwargs, dict):
+        fail(f"'builder_kwargs' must be a table, e.g. {{ num_classes = 10 }}, got {kwargs!r}")
 
     weights = _section(fail, data, "weights", WeightsSpec)
     calibration = _section(fail, data, "calibration", CalibrationSpec)
@@ -280,6 +289,8 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         fail(f"quantizer.weight_dtype {quantizer.weight_dtype!r} is not supported; use int8 or int16")
     if quantizer.weight_dtype == "int16" and dtype == "int8":
         fail("quantizer.weight_dtype = 'int16' needs dtype = 'int16'")
+    if quantizer.weight_dtype == "int8":  # the default, spelled out: same model, same tasks
+        quantizer = dataclasses.replace(quantizer, weight_dtype=None)
     if calibration.num_images < 0 or calibration.batch_size < 1:
         fail("calibration.num_images must be >= 0 (0 = all) and calibration.batch_size >= 1")
     if weights.pretrained and not (weights.file or weights.path):
@@ -289,12 +300,17 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     evaluation = data.get("evaluation", {})
     if not isinstance(evaluation, dict) or set(evaluation) - {"set"}:
         fail("[evaluation] accepts only 'set'")
+    evaluation_set = evaluation.get("set", calibration.set)
+    if not isinstance(evaluation_set, str):
+        fail(f"evaluation.set must be a folder name under calib_data/, got {evaluation_set!r}")
+    preprocess = _preprocess(fail, data.get("preprocess", "imagenet"))
+    if shape[1] != 3 or shape[2] != preprocess.crop or shape[3] != preprocess.crop:
+        fail(f"input_shape {shape} does not match the preprocessing, which gives RGB images of "
+             f"[1, 3, {preprocess.crop}, {preprocess.crop}]: set input_shape or preprocess.crop to agree")
     return ModelSpec(
         name=name, source=path, builder=builder, input_shape=tuple(shape), dtype=dtype,
-        builder_kwargs=dict(data.get("builder_kwargs", {})), weights=weights,
-        preprocess=_preprocess(fail, data.get("preprocess", "imagenet")),
-        calibration=calibration, quantizer=quantizer, codegen=codegen,
-        evaluation_set=evaluation.get("set", calibration.set if calibration.source == "images" else None),
+        builder_kwargs=dict(kwargs), weights=weights, preprocess=preprocess,
+        calibration=calibration, quantizer=quantizer, codegen=codegen, evaluation_set=evaluation_set,
     )
 
 
@@ -327,8 +343,17 @@ def _preprocess(fail, value) -> PreprocessSpec:
     if unknown:
         fail(f"unknown key(s) {sorted(unknown)} in preprocess")
     merged = {**IMAGENET_PREPROCESS, **value}
-    if len(merged["mean"]) != 3 or len(merged["std"]) != 3:
-        fail("preprocess mean and std need 3 values (RGB)")
+    for key in ("resize", "crop"):
+        if not isinstance(merged[key], int) or merged[key] <= 0:
+            fail(f"preprocess.{key} must be a positive number of pixels, got {merged[key]!r}")
+    if merged["crop"] > merged["resize"]:
+        fail(f"preprocess.crop ({merged['crop']}) cannot exceed preprocess.resize ({merged['resize']})")
+    for key in ("mean", "std"):
+        v = merged[key]
+        if not (isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) for x in v)):
+            fail(f"preprocess.{key} needs 3 numbers (R, G, B), got {v!r}")
+    if any(x <= 0 for x in merged["std"]):
+        fail(f"preprocess.std must be positive, got {merged['std']}")
     return PreprocessSpec(resize=int(merged["resize"]), crop=int(merged["crop"]),
                           mean=tuple(float(v) for v in merged["mean"]),
                           std=tuple(float(v) for v in merged["std"]))

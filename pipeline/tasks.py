@@ -29,6 +29,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
+from . import stamps
 from .config import InvalidModel, ModelSpec, list_images, load_models
 from .errors import PipelineError, WeightsNotFoundError
 from .weights import missing_weights_message, resolve_weights
@@ -50,7 +51,7 @@ STAGE_CODE = {
     "host_build": ["stages/host_build.py", "backend/host.py", "backend/kernels"],
     "verify": ["stages/verify.py", "backend", "data", "torchenv.py"],
     "evaluate": ["stages/evaluate.py", "stages/convert.py", "data", "torchenv.py"],
-    "cross_compile": ["stages/cross_compile.py"],
+    "cross_compile": ["stages/cross_compile.py", "toolchain.py", "backend/kernels"],
 }
 _CODE_SUFFIXES = (".py", ".c", ".h")
 
@@ -96,6 +97,10 @@ class Layout:
         self.verify = self.dir / "verify.json"
         self.cross = self.dir / "c7x"
 
+    def stamp(self, stage: str) -> Path:
+        """Input stamp of ``stage`` (see pipeline.stamps)."""
+        return self.dir / ".stamps" / f"{stage}.json"
+
     def codegen_dir(self, variant: str) -> Path:
         """Generated C of one build variant ("mmalib" or "scalar")."""
         return self.dir / "c" / variant
@@ -109,17 +114,38 @@ def variants(spec: ModelSpec) -> list[str]:
     return ["mmalib", "scalar"] if spec.codegen.mmalib else ["scalar"]
 
 
-CODEGEN_FILES = ("model.c", "model.h", "tvm_kernels.c", "weights.bin", "manifest.json")
+CODEGEN_FILES = ("model.c", "model.h", "tvm_kernels.c", "weights.bin", "manifest.json", "lowered.py")
 
 
-def run_stage(stage: str, payload: dict):
-    """doit action: run one stage; user-facing errors become a one-line failure."""
+def run_stage(stage: str, payload: dict, stamp: dict | None = None):
+    """doit action: run one stage; user-facing errors become a one-line failure.
+
+    ``stamp`` ({"path", "digest", "deps"}): the stage's input stamp is removed
+    first and rewritten after success (see :mod:`pipeline.stamps`)."""
     from .stages import runner
+    if stamp:
+        stamps.invalidate(stamp["path"])
     try:
         runner.run(stage, payload)
     except PipelineError as e:
         return TaskFailed(f"{stage}: {e}")
+    except Exception as e:  # a bug, or bad input we do not recognise yet: keep the traceback
+        log = _save_traceback(stage, payload, stamp)
+        return TaskFailed(f"{stage}: model {payload['spec']['name']!r}: unexpected {type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''} "
+                          f"(traceback in {log}; please report it)")
+    if stamp:
+        stamps.write_stamp(stamp["path"], stamp["digest"], stamp["deps"])
     return None
+
+
+def _save_traceback(stage: str, payload: dict, stamp: dict | None) -> Path:
+    import traceback
+    base = Path(stamp["path"]).parent.parent if stamp else Path(payload["root"])
+    log = base / "logs" / f"{stage}.traceback.txt"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(traceback.format_exc())
+    return log
 
 
 def _fail_config(message: str):
@@ -160,12 +186,15 @@ class Project:
     # ---- task dictionaries -------------------------------------------------
 
     def _task(self, stage, spec, file_dep, targets, config, payload, doc):
+        deps = [str(p) for p in file_dep] + stage_sources(stage)
+        stamp = {"path": str(Layout(self.artifacts, spec.name).stamp(stage)),
+                 "digest": stamps.config_digest(config), "deps": deps}
         return {
             "name": spec.name,
-            "actions": [(run_stage, [stage, payload])],
-            "file_dep": [str(p) for p in file_dep] + stage_sources(stage),
+            "actions": [(run_stage, [stage, payload, stamp])],
+            "file_dep": deps,
             "targets": [str(t) for t in targets],
-            "uptodate": [config_changed(config)],
+            "uptodate": [config_changed(config), stamps.StampCheck(stamp["path"], stamp["digest"])],
             "clean": True,
             "doc": doc + (" [skipped by default: weights not found]" if spec.name in self.skipped else ""),
         }
@@ -188,11 +217,23 @@ class Project:
             if task is not None:
                 yield task
 
+    def _builder_sources(self, spec) -> list[Path]:
+        """The project's own builder module (e.g. mynets.py next to dodo.py), found by
+        path so nothing is imported; library builders (torchvision) are tracked by version."""
+        parts = spec.builder.partition(":")[0].split(".")
+        base = self.root.joinpath(*parts)
+        if base.with_suffix(".py").is_file():
+            return [base.with_suffix(".py")]
+        if (base / "__init__.py").is_file():
+            return sorted(base.rglob("*.py"))
+        return []
+
     def _export(self, spec, L):
         w = self.weights.get(spec.name)
         cfg = {"builder": spec.builder, "kwargs": spec.builder_kwargs, "shape": spec.input_shape,
                "pretrained": spec.weights.pretrained, **_versions("torch", "torchvision")}
-        return self._task("export", spec, [w] if w else [], [L.float_pt2, L.export_json], cfg,
+        deps = ([w] if w else []) + self._builder_sources(spec)
+        return self._task("export", spec, deps, [L.float_pt2, L.export_json], cfg,
                           self._payload(spec, weights=w, out=L.float_pt2, info=L.export_json),
                           f"export {spec.builder} -> {L.float_pt2.name}")
 
@@ -279,8 +320,11 @@ class Project:
     def _cross_compile(self, spec, L):
         mm = variants(spec)[0]
         cgt = os.environ.get("TI_CGT_C7000_PATH", "")
-        files = [L.codegen_dir(mm) / f for f in CODEGEN_FILES]
-        task = self._task("cross_compile", spec, files, [L.cross / "build.json"],
+        files = self._codegen_targets(spec, L)
+        files = [f for f in files if f.parent == L.codegen_dir(mm)]
+        c_sources = [f.name for f in files if f.suffix == ".c"]
+        from .stages.cross_compile import outputs
+        task = self._task("cross_compile", spec, files, [L.cross / f for f in outputs(spec.name, c_sources)],
                           {"cgt": cgt, "mmalib": os.environ.get("MMALIB_PATH", "")},
                           self._payload(spec, codegen_dir=L.codegen_dir(mm), out=L.cross),
                           "TI cl7x compile of the generated C (needs TI_CGT_C7000_PATH)")

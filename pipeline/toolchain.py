@@ -38,9 +38,11 @@ def find_cgt() -> Path:
         raise ToolchainError(f"{CGT_ENV} is not set: point it at TI's C7000 code generation tools "
                              f"(e.g. /opt/ti/ti-cgt-c7000_5.0.1.LTS) to cross-compile for the C7x")
     cgt = Path(root)
-    if not (cgt / "bin" / "cl7x").is_file():
-        raise ToolchainError(f"{CGT_ENV}={root} has no bin/cl7x: point it at the root of TI's C7000 "
-                             f"code generation tools")
+    for tool in ("cl7x", "ar7x"):
+        exe = cgt / "bin" / tool
+        if not (exe.is_file() and os.access(exe, os.X_OK)):
+            raise ToolchainError(f"{CGT_ENV}={root} has no executable bin/{tool}: point it at the root of "
+                                 f"TI's C7000 code generation tools")
     return cgt
 
 

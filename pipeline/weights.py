@@ -54,7 +54,7 @@ def missing_weights_message(spec: ModelSpec, root: Path) -> str:
     looked = ", ".join(str(p) for p in candidate_paths(spec, root)) or "nowhere (no file/path given)"
     fix = [f"put {w.file} in {torch_hub_checkpoints()}" if w.file else None,
            w.install_hint,
-           f"or set weights.path in {spec.source}"]
+           f"or fix weights.path in {spec.source}" if w.path else f"or set weights.path in {spec.source}"]
     return (f"model {spec.name!r}: weights not found (looked in {looked}); "
             + "; ".join(f for f in fix if f))
 

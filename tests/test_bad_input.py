@@ -60,8 +60,11 @@ def test_empty_calibration_folder_says_what_to_do(tmp_path):
     (tmp_path / "empty" / "README.txt").write_text("no images here")
     with pytest.raises(CalibrationDataError, match=r"model 'm': calibration folder .*empty is missing or holds no"):
         select_images(tmp_path / "empty", CalibrationSpec(), "m")
-    with pytest.raises(CalibrationDataError, match="python -m pipeline.assets"):
+    with pytest.raises(CalibrationDataError, match="add .jpg/.jpeg/.png images there"):
         select_images(tmp_path / "nope", CalibrationSpec(), "m")
+    (tmp_path / "shipped.source.toml").write_text("")  # a set the assets step can fetch
+    with pytest.raises(CalibrationDataError, match="python -m pipeline.assets"):
+        select_images(tmp_path / "shipped", CalibrationSpec(), "m")
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +84,8 @@ def broken(tmp_path_factory):
     (p.root / "models" / "no_weights.toml").write_text(
         (p.root / "models" / "healthy.toml").read_text().replace(
             "pretrained = false", 'file = "tiny-0123abcd.pth"'))
+    (p.root / "models" / "crashy.toml").write_text(
+        (p.root / "models" / "healthy.toml").read_text().replace("tinynets:small_cnn", "tinynets:crashing"))
     run = p.doit("evaluate", env={"TORCH_HOME": str(p.root / "torch_home")})
     return p, run
 
@@ -95,15 +100,18 @@ def _failure_message(run, task):
 
 
 @pytest.mark.parametrize("task, needles", [
-    ("calibrate:bad_jpeg", ["zz_broken_3.jpg: not a readable JPEG/PNG image", "replace or remove the file"]),
-    ("calibrate:no_images", ["calib_data/emptyset is missing or holds no", "add images there"]),
+    ("calibrate:bad_jpeg", ["model 'bad_jpeg': ", "zz_broken_3.jpg: not a readable JPEG/PNG image",
+                            "replace or remove the file"]),
+    ("calibrate:no_images", ["calib_data/emptyset is missing or holds no", "add .jpg/.jpeg/.png images there"]),
     ("*:bad_dtype", ["bad_dtype.toml", "dtype 'int4' is not supported; use one of int8, int16"]),
     ("export:bad_builder", ["bad_builder.toml", "builder 'tinynets:no_such_net' not found"]),
     ("export:no_weights", ["model 'no_weights': weights not found", "tiny-0123abcd.pth", "weights.path"]),
+    ("export:crashy", ["model 'crashy': unexpected RuntimeError: boom inside the builder",
+                       "artifacts/crashy/logs/export.traceback.txt"]),
 ])
 def test_each_bad_model_fails_with_one_clear_line(broken, task, needles):
     _, run = broken
-    assert run.returncode == 1  # a failure, not a crash (SIGABRT would be -6)
+    assert run.returncode in (1, 2)  # doit: task failed / dependency unmet; a crash would be -6 (SIGABRT)
     msg = _failure_message(run, task)
     for n in needles:
         assert n in msg, msg
@@ -118,6 +126,7 @@ def test_failures_leave_no_artifacts_and_healthy_model_builds(broken):
     assert not (art / "no_images" / "calibrated.pt").exists()
     assert not (art / "bad_builder" / "float.pt2").exists()
     assert not (art / "no_weights" / "float.pt2").exists()
+    assert "RuntimeError: boom" in (art / "crashy" / "logs" / "export.traceback.txt").read_text()
     leftovers = [f for f in art.rglob("*") if f.name.startswith(".tmp-")]
     assert leftovers == []
 

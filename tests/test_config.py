@@ -43,7 +43,15 @@ def test_defaults_and_roundtrip(tmp_path):
     (BASE + "[calibration]\nbatch = 4\n", "unknown key(s) ['batch'] in [calibration]"),
     (BASE.replace("[1, 3, 224, 224]", "[2, 3, 224, 224]"), "batch must be 1"),
     ("builder = [", "not valid TOML"),
-    ('builder = "a:b"\ninput_shape = [1, 3, 8, 8]\n', "[weights] needs 'file'"),
+    ('builder = "a:b"\ninput_shape = [1, 3, 8, 8]\npreprocess = { resize = 8, crop = 8 }\n',
+     "[weights] needs 'file'"),
+    ("builder_kwargs = 5\n" + BASE, "'builder_kwargs' must be a table"),
+    ('preprocess = { resize = "big" }\n' + BASE, "preprocess.resize must be a positive number"),
+    ("preprocess = { mean = 0.5 }\n" + BASE, "preprocess.mean needs 3 numbers"),
+    ("preprocess = { std = [0, 1, 1] }\n" + BASE, "preprocess.std must be positive"),
+    ("preprocess = { resize = 40, crop = 32 }\n" + BASE, "does not match the preprocessing"),
+    ('extends = ["x"]\n' + BASE, "'extends' must be the name of another model entry"),
+    (BASE + "[evaluation]\nset = 5\n", "evaluation.set must be a folder name"),
 ])
 def test_invalid_entry_names_file_and_fix(tmp_path, text, needle):
     (entry,) = load_models(write(tmp_path, "bad", text))
@@ -51,6 +59,13 @@ def test_invalid_entry_names_file_and_fix(tmp_path, text, needle):
     msg = str(entry.error)
     assert needle in msg
     assert str(tmp_path / "models" / "bad.toml") in msg
+
+
+def test_spelled_out_defaults_give_the_same_spec(tmp_path):
+    d = write(tmp_path, "a", BASE)
+    write(tmp_path, "b", BASE + '[quantizer]\nweight_dtype = "int8"\n')
+    a, b = load_models(d)
+    assert a.quantizer == b.quantizer and a.evaluation_set == "imagenet20"
 
 
 def test_dtype_misplaced_in_calibration_table_is_rejected(tmp_path):

@@ -65,6 +65,8 @@ def test_commands_follow_ti_flags_and_library_is_built(tmp_path, monkeypatch):
         assert "--silicon_version" not in c
     assert calls[-1].startswith("ar7x rq libnet.lib model.obj tvm_kernels.obj")
     assert (out / "libnet.lib").is_file()
+    from pipeline.stages.cross_compile import outputs
+    assert sorted(outputs("net", ["model.c", "tvm_kernels.c"])) == sorted(p.name for p in out.iterdir())
     assert json.loads((out / "build.json").read_text())["commands"] == info["commands"]
 
 
@@ -75,14 +77,20 @@ def test_missing_toolchain_is_one_clear_line(tmp_path, monkeypatch):
         cross_compile_model(spec(tmp_path), codegen_dir(tmp_path), tmp_path / "c7x")
     assert "TI_CGT_C7000_PATH is not set" in str(e.value) and "\n" not in str(e.value)
     monkeypatch.setenv("TI_CGT_C7000_PATH", str(tmp_path / "nowhere"))
-    with pytest.raises(ToolchainError, match="has no bin/cl7x"):
+    with pytest.raises(ToolchainError, match="has no executable bin/cl7x"):
+        cross_compile_model(spec(tmp_path), codegen_dir(tmp_path), tmp_path / "c7x")
+    cgt = fake_cgt(tmp_path)
+    (cgt / "bin" / "ar7x").chmod(0o644)
+    monkeypatch.setenv("TI_CGT_C7000_PATH", str(cgt))
+    with pytest.raises(ToolchainError, match="has no executable bin/ar7x"):
         cross_compile_model(spec(tmp_path), codegen_dir(tmp_path), tmp_path / "c7x")
 
 
 def test_compiler_error_is_reported_and_leaves_no_output(tmp_path, monkeypatch):
     from pipeline.stages.cross_compile import cross_compile_model
     monkeypatch.setenv("TI_CGT_C7000_PATH", str(fake_cgt(tmp_path, fail_on="tvm_kernels.c")))
-    with pytest.raises(ToolchainError, match=r"cl7x failed \(1\): error #20: identifier x is undefined"):
+    with pytest.raises(ToolchainError,
+                       match=r"cl7x failed on tvm_kernels.c \(exit 1\): error #20: identifier x is undefined"):
         cross_compile_model(spec(tmp_path), codegen_dir(tmp_path), tmp_path / "c7x")
     assert not (tmp_path / "c7x").exists()
 

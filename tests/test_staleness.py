@@ -125,6 +125,19 @@ def test_pipeline_code_change_reruns_its_stage(proj):
     assert_nothing_runs(proj)
 
 
+def test_project_builder_module_change_reruns_export_onward(proj):
+    src = proj.root / "tinynets.py"
+    original = src.read_text()
+    src.write_text(original.replace("nn.Conv2d(16, 32, 1)", "nn.Conv2d(16, 32, 1, bias=False)"))
+    try:
+        run = proj.doit()
+        assert_ran(run, {s: set(MODELS) for s in ALL_STAGES})
+    finally:
+        src.write_text(original)
+    assert_ran(proj.doit(), {s: set(MODELS) for s in ALL_STAGES})
+    assert_nothing_runs(proj)
+
+
 def test_deleted_artifact_reruns_its_task(proj):
     (proj.root / "artifacts" / "tiny_a" / "report.json").unlink()
     run = proj.doit()

@@ -29,3 +29,8 @@ class SmallCNN(nn.Module):
 def small_cnn(classes: int = 10) -> nn.Module:
     """Builder: :class:`SmallCNN` with its (seeded by the export stage) random init."""
     return SmallCNN(classes)
+
+
+def crashing() -> nn.Module:
+    """Builder that fails the way a bug would (tests the unexpected-error path)."""
+    raise RuntimeError("boom inside the builder")

@@ -72,9 +72,12 @@ def select_images(folder: Path, calib: CalibrationSpec, model: str) -> list[Path
     """
     files = list_images(folder)
     if not files:
+        fetchable = folder.with_name(folder.name + ".source.toml").is_file()
+        fix = ("run `python -m pipeline.assets` to fetch it" if fetchable
+               else "add .jpg/.jpeg/.png images there or point calibration.set at another folder")
         raise CalibrationDataError(
             f"model {model!r}: calibration folder {folder} is missing or holds no .jpg/.jpeg/.png "
-            f"images; add images there or run `python -m pipeline.assets` to fetch the shipped set")
+            f"images; {fix}")
     if calib.order == "shuffled":
         random.Random(calib.seed).shuffle(files)
     return files[: calib.num_images] if calib.num_images else files
@@ -88,7 +91,7 @@ def _decode(path: Path, transform) -> torch.Tensor | CalibrationDataError:
         return e
 
 
-def iter_images(paths: list[Path], pre: PreprocessSpec, n_jobs: int = 2):
+def iter_images(paths: list[Path], pre: PreprocessSpec, n_jobs: int = 2, model: str | None = None):
     """Yield preprocessed float32 [3, crop, crop] tensors in ``paths`` order.
 
     Decoding runs ahead in joblib threads (torchvision's decoders release the
@@ -105,15 +108,16 @@ def iter_images(paths: list[Path], pre: PreprocessSpec, n_jobs: int = 2):
         try:
             for r in results:
                 if isinstance(r, CalibrationDataError):
-                    raise r
+                    raise CalibrationDataError(f"model {model!r}: {r}" if model else str(r))
                 yield r
         finally:
             for _ in results:  # let every queued decode finish before leaving
                 pass
 
 
-def load_images(paths: list[Path], pre: PreprocessSpec, desc: str, n_jobs: int = 2) -> torch.Tensor:
+def load_images(paths: list[Path], pre: PreprocessSpec, desc: str, n_jobs: int = 2,
+                model: str | None = None) -> torch.Tensor:
     """All of ``paths`` as one float32 NCHW tensor, behind a progress bar (img/s)."""
-    it = tqdm(iter_images(paths, pre, n_jobs), total=len(paths), desc=desc, unit="img", leave=False,
+    it = tqdm(iter_images(paths, pre, n_jobs, model), total=len(paths), desc=desc, unit="img", leave=False,
               disable=None)  # None: a live bar on a terminal, silent in logs
     return torch.stack(list(it))

@@ -27,7 +27,7 @@ def calibration_batches(spec: ModelSpec, images: list[Path]):
             yield torch.randn(min(cal.batch_size, n - i), *spec.input_shape[1:], generator=gen)
         return
     batch = []
-    for x in iter_images(images, spec.preprocess):
+    for x in iter_images(images, spec.preprocess, model=spec.name):
         batch.append(x)
         if len(batch) == cal.batch_size:
             yield torch.stack(batch)

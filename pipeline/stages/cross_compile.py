@@ -19,12 +19,23 @@ from ..toolchain import archive_command, compile_command, find_cgt
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "backend" / "kernels"
 
 
-def _run(cmd: list[str], model: str, cwd: Path) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+def _run(cmd: list[str], model: str, cwd: Path, what: str) -> None:
+    tool = Path(cmd[0]).name
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    except OSError as e:
+        raise ToolchainError(f"model {model!r}: cannot run {cmd[0]} ({e.strerror})") from None
     if proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout).strip().splitlines()
-        raise ToolchainError(f"model {model!r}: {Path(cmd[0]).name} failed ({proc.returncode}): "
-                             f"{msg[-1] if msg else 'no output'}")
+        lines = [line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+        first_error = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else "")
+        raise ToolchainError(f"model {model!r}: {tool} failed on {what} (exit {proc.returncode}): "
+                             f"{first_error or 'no output'}")
+
+
+def outputs(model: str, c_sources: list[str]) -> list[str]:
+    """File names the stage writes into its folder (doit targets)."""
+    objs = [Path(c).stem + ".obj" for c in c_sources] + ["c7x_kernels_ref.obj"]
+    return ["build.json", f"lib{model}.lib"] + objs
 
 
 def cross_compile_model(spec: ModelSpec, codegen_dir: Path, out: Path) -> dict:
@@ -42,13 +53,13 @@ def cross_compile_model(spec: ModelSpec, codegen_dir: Path, out: Path) -> dict:
             obj = Path(src.stem + ".obj")  # relative: tools run inside the output folder
             cmd = compile_command(cgt, src, obj, includes)
             commands.append(cmd)
-            _run(cmd, spec.name, tmp)
+            _run(cmd, spec.name, tmp, src.name)
             if src.parent == codegen_dir:
                 objects.append(obj)
         lib = Path(f"lib{spec.name}.lib")
         cmd = archive_command(cgt, lib, objects)
         commands.append(cmd)
-        _run(cmd, spec.name, tmp)
+        _run(cmd, spec.name, tmp, lib.name)
         info = {"model": spec.name, "cgt": str(cgt), "commands": commands,
                 "library": lib.name, "objects": [o.name for o in objects]}
         write_json(tmp / "build.json", info)

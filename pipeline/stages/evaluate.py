@@ -76,7 +76,7 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
     paths = list_images(images_dir)
     if not paths:
         raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images")
-    x = load_images(paths, spec.preprocess, desc=f"evaluate {spec.name}")
+    x = load_images(paths, spec.preprocess, desc=f"evaluate {spec.name}", model=spec.name)
     float_logits = run_program(float_pt2, x)
     labels = [label_of(p) for p in paths]
     result = compare_logits(float_logits, run_program(quantized_pt2, x), labels)

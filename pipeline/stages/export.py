@@ -35,18 +35,46 @@ def build_model(spec: ModelSpec, weights: Path | None, root: Path) -> tuple[torc
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"{spec.source} (model {spec.name!r}): builder {spec.builder!r} not found "
                           f"({e}); use 'module:callable', e.g. 'torchvision.models:mobilenet_v2'") from None
-    torch.manual_seed(0)  # random-init models (tests) are reproducible
-    model = builder(**spec.builder_kwargs)
+    model = _instantiate(spec, builder)
     digest = None
     if weights is not None:
         digest = check_weights_hash(spec, weights)
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as e:
-            raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "
-                                       f"{spec.builder} ({str(e).splitlines()[0]})") from None
+        _load_checkpoint(spec, model, weights)
     return model.eval(), digest
+
+
+def _instantiate(spec: ModelSpec, builder) -> torch.nn.Module:
+    fix = f"check 'builder' and 'builder_kwargs' in {spec.source}"
+    torch.manual_seed(0)  # random-init models (tests) are reproducible
+    try:
+        model = builder(**spec.builder_kwargs)
+    except TypeError as e:
+        raise ConfigError(f"model {spec.name!r}: builder {spec.builder!r} cannot be called with "
+                          f"builder_kwargs {spec.builder_kwargs} ({e}); {fix}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"model {spec.name!r}: builder {spec.builder!r} returned a "
+                          f"{type(model).__name__}, not a torch.nn.Module; {fix}")
+    return model
+
+
+def _load_checkpoint(spec: ModelSpec, model: torch.nn.Module, weights: Path) -> None:
+    """Load a plain state_dict file with ``weights_only=True``."""
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError, EOFError, zip errors: all "not a checkpoint"
+        raise WeightsNotFoundError(
+            f"model {spec.name!r}: {weights} is not a loadable state_dict checkpoint "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); save it with "
+            f"torch.save(model.state_dict(), path)") from None
+    if not isinstance(state, dict):
+        raise WeightsNotFoundError(f"model {spec.name!r}: {weights} holds a {type(state).__name__}, "
+                                   f"not a state_dict; save it with torch.save(model.state_dict(), path)")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        detail = " ".join(line.strip() for line in str(e).splitlines()[1:3])[:300]
+        raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "
+                                   f"{spec.builder} ({detail})") from None
 
 
 def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,

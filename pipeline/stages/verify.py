@@ -125,7 +125,7 @@ def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_d
     paths = list_images(images_dir)
     if not paths:
         raise CalibrationDataError(f"model {spec.name!r}: no images in {images_dir} to verify on")
-    x = load_images(paths, spec.preprocess, desc=f"verify {spec.name}")
+    x = load_images(paths, spec.preprocess, desc=f"verify {spec.name}", model=spec.name)
     qdq = torch.export.load(quantized_pt2).module()
     torch_out = run_torch(qdq, x)
     float_out = run_torch(torch.export.load(float_pt2).module(), x)

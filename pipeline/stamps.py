@@ -1,0 +1,82 @@
+"""Input stamps: each stage's outputs record which inputs made them.
+
+doit writes its dependency database only when it exits, so a run killed after
+a stage finished forgets that the stage ran: if the user then undoes the
+change that triggered it, doit's record matches the inputs again while the
+outputs on disk come from the undone inputs, and doit would call them up to
+date. A stamp closes that hole. ``run_stage`` deletes the stage's stamp before
+the stage writes anything and writes a new one (content hashes of every
+``file_dep`` + the config digest) after it succeeded; :class:`StampCheck`, an
+``uptodate`` callable, says "stale" unless the stamp on disk matches the
+current inputs. Whatever the moment of a kill, the stamp is either missing or
+describes exactly the outputs next to it.
+
+A stamp stores (mtime_ns, size, md5) per file, like doit's own MD5 checker,
+so a check hashes only files whose timestamp changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from .fsutil import write_json
+
+
+def config_digest(config: dict) -> str:
+    """md5 of the key-sorted JSON of ``config`` (what doit's config_changed uses)."""
+    return hashlib.md5(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def _md5(path: str) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def invalidate(stamp: str | Path) -> None:
+    """Remove a stage's stamp before it writes outputs."""
+    Path(stamp).unlink(missing_ok=True)
+
+
+def write_stamp(stamp: str | Path, digest: str, deps: list[str]) -> None:
+    """Record the current inputs of a stage that just succeeded (atomic)."""
+    files = {}
+    for dep in sorted(deps):
+        st = os.stat(dep)
+        files[dep] = [st.st_mtime_ns, st.st_size, _md5(dep)]
+    write_json(stamp, {"config": digest, "files": files})
+
+
+class StampCheck:
+    """doit ``uptodate`` callable: True only if the stamp matches the task's
+    current ``file_dep`` contents and config digest."""
+
+    def __init__(self, stamp: str | Path, digest: str):
+        self.stamp = Path(stamp)
+        self.digest = digest
+
+    def __call__(self, task, values) -> bool:
+        try:
+            rec = json.loads(self.stamp.read_text())
+        except (OSError, ValueError):
+            return False
+        if rec.get("config") != self.digest or set(rec.get("files", {})) != set(task.file_dep):
+            return False
+        for dep, (mtime, size, md5) in rec["files"].items():
+            try:
+                st = os.stat(dep)
+            except OSError:
+                return False
+            if st.st_size != size:
+                return False
+            if st.st_mtime_ns != mtime and _md5(dep) != md5:
+                return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"StampCheck({self.stamp.name})"
