@@ -8,18 +8,28 @@ from pathlib import Path
 from .. import torchenv  # noqa: F401
 from ..config import ModelSpec, list_images
 from ..data.images import label_of, load_images
-from ..errors import CalibrationDataError
+from ..errors import CalibrationDataError, UnsupportedOpError
 from ..fsutil import write_json
 
 import torch  # noqa: E402
 
 
-def run_program(pt2: Path, images: torch.Tensor) -> torch.Tensor:
+def single_output(out, model: str) -> torch.Tensor:
+    """The one output tensor of a model call; raises UnsupportedOpError otherwise."""
+    if isinstance(out, (tuple, list)):
+        if len(out) != 1:
+            raise UnsupportedOpError(f"model {model!r} returns {len(out)} outputs; the C7x entry point "
+                                     f"and the reports support one output tensor: return only the logits")
+        out = out[0]
+    return out
+
+
+def run_program(pt2: Path, images: torch.Tensor, model: str = "") -> torch.Tensor:
     """Logits [N, classes] float32 of an exported program, one image at a time
     (the Q/DQ program is exported with batch 1)."""
     module = torch.export.load(pt2).module()
     with torch.no_grad():
-        return torch.cat([module(images[i:i + 1]) for i in range(len(images))])
+        return torch.cat([single_output(module(images[i:i + 1]), model) for i in range(len(images))])
 
 
 def compare_logits(float_logits: torch.Tensor, quant_logits: torch.Tensor,
@@ -77,9 +87,9 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
     if not paths:
         raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images")
     x = load_images(paths, spec.preprocess, desc=f"evaluate {spec.name}", model=spec.name)
-    float_logits = run_program(float_pt2, x)
+    float_logits = run_program(float_pt2, x, spec.name)
     labels = [label_of(p) for p in paths]
-    result = compare_logits(float_logits, run_program(quantized_pt2, x), labels)
+    result = compare_logits(float_logits, run_program(quantized_pt2, x, spec.name), labels)
     notes = report_notes(calib, export, [p.name for p in paths], labels, float_logits.shape[1])
     report = {
         "model": spec.name,

@@ -58,7 +58,8 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
         noise = verify["pytorch_qdq"]["self_noise_1_thread_no_mkldnn"]
         diffs = [f"{v} max {r['vs_pytorch_qdq']['max_lsb']:g}, mean {r['vs_pytorch_qdq']['mean_lsb']:.2f}"
                  for v, r in builds.items()]
-        lines.append(f"  vs Q/DQ ({report['dtype']} LSB) " + " | ".join(diffs)
+        unit = f"{report['dtype']} LSB" if verify.get("output_lsb") else "output units"
+        lines.append(f"  vs Q/DQ ({unit}) " + " | ".join(diffs)
                      + f" | PyTorch vs itself max {noise['max_lsb']:g}, mean {noise['mean_lsb']:.2f}")
     return lines
 

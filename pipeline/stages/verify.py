@@ -37,25 +37,28 @@ class VerificationError(PipelineError):
     """The host C disagrees with the Python reference of the same program."""
 
 
-def output_scale(quantized_pt2: Path) -> float:
-    """Scale of the dequantize feeding the program output (one LSB, in logit units)."""
+def output_scale(quantized_pt2: Path) -> float | None:
+    """Scale of the dequantize feeding the program output (one LSB, in logit
+    units), or None when the model ends in float ops (e.g. a softmax)."""
     ep = torch.export.load(quantized_pt2)
     out = next(n for n in ep.graph.nodes if n.op == "output").args[0][0]
-    if "dequantize_per_tensor" not in str(out.target):
-        raise PipelineError(f"{quantized_pt2}: the output is not dequantized from an integer tensor")
+    if "dequantize_per_tensor" not in str(getattr(out, "target", "")):
+        return None
     return float(out.args[1])
 
 
-def lsb_stats(a: np.ndarray, b: np.ndarray, lsb: float) -> dict:
-    """Differences of two dequantized [N, K] outputs in integer steps of ``lsb``.
+def lsb_stats(a: np.ndarray, b: np.ndarray, lsb: float | None) -> dict:
+    """Differences of two [N, K] outputs: in integer steps of ``lsb`` when the
+    output is dequantized, else in output units (``"unit"`` says which).
 
-    Both are (q - zp) * lsb in float32; rounding each back to its integer
-    before subtracting counts steps exactly (a float quotient of the
-    difference reads a 1-step int16 difference as 1.002)."""
-    d = np.abs(np.rint(a.astype(np.float64) / lsb) - np.rint(b.astype(np.float64) / lsb))
-    return {"max_lsb": round(float(d.max()), 3), "mean_lsb": round(float(d.mean()), 4),
-            "elements_off": int((d > 0.5).sum()), "elements": int(d.size),
-            "top1_agreement": int((a.argmax(1) == b.argmax(1)).sum())}
+    Dequantized outputs are (q - zp) * lsb in float32; rounding each back to
+    its integer before subtracting counts steps exactly (a float quotient of
+    the difference reads a 1-step int16 difference as 1.002)."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    d = np.abs(np.rint(a64 / lsb) - np.rint(b64 / lsb)) if lsb else np.abs(a64 - b64)
+    return {"unit": "lsb" if lsb else "float", "max_lsb": round(float(d.max()), 6),
+            "mean_lsb": round(float(d.mean()), 6), "elements_off": int((d > (0.5 if lsb else 0)).sum()),
+            "elements": int(d.size), "top1_agreement": int((a.argmax(1) == b.argmax(1)).sum())}
 
 
 def accuracy(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
@@ -83,10 +86,11 @@ def verify_variant(variant: str, codegen_dir: Path, exe: Path, images: np.ndarra
             "accuracy": accuracy(host, float_out, labels)}
 
 
-def run_torch(module, x: torch.Tensor) -> np.ndarray:
+def run_torch(module, x: torch.Tensor, model: str = "") -> np.ndarray:
     """Outputs [N, K] of a batch-1 program, one image at a time."""
+    from .evaluate import single_output
     with torch.no_grad():
-        return torch.cat([module(x[i:i + 1]) for i in range(len(x))]).numpy()
+        return torch.cat([single_output(module(x[i:i + 1]), model) for i in range(len(x))]).numpy()
 
 
 def pytorch_self_noise(module, x: torch.Tensor, reference: np.ndarray, lsb: float) -> dict:
@@ -107,10 +111,11 @@ def summary_line(r: dict, noise: dict) -> str:
     """One line per build for the run's summary."""
     ref, pt, acc = r["vs_python_reference"], r["vs_pytorch_qdq"], r["accuracy"]
     n = r["images"]
+    unit = "LSB" if pt["unit"] == "lsb" else "(output units)"
     return (f"[{r['variant']}] C == Python integer reference on {ref['bit_exact_images']}/{n} images; "
-            f"vs PyTorch Q/DQ: max {pt['max_lsb']:g} LSB, mean {pt['mean_lsb']:g} LSB, top-1 agreement "
+            f"vs PyTorch Q/DQ: max {pt['max_lsb']:g}, mean {pt['mean_lsb']:g} {unit}, top-1 agreement "
             f"{pt['top1_agreement']}/{n} (PyTorch vs itself: max {noise['max_lsb']:g}, mean "
-            f"{noise['mean_lsb']:g} LSB); top-1 {acc['top1']}/{acc['labeled']}, agrees with float "
+            f"{noise['mean_lsb']:g}); top-1 {acc['top1']}/{acc['labeled']}, agrees with float "
             f"{acc['top1_agreement_with_float']}/{n}, mean |logit error| vs float "
             f"{acc['mean_abs_logit_error_vs_float']:.4f}")
 
@@ -127,8 +132,8 @@ def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_d
         raise CalibrationDataError(f"model {spec.name!r}: no images in {images_dir} to verify on")
     x = load_images(paths, spec.preprocess, desc=f"verify {spec.name}", model=spec.name)
     qdq = torch.export.load(quantized_pt2).module()
-    torch_out = run_torch(qdq, x)
-    float_out = run_torch(torch.export.load(float_pt2).module(), x)
+    torch_out = run_torch(qdq, x, spec.name)
+    float_out = run_torch(torch.export.load(float_pt2).module(), x, spec.name)
     lsb = output_scale(quantized_pt2)
     noise = pytorch_self_noise(qdq, x, torch_out, lsb)
     labels = [label_of(p) for p in paths]
