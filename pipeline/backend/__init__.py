@@ -9,8 +9,12 @@ Module map (one concept each):
   logs why an ineligible match stays on the scalar path. ``passes.pipeline``
   fixes their order.
 - ``lower``: legalize / fuse / TIR / static memory plan of what is left
-  (TVM's passes), giving the lowered ``main`` the emitter walks.
-- ``emit_c``: lowered module -> ``model.c``/``model.h``/``tvm_kernels.c``/``weights.bin``.
+  (TVM's passes), giving the lowered ``main`` the emitter walks; rejects what
+  static C cannot express with one UnsupportedOpError line naming the op.
+- ``tir_c``: TIR rewrites for TVM's C codegen: float intrinsics -> libm calls
+  (C and LLVM reference alike), float constants -> exact bit patterns.
+- ``emit_c``: lowered module -> ``model.c``/``model.h``/``tvm_kernels.c``/``weights.bin``
+  (+ copies of the two headers: the folder compiles on its own).
 - ``interp``: the Python reference executor of the same lowered module
   (integer kernels from ``kernels.reference``; TVM's own build for scalar-path
   PrimFuncs), bit-exact with the C.

@@ -4,8 +4,10 @@ Steps: :func:`~pipeline.backend.lower.lower_module` (MMALIB offload when on,
 scalar integer rewrites, TVM lowering and static memory plan), the offload
 manifest, then :func:`~pipeline.backend.emit_c.emit`. Output files in
 ``out_dir``: ``model.h``, ``model.c``, ``tvm_kernels.c``, ``weights.bin``
-(``weights_data.c`` too for ``weights_format="c_array"``), ``lowered.py`` (for
-:mod:`.interp`), ``manifest.json``. Deterministic: the same module and options
+(``weights_data.c`` too for ``weights_format="c_array"``), copies of
+``c7x_kernels.h`` and ``c7x_tvm_shim.h`` (the folder compiles with
+``gcc -I<out_dir>`` alone), ``lowered.py`` (for :mod:`.interp`),
+``manifest.json``. Deterministic: the same module and options
 give byte-identical files.
 """
 
@@ -19,7 +21,7 @@ from tvm import relax
 from tvm.ir import GenericConst
 
 from ..fsutil import write_json
-from .emit_c import Quant, emit
+from .emit_c import Quant, check_preprocess, emit
 from .lower import lower_module
 
 MMALIB_OFF_REASON = "mmalib disabled"
@@ -81,7 +83,7 @@ def _manifest(mod: tvm.IRModule, offloaded: tvm.IRModule, log, mmalib: bool) -> 
 
 
 def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: bool = True,
-                  weights_format: str = "bin") -> dict:
+                  weights_format: str = "bin", preprocess: dict | None = None) -> dict:
     """Compile ``mod`` into the static C files listed in the module docstring.
 
     ``mod``: the imported module with params bound (``load_irmodule``), NCHW,
@@ -91,20 +93,32 @@ def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: 
     and replaces the old one atomically). ``mmalib``: offload eligible layers
     to MMALIB/C7x kernels; off = everything on the scalar path (the baseline).
     ``weights_format``: "bin" (weights.bin, loaded by the caller) or
-    "c_array" (also weights_data.c). Returns a summary: ``c_name``,
-    ``layers``, ``layers_offloaded``, ``macs_total``, ``macs_offloaded``,
-    ``arena_bytes``, ``workspace_bytes``, ``weights_bytes``, ``kernels``
-    (distinct PrimFuncs), ``calls``. Raises UnsupportedOpError for a graph the
-    emitter cannot express, ValueError for a bad ``weights_format``.
+    "c_array" (also weights_data.c). ``preprocess``: the model's input
+    preprocessing ``{"resize": int, "crop": int, "mean": [3], "std": [3]}``
+    (``PreprocessSpec`` fields), written to model.h as ``<M>_PREPROCESS_*``;
+    None leaves it out. Returns a summary: ``c_name``, ``layers``,
+    ``layers_offloaded``, ``macs_total``, ``macs_offloaded``, ``arena_bytes``,
+    ``workspace_bytes``, ``weights_bytes``, ``kernels`` (distinct PrimFuncs),
+    ``calls`` (kernel calls per image), ``calls_by_backend`` ({"mmalib",
+    "c7x", "tvm"}: calls) and ``tvm_kernels`` (sorted names of the scalar
+    PrimFuncs called); the manifest summary gets the last two as ``calls``
+    and ``tvm_kernels``. Raises UnsupportedOpError (one line, naming the op)
+    for a graph the emitter cannot express, ValueError for a bad
+    ``weights_format`` or ``preprocess``.
     """
+    if preprocess is not None:
+        check_preprocess(preprocess)  # fail before the slow part
     out_dir = Path(out_dir)
     low = lower_module(mod, mmalib=mmalib)
     manifest = _manifest(mod, low.offloaded, low.offload_log, mmalib)
-    info = emit(low.mod, model_name, out_dir, quant=io_quantization(mod), weights_format=weights_format)
+    info = emit(low.mod, model_name, out_dir, quant=io_quantization(mod), weights_format=weights_format,
+                preprocess=preprocess)
     manifest["summary"].update({k: info[k] for k in ("arena_bytes", "workspace_bytes", "weights_bytes")})
+    manifest["summary"].update(calls=info["calls_by_backend"], tvm_kernels=info["tvm_kernels"])
     write_json(out_dir / "manifest.json", manifest)
     s = manifest["summary"]
     return {"c_name": info["c_name"], "layers": s["layers"], "layers_offloaded": s["layers_offloaded"],
             "macs_total": s["macs_total"], "macs_offloaded": s["macs_offloaded"],
             "arena_bytes": info["arena_bytes"], "workspace_bytes": info["workspace_bytes"],
-            "weights_bytes": info["weights_bytes"], "kernels": info["kernels"], "calls": info["calls"]}
+            "weights_bytes": info["weights_bytes"], "kernels": info["kernels"], "calls": info["calls"],
+            "calls_by_backend": info["calls_by_backend"], "tvm_kernels": info["tvm_kernels"]}

@@ -6,7 +6,8 @@ Files written by :func:`emit` (``<m>`` is the C name of the model):
   float* output)``, ``int <m>_check_weights(const uint8_t* weights, size_t
   nbytes)``, input/output shapes, the quantization of the model's input
   quantize and output dequantize, arena/workspace/weights sizes, the
-  weights.bin CRC-32, and the error codes.
+  weights.bin CRC-32, the error codes and, when given, the input
+  preprocessing (``<M>_PREPROCESS_RESIZE/CROP/MEAN/STD``).
 - ``model.c``: the entry point. One static activation arena laid out by
   TVM's ``StaticPlanBlockMemory`` (each storage at a 64-byte aligned offset),
   one static LIFO workspace serving ``TVMBackendAllocWorkspace`` (no malloc;
@@ -17,19 +18,21 @@ Files written by :func:`emit` (``<m>`` is the C name of the model):
   too: their body calls the extern kernel), with TVM's includes replaced by
   ``c7x_tvm_shim.h`` + ``c7x_kernels.h``. Post-processing, each fixing a
   measured problem of the raw output:
-  * float immediates: TVM prints them with 7 significant digits
-    (``std::scientific``), which is not the float32 the TIR holds (e.g. an
-    output scale 0.014647187665 printed 1.464719e-02f, 2.5 ulp away). Each is
-    replaced by the exact C99 hexadecimal literal of the TIR value;
+  * float immediates and float intrinsics are made exact / valid C by two
+    TIR rewrites run at the end of TVM's pipeline (:mod:`.tir_c`): a float
+    constant TVM would print inexactly (7 digits, ``inff``) becomes
+    ``c7x_f32_bits(<bit pattern>)``, a math intrinsic the libm call;
   * extern kernel calls: TVM discards their int32 status; it is now checked
     (nonzero -> the kernel returns -1, so ``<m>_run`` reports the layer);
-  * TVM's own prototypes of the extern kernels (non-const pointers) are
-    dropped for those of ``c7x_kernels.h``;
+  * TVM's own prototypes of the extern functions are dropped for those of
+    ``c7x_kernels.h`` (const-correct), ``math.h`` and the shim;
   * ``TVMBackend{Alloc,Free}Workspace``, the kernel entry names and TVM's
     ``__tvm_ffi__library_ctx`` are made per-model, so several models link
     into one program.
 - ``weights.bin`` (format in :mod:`.weights_bin`) and, for
   ``weights_format="c_array"``, ``weights_data.c``.
+- ``c7x_kernels.h``, ``c7x_tvm_shim.h``: copies, included with quotes, so the
+  folder compiles on its own (``gcc -I<folder>``).
 - ``lowered.py``: the lowered module as TVMScript with every constant of
   ``main`` lifted to a parameter ``w<i>`` = weights.bin entry ``i``; the
   Python reference executor (:mod:`.interp`) runs it.
@@ -50,8 +53,8 @@ from tvm import relax, tirx
 from tvm.ir import GenericConst
 
 from ..errors import UnsupportedOpError
-from . import weights_bin
-from .lower import is_offload
+from . import tir_c, weights_bin
+from .lower import first_line, is_offload
 
 KERNELS_HEADER = Path(__file__).parent / "kernels" / "c7x_kernels.h"
 SHIM_HEADER = Path(__file__).parent / "kernels" / "c7x_tvm_shim.h"
@@ -65,9 +68,10 @@ _DL_CODE = {"int": "kDLInt", "uint": "kDLUInt", "float": "kDLFloat"}
 # ---------------------------------------------------------------------------
 
 def c_name(model_name: str) -> str:
-    """C identifier prefix for ``model_name`` (non-word characters -> ``_``,
-    ``m_`` prepended if it would start with a digit)."""
-    name = re.sub(r"\W", "_", model_name)
+    """C identifier prefix for ``model_name``: every character outside ASCII
+    ``[A-Za-z0-9_]`` (accented letters too) -> ``_``, ``m_`` prepended if it
+    would start with a digit (or be empty)."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", model_name)
     return "m_" + name if not name or name[0].isdigit() else name
 
 
@@ -245,40 +249,22 @@ class KernelSource:
     workspace: dict[str, int]
 
 
-def _float_literals(host_mod: tvm.IRModule) -> dict[str, str]:
-    """TVM's 7-digit C rendering -> exact C99 hex literal, for every float
-    immediate of the final TIR (read from its TVMScript, which prints them exactly)."""
-    text = host_mod.script(show_meta=False)
-    out: dict[str, str] = {}
-    for bits, lit in re.findall(r"T\.float(32|64)\(([^()]+)\)", text):
-        value = float(lit)
-        if not np.isfinite(value):
-            continue
-        printed = f"{value:e}" + ("f" if bits == "32" else "")
-        exact = hex_literal(value, int(bits))
-        if out.setdefault(printed, exact) != exact:
-            raise UnsupportedOpError(f"two float constants both print as {printed} in TVM's C; cannot restore them")
-    return out
+def _tir_to_c(prims: tvm.IRModule) -> str:
+    """C source of ``prims``: ``tvm.tirx.build(prims, target="c")`` with two
+    passes appended to TVM's default TIR pipeline (:mod:`.tir_c`): the float
+    intrinsics left by ``lower`` as libm calls, and float immediates made
+    exact, the last step before codegen. Asserts are compiled out
+    (``tirx.disable_assert``), as TI's reference does (skip-runtime-checks).
+    Raises UnsupportedOpError naming the kernel TVM fails on."""
+    try:
+        return _build_c(prims)
+    except UnsupportedOpError:
+        raise
+    except Exception as e:  # TVM raises builtin types too (ValueError, TypeError...)
+        raise UnsupportedOpError(_codegen_failure(prims, e)) from None
 
 
-_FLOAT_TOKEN = re.compile(r"(?<![\w.])(-?\d\.\d{6}e[+-]\d{2,3}f?)(?![\w.])")
-
-
-def _fix_floats(src: str, exact: dict[str, str]) -> str:
-    def sub(m):
-        tok = m.group(1)
-        if tok in exact:
-            return exact[tok]
-        if tok.startswith("-") and tok[1:] in exact:  # "-" printed as an operator
-            return "-" + exact[tok[1:]]
-        raise UnsupportedOpError(f"float literal {tok} in TVM's C has no known exact value")
-    return _FLOAT_TOKEN.sub(sub, src)
-
-
-def _tir_to_c(prims: tvm.IRModule) -> tuple[tvm.IRModule, str]:
-    """``tvm.tirx.build(prims, target="c")`` split in two, to also return the
-    final host TIR the C is printed from. Asserts are compiled out
-    (``tirx.disable_assert``), as TI's reference does (skip-runtime-checks)."""
+def _build_c(prims: tvm.IRModule) -> str:
     from tvm.tirx.build import codegen_build, split_host_device_mods
 
     target = tvm.target.Target("c")
@@ -288,12 +274,28 @@ def _tir_to_c(prims: tvm.IRModule) -> tuple[tvm.IRModule, str]:
         host_mod, device = split_host_device_mods(pipeline(mod))
         if any(len(m.functions) for m in device.values()):
             raise UnsupportedOpError("device kernels in a C build")
-        host_mod = finalize_host()(host_mod)
-        src = codegen_build(host_mod, target).inspect_source()
-    return host_mod, src
+        host_mod = tvm.transform.Sequential([
+            tir_c.module_pass(tir_c.libm_calls, "C7xLibmCalls"),
+            finalize_host(),
+            tir_c.module_pass(tir_c.exact_float_constants, "C7xExactFloatConstants"),
+        ])(host_mod)
+        return codegen_build(host_mod, target).inspect_source()
 
 
-_DECL = '#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL {ret} {name}({args});\n'
+def _codegen_failure(prims: tvm.IRModule, e: Exception) -> str:
+    """One-line message for a failed C build: the first kernel that fails on
+    its own (its name lists the fused Relax ops), and TVM's first line."""
+    for gv, func in sorted(prims.functions.items(), key=lambda kv: kv[0].name_hint):
+        try:
+            _build_c(tvm.IRModule({gv: func}))
+        except Exception as one:  # noqa: BLE001 - any failure names this kernel
+            op = re.search(r'name="([\w.]+)"', str(one))
+            why = f"unresolved {op.group(1)}" if op else first_line(one)
+            return (f"TVM's C codegen cannot compile kernel {gv.name_hint} ({why}): it has no static-C "
+                    "lowering; cut the model before this op and run the rest on the host")
+    return f"TVM's C codegen failed: {first_line(e)}"
+
+
 _WS_CALL = re.compile(r"TVMBackendAllocWorkspace\(\d+, \w+, \(uint64_t\)(\d+)ULL, \d+, \d+\)")
 
 
@@ -315,17 +317,18 @@ def kernel_source(mod: tvm.IRModule, prefix: str) -> KernelSource:
     docstring says. Kernel ``f`` becomes ``__tvm_ffi_<prefix>f``."""
     prims = {gv: f.with_attr("global_symbol", prefix + gv.name_hint)
              for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
-    host_mod, src = _tir_to_c(tvm.IRModule(prims))
-    src = _fix_floats(src, _float_literals(host_mod))
+    src = _tir_to_c(tvm.IRModule(prims))
     # TVM's own include lines -> our shim (no TVM header needed).
     src = re.sub(r'#define TVM_EXPORTS\n|#include "tvm/[^"]+"\n|#include <(math|stdbool)\.h>\n', "", src)
     ctx = "void* __tvm_ffi__library_ctx = NULL;\n"
     src = src.replace(ctx, "" if src.count("__tvm_ffi__library_ctx") == 1 else f"static {ctx}")
     src = re.sub(r"\n// CodegenC: NOTE: Auto-generated entry function\n.*?\n}\n", "\n", src, flags=re.S)
+    # TVM's prototypes of the extern functions the shim declares: math.h's
+    # (libm), the shim's float-bits helpers, c7x_kernels.h's (const-correct).
+    declared = "|".join(sorted(tir_c.LIBM_NAMES | {tir_c.F32_BITS, tir_c.F64_BITS, *kernel_names()}))
+    src = re.sub(r'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL \w+ (' + declared + r")\([^)]*\);\n", "", src)
     for k in kernel_names():
-        # Drop TVM's prototype (c7x_kernels.h has the const-correct one) ...
-        src = re.sub(r'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t ' + k + r"\([^)]*\);\n", "", src)
-        # ... and return -1 when the kernel reports an error.
+        # Return -1 when the kernel reports an error.
         src = re.sub(r"^(\s+)(" + k + r"\(.*\));$", r"\1if (\2 != 0) {\n\1  return -1;\n\1}", src, flags=re.M)
         unchecked = [ln for ln in src.splitlines() if re.search(rf"\b{k}\(", ln) and "if (" + k not in ln]
         if unchecked:
@@ -377,12 +380,55 @@ class Quant:
     zero_point: int
 
 
+def c_float(value: float) -> str:
+    """Shortest decimal C literal of a float32 (``0.485f``) that reads back
+    as exactly ``float32(value)``."""
+    return np.format_float_positional(np.float32(value), unique=True, trim="0") + "f"
+
+
+PREPROCESS_KEYS = ("resize", "crop", "mean", "std")
+
+
+def check_preprocess(pre: dict) -> dict:
+    """Validate ``{"resize": int, "crop": int, "mean": [3 numbers], "std": [3
+    numbers]}`` (the model's preprocessing, ``PreprocessSpec`` fields); returns
+    it normalized (ints, float tuples). Raises ValueError naming the bad key."""
+    if set(pre) != set(PREPROCESS_KEYS):
+        raise ValueError(f"preprocess needs exactly the keys {list(PREPROCESS_KEYS)}, got {sorted(pre)}")
+    out = {}
+    for key in ("resize", "crop"):
+        if isinstance(pre[key], bool) or not isinstance(pre[key], (int, np.integer)) or pre[key] <= 0:
+            raise ValueError(f"preprocess[{key!r}] must be a positive int, got {pre[key]!r}")
+        out[key] = int(pre[key])
+    for key in ("mean", "std"):
+        v = list(pre[key])
+        if len(v) != 3 or not all(isinstance(x, (int, float, np.floating, np.integer)) for x in v):
+            raise ValueError(f"preprocess[{key!r}] must be 3 numbers (R, G, B), got {pre[key]!r}")
+        out[key] = tuple(float(x) for x in v)
+    return out
+
+
+def _preprocess_lines(M: str, pre: dict | None) -> list[str]:
+    if pre is None:
+        return []
+    pre = check_preprocess(pre)
+    return ["/* input preprocessing (as calibrated): RGB in [0,1], shorter side resized with bilinear "
+            "antialiasing (torchvision), center crop, normalize, NCHW float32 */",
+            "/* normalize: (x - MEAN[c]) / STD[c] per channel c = R, G, B */",
+            f"#define {M}_PREPROCESS_RESIZE {pre['resize']} /* shorter side, pixels */",
+            f"#define {M}_PREPROCESS_CROP {pre['crop']} /* center crop, pixels */",
+            f"#define {M}_PREPROCESS_MEAN {{{', '.join(c_float(v) for v in pre['mean'])}}} /* R, G, B */",
+            f"#define {M}_PREPROCESS_STD {{{', '.join(c_float(v) for v in pre['std'])}}} /* R, G, B */", ""]
+
+
 def header(m: str, plan: Plan, sizes: dict, crc: int, quant: dict[str, Quant | None],
-           c_array: bool) -> str:
-    """Text of model.h (see the module docstring)."""
+           c_array: bool, preprocess: dict | None = None) -> str:
+    """Text of model.h (see the module docstring). ``preprocess``: see
+    :func:`check_preprocess`; None leaves the PREPROCESS macros out."""
     M = m.upper()
     lines = [f"/* model.h: static C entry of model {m}; generated by doit-c7x, do not edit. */",
              f"#ifndef {M}_MODEL_H", f"#define {M}_MODEL_H", "", "#include <stddef.h>", "#include <stdint.h>", ""]
+    lines += _preprocess_lines(M, preprocess)
     for role, t in (("INPUT", plan.input), ("OUTPUT", plan.output)):
         n = int(np.prod(t.shape))
         lines += [f"/* {role.lower()}: float32, NCHW for images */",
@@ -433,7 +479,7 @@ _ALIGN_MACRO = """/* 64-byte alignment (MMALIB / DMA). GCC and TI's cl7x take th
 
 
 def _runtime_support(m: str, M: str) -> str:
-    """Workspace allocator, weights checks, kernel call helper (C text)."""
+    """Workspace allocator and weights checks (C text)."""
     return f"""
 /* ---- static LIFO workspace: TVMBackendAllocWorkspace without malloc ---- */
 #ifndef {M}_WORKSPACE_LIMIT /* tests may shrink it to provoke {M}_ERR_WORKSPACE */
@@ -497,10 +543,15 @@ int {m}_check_weights(const uint8_t* weights, size_t nbytes) {{
   if ({m}_crc32(weights + {weights_bin.HEADER_SIZE}, nbytes - {weights_bin.HEADER_SIZE}) != {M}_WEIGHTS_CRC32) return {M}_ERR_WEIGHTS;
   return {M}_OK;
 }}
+"""
 
+
+def _call_support(m: str, M: str, max_args: int) -> str:
+    """Kernel call helper and failure code (C text; only when main calls kernels)."""
+    return f"""
 /* ---- kernel calls: TVM packed-function convention, DLTensor pointers ---- */
 static int32_t {m}_call(C7xTvmPackedFunc f, DLTensor* const* t, int32_t n) {{
-  TVMFFIAny args[{{MAX_ARGS}}];
+  TVMFFIAny args[{max_args}];
   TVMFFIAny ret;
   int32_t i;
   for (i = 0; i < n; ++i) {{
@@ -535,12 +586,15 @@ def model_source(m: str, plan: Plan, entries: list, prefix: str) -> str:
            "/* kernels (tvm_kernels.c) */"]
     out += [f"int32_t __tvm_ffi_{prefix}{k}(void* self, void* args, int32_t num_args, void* result);"
             for k in kernels]
-    out += ["", f"/* activations: one arena, offsets from TVM's StaticPlanBlockMemory */",
-            f"static uint8_t {m}_arena[{M}_ARENA_BYTES] C7X_ALIGNED(64);"]
-    out.append(_runtime_support(m, M).replace("{MAX_ARGS}", str(max_args)))
-    out.append("/* ---- tensors ---- */")
     used = {id(t) for _, args in plan.calls for t in args} | {id(plan.input), id(plan.output)}
     tensors = [t for t in plan.tensors if id(t) in used]
+    if any(t.home == "arena" for t in tensors):  # else an unused static (-Wunused-variable)
+        out += ["", "/* activations: one arena, offsets from TVM's StaticPlanBlockMemory */",
+                f"static uint8_t {m}_arena[{M}_ARENA_BYTES] C7X_ALIGNED(64);"]
+    out.append(_runtime_support(m, M))
+    if plan.calls:
+        out.append(_call_support(m, M, max_args))
+    out.append("/* ---- tensors ---- */")
     for t in tensors:
         out.append(f"static int64_t {m}_{t.name}_shape[{max(len(t.shape), 1)}] = {_shape_init(t.shape)};")
         out.append(f"static DLTensor {m}_{t.name} = {{NULL, {{kDLCPU, 0}}, {len(t.shape)}, "
@@ -621,22 +675,47 @@ def lowered_script(mod: tvm.IRModule, plan: Plan) -> str:
 # everything
 # ---------------------------------------------------------------------------
 
+def call_counts(mod: tvm.IRModule, plan: Plan) -> tuple[dict[str, int], list[str]]:
+    """Kernel calls of the lowered ``main`` by backend: ``({"mmalib": n, "c7x":
+    n, "tvm": n}, sorted names of the distinct scalar PrimFuncs called)``.
+    An offload PrimFunc counts for its ``c7x_offload_backend``, any other for "tvm"."""
+    counts = {"mmalib": 0, "c7x": 0, "tvm": 0}
+    scalar = set()
+    for name, _ in plan.calls:
+        func = mod[name]
+        backend = str(func.attrs["c7x_offload_backend"]) if is_offload(func) else "tvm"
+        counts[backend] = counts.get(backend, 0) + 1
+        if backend == "tvm":
+            scalar.add(name)
+    return counts, sorted(scalar)
+
+
+HEADERS = (KERNELS_HEADER, SHIM_HEADER)
+"""Headers copied into every codegen folder, so ``gcc -I<folder>`` suffices."""
+
+
 def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | None = None,
-         weights_format: str = "bin") -> dict:
+         weights_format: str = "bin", preprocess: dict | None = None) -> dict:
     """Write model.h, model.c, tvm_kernels.c, weights.bin (+ weights_data.c
-    for ``weights_format="c_array"``) and lowered.py into ``out_dir``.
+    for ``weights_format="c_array"``), lowered.py and copies of
+    c7x_kernels.h / c7x_tvm_shim.h into ``out_dir``.
 
     ``mod``: output of :func:`pipeline.backend.lower.lower_module` (``.mod``).
     ``quant``: ``{"input": Quant | None, "output": Quant | None}`` for model.h.
+    ``preprocess``: ``{"resize", "crop", "mean", "std"}`` for model.h's
+    PREPROCESS macros (:func:`check_preprocess`), or None.
     Returns ``{"c_name", "arena_bytes", "workspace_bytes", "weights_bytes",
-    "weights_count", "weights_crc32", "kernels", "calls", "workspace_by_kernel"}``.
-    Raises UnsupportedOpError (see :func:`plan_main`), ValueError for an
-    unknown ``weights_format``.
+    "weights_count", "weights_crc32", "kernels", "calls", "calls_by_backend",
+    "tvm_kernels", "workspace_by_kernel"}``. Raises UnsupportedOpError (see
+    :func:`plan_main`), ValueError for an unknown ``weights_format`` or a bad
+    ``preprocess``.
     """
     from ..fsutil import write_bytes, write_text
 
     if weights_format not in ("bin", "c_array"):
         raise ValueError(f"weights_format must be 'bin' or 'c_array', not {weights_format!r}")
+    if preprocess is not None:
+        check_preprocess(preprocess)
     m = c_name(model_name)
     prefix = m + "_"
     plan = plan_main(mod)
@@ -646,14 +725,19 @@ def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | Non
     workspace = max([ks.workspace.get(k, 0) for k in called] + [64])
     sizes = {"arena": plan.arena_bytes, "workspace": workspace, "weights": len(blob)}
     out_dir = Path(out_dir)
-    write_text(out_dir / "model.h", header(m, plan, sizes, crc, quant or {}, weights_format == "c_array"))
+    write_text(out_dir / "model.h", header(m, plan, sizes, crc, quant or {}, weights_format == "c_array",
+                                           preprocess))
     write_text(out_dir / "model.c", model_source(m, plan, entries, prefix))
     write_text(out_dir / "tvm_kernels.c", ks.source)
+    for h in HEADERS:
+        write_text(out_dir / h.name, h.read_text())
     write_bytes(out_dir / "weights.bin", blob)
     if weights_format == "c_array":
         write_text(out_dir / "weights_data.c", weights_array_source(m, blob))
     write_text(out_dir / "lowered.py", lowered_script(mod, plan))
+    by_backend, tvm_kernels = call_counts(mod, plan)
     return {"c_name": m, "arena_bytes": plan.arena_bytes, "workspace_bytes": workspace,
             "weights_bytes": len(blob), "weights_count": len(entries), "weights_crc32": crc,
-            "kernels": len(called), "calls": len(plan.calls),
+            "kernels": len(called), "calls": len(plan.calls), "calls_by_backend": by_backend,
+            "tvm_kernels": tvm_kernels,
             "workspace_by_kernel": {k: ks.workspace.get(k, 0) for k in sorted(called)}}

@@ -79,7 +79,10 @@ def host_command(codegen_dir: Path, exe: Path, rounding: str = "half_up",
     if (codegen_dir / "weights_data.c").exists():
         sources.append(codegen_dir / "weights_data.c")
         defines.append("-DC7X_WEIGHTS_ARRAY")
-    return [gcc, *CFLAGS, *extra_flags, *defines, "-I", str(codegen_dir), "-I", str(KERNELS_DIR),
+    # Only the codegen folder on the include path: it holds its own copies of
+    # c7x_kernels.h / c7x_tvm_shim.h (the harness and reference kernels find
+    # theirs beside them).
+    return [gcc, *CFLAGS, *extra_flags, *defines, "-I", str(codegen_dir),
             "-o", str(exe), *map(str, sources), "-lm"]
 
 

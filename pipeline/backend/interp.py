@@ -26,7 +26,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from . import weights_bin
+from . import tir_c, weights_bin
 from .lower import is_offload
 
 
@@ -145,7 +145,9 @@ class Program:
             if is_offload(f):
                 self.externs[gv.name_hint] = _extern_call(f)
             elif isinstance(f, tirx.PrimFunc):
-                scalar[gv] = f.with_attr("global_symbol", gv.name_hint)
+                # libm_calls: already applied by lower (idempotent); kept so a
+                # hand-written lowered.py computes intrinsics as the C does.
+                scalar[gv] = tir_c.libm_calls(f).with_attr("global_symbol", gv.name_hint)
         self.lib = tvm.tirx.build(tvm.IRModule(scalar), target=llvm_target()) if scalar else None
 
     def run(self, image: np.ndarray) -> np.ndarray:

@@ -2,13 +2,17 @@
 
 Order (each step says why it is there):
 
+0. :func:`check_interface`: one float32 input, one float32 output, static
+   shapes (the C entry's signature), or one UnsupportedOpError line.
 1. ``run_offload`` (only with MMALIB on): eligible Q/DQ patterns become
    ``call_tir`` to offload PrimFuncs. Must run before ``FoldConstant``, or the
    int8 weights are folded back into float32.
 2. ``rewrite_scalar``: the rest of conv/matmul on integers, int8 weights kept
    (passes/scalar.py).
 3. ``LegalizeOps`` with the torch-exact quantize and the forward-fusing
-   dequantize (passes/scalar.py): every Relax op -> PrimFunc.
+   dequantize (passes/scalar.py): every Relax op -> PrimFunc. An op TVM
+   cannot legalize, or one left as a Relax op (``relax.topk``), is reported
+   by name (:func:`check_legalized`); a failing TVM pass by its name.
 4. Offload PrimFuncs get ``op_pattern = kOpaque`` so ``FuseOps`` never fuses
    anything into or around them (``AnnotateTIROpPattern`` keeps an existing
    non-zero pattern).
@@ -25,7 +29,10 @@ Order (each step says why it is there):
    in the same order. Measured on MobileNetV2 (scalar): workspace 9.8 MB ->
    1.25 MB (what is left is the padded input of the largest depthwise conv),
    host time 250 -> 237 ms/image, outputs unchanged.
-8. ``DeadCodeElimination``: drop PrimFuncs no longer called.
+8. :func:`.tir_c.libm_calls` on every scalar PrimFunc: float intrinsics
+   (abs, exp, tanh...) become calls of the libm function, so TVM's C and the
+   interpreter's LLVM build compute them alike (and C codegen knows them all).
+   ``DeadCodeElimination``: drop PrimFuncs no longer called.
 9. ``ToNonDataflow``, ``RemovePurityChecking``, ``CallTIRRewrite``
    (destination-passing calls with explicit ``alloc_tensor``),
    ``StaticPlanBlockMemory`` (storages with offsets; the static arena).
@@ -47,6 +54,8 @@ from tvm import relax, s_tir, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.s_tir.schedule import ScheduleError
 
+from ..errors import PipelineError, UnsupportedOpError
+from . import tir_c
 from .passes.scalar import LEGALIZE_MAP, rewrite_scalar
 
 OFFLOAD_ATTR = "c7x_kernel"
@@ -172,33 +181,164 @@ def _run_offload(mod: tvm.IRModule):
     return run_offload(mod)
 
 
+def _static_shape(ty) -> list[int] | None:
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    dims = list(ty.shape.values)
+    return [int(d) for d in dims] if all(isinstance(d, tirx.IntImm) for d in dims) else None
+
+
+def _producer(main, expr) -> str:
+    """Name of the Relax op whose binding is ``expr`` (through tuples / aliases), else "main"."""
+    bound = {b.var: b.value for block in main.body.blocks for b in block.bindings}
+    for _ in range(len(bound) + 1):
+        if isinstance(expr, relax.Tuple) and len(expr.fields) == 1:
+            expr = expr.fields[0]
+        elif isinstance(expr, relax.Var) and expr in bound:
+            expr = bound[expr]
+        else:
+            break
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+        return expr.op.name
+    return "main"
+
+
+def check_interface(mod: tvm.IRModule) -> None:
+    """Reject a ``main`` the static C entry cannot express, before lowering.
+
+    The entry is ``<m>_run(weights, const float* input, float* output)``:
+    exactly one float32 input and one float32 output, all shapes static.
+    Raises UnsupportedOpError (one line: what, and what to do) otherwise.
+    """
+    main = mod["main"]
+    if len(main.params) != 1:
+        raise UnsupportedOpError(f"main takes {len(main.params)} inputs; the static C entry takes one "
+                                 "float32 tensor: export the model with a single input")
+    x = main.params[0]
+    if str(x.ty.dtype) != "float32" or _static_shape(x.ty) is None:
+        raise UnsupportedOpError(f"model input {x.ty} is not a float32 tensor of static shape: export "
+                                 "it with a fixed input shape (batch 1)")
+    ret = main.ret_ty
+    if isinstance(ret, relax.TupleType) and len(ret.fields) == 1:
+        ret = ret.fields[0]
+    if isinstance(ret, relax.TupleType):
+        raise UnsupportedOpError(f"the model returns {len(ret.fields)} tensors; the static C entry has "
+                                 "one output: return a single tensor (cut the model or concatenate the outputs)")
+    op = _producer(main, main.body.body)
+    if not isinstance(ret, relax.TensorType) or str(ret.dtype) != "float32":
+        dtype = getattr(ret, "dtype", type(ret).__name__)
+        raise UnsupportedOpError(f"the model output is {dtype} (from {op}); the static C entry returns one "
+                                 f"float32 tensor: cut the model before {op} and run it on the host")
+    if _static_shape(ret) is None:
+        raise UnsupportedOpError(f"the model output {ret} (from {op}) has no static shape: export "
+                                 "the model with a fixed input shape")
+
+
+_ALLOWED_AFTER_LEGALIZE = {"relax.call_tir"}
+
+
+def check_legalized(mod: tvm.IRModule) -> None:
+    """After LegalizeOps every op of ``main`` must be a ``call_tir``; an op
+    TVM has no TIR lowering for (``relax.topk``, ``relax.nonzero``...) is
+    rejected by name. Raises UnsupportedOpError."""
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name not in _ALLOWED_AFTER_LEGALIZE:
+                short = v.op.name.split(".")[-1]
+                raise UnsupportedOpError(f"{v.op.name} has no static-C lowering: cut the model before "
+                                         f"{short} and run it on the host")
+
+
+def _alone(call: relax.Call) -> tvm.IRModule:
+    """A module whose main is just ``call`` (its free variables as parameters)."""
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(relax.analysis.free_vars(call))):
+        bb.emit_func_output(bb.emit(call))
+    return bb.get()
+
+
+def _legalize(mod: tvm.IRModule) -> tvm.IRModule:
+    """LegalizeOps with our quantize/dequantize; a failure is reported for the
+    first op of ``main`` (graph order) that fails to legalize on its own."""
+    legalize = relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE_MAP)
+    try:
+        return legalize(mod)
+    except PipelineError:
+        raise
+    except Exception as e:  # TVM raises builtin exception types too
+        op, why = _failing_op(mod, legalize) or ("", e)
+        what = op or "main"
+        raise UnsupportedOpError(f"TVM cannot lower {what} to TIR ({first_line(why)}): cut the "
+                                 "model before it and run it on the host") from None
+
+
+def _failing_op(mod: tvm.IRModule, legalize) -> tuple[str, Exception] | None:
+    """``(op name, its error)`` of the first op call of ``main`` that ``legalize``
+    rejects when it is alone in a module; None if each passes alone."""
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            call = b.value
+            if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
+                continue
+            try:
+                alone = _alone(call)
+            except Exception:  # noqa: BLE001 - cannot isolate it: try the next one
+                continue
+            try:
+                legalize(alone)
+            except Exception as e:  # noqa: BLE001 - any failure names this op
+                return call.op.name, e
+    return None
+
+
+def first_line(e: BaseException) -> str:
+    """First non-empty line of an exception's message (TVM's run to pages)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _tvm_step(name: str, step, mod: tvm.IRModule) -> tvm.IRModule:
+    """Run one TVM pass; its failure becomes one UnsupportedOpError line."""
+    try:
+        return step(mod)
+    except PipelineError:
+        raise
+    except Exception as e:  # TVM raises builtin exception types too
+        raise UnsupportedOpError(f"TVM's {name} failed on this model: {first_line(e)}") from None
+
+
+def _libm_all(mod: tvm.IRModule) -> tvm.IRModule:
+    funcs = {gv: tir_c.libm_calls(f) if isinstance(f, tirx.PrimFunc) and not is_offload(f) else f
+             for gv, f in mod.functions.items()}
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
 def lower_module(mod: tvm.IRModule, *, mmalib: bool = True) -> Lowered:
     """Lower ``mod`` (imported Q/DQ module, params bound as constants).
 
     ``mmalib=True`` runs the MMALIB/C7x offload passes first (ImportError if
-    ``pipeline.backend.passes.pipeline`` is missing). Shapes must be static.
-    Returns :class:`Lowered`. TVM pass failures propagate (``tvm.error.InternalError``).
+    ``pipeline.backend.passes.pipeline`` is missing). ``main`` must take one
+    float32 tensor and return one, static shapes (:func:`check_interface`).
+    Returns :class:`Lowered`. Raises UnsupportedOpError (one line naming the
+    op or TVM pass) for a graph that cannot be lowered to static C.
     """
+    check_interface(mod)
     log = None
     if mmalib:
         mod, log = _run_offload(mod)
     offloaded = mod
     mod, scalar_log = rewrite_scalar(mod)
-    mod = relax.transform.LegalizeOps(customize_legalize_map=LEGALIZE_MAP)(mod)
+    mod = _legalize(mod)
+    check_legalized(mod)
     mod = _mark_offload_opaque(mod)
-    seq = tvm.transform.Sequential([
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-        tvm.transform.module_pass(lambda m, _ctx: reshape_to_view(m), opt_level=0, name="ReshapeToView"),
-        tvm.transform.module_pass(lambda m, _ctx: _compact_all(m), opt_level=0, name="CompactSchedule"),
-        relax.transform.DeadCodeElimination(["main"]),
-        relax.transform.ToNonDataflow(),
-        relax.transform.RemovePurityChecking(),
-        relax.transform.CallTIRRewrite(),
-        relax.transform.StaticPlanBlockMemory(),
-    ])
+    t = relax.transform
     with tvm.target.Target("c"):
-        mod = seq(mod)
+        for name in ("AnnotateTIROpPattern", "FoldConstant", "FuseOps", "FuseTIR"):
+            mod = _tvm_step(name, getattr(t, name)(), mod)
+        # Ours (not wrapped: a failure here is a bug, its traceback is wanted).
+        mod = _libm_all(_compact_all(reshape_to_view(mod)))
+        mod = _tvm_step("DeadCodeElimination", t.DeadCodeElimination(["main"]), mod)
+        for name in ("ToNonDataflow", "RemovePurityChecking", "CallTIRRewrite", "StaticPlanBlockMemory"):
+            mod = _tvm_step(name, getattr(t, name)(), mod)
     return Lowered(mod=mod, offloaded=offloaded, offload_log=log, scalar_log=scalar_log)

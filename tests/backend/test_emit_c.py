@@ -196,15 +196,22 @@ def test_only_libc_libm_and_kernels_are_undefined(built, name, tmp_path):
     assert not any(s.startswith(("TVM", "tvm", "__tvm")) for s in undefined), undefined
 
 
+def _f32_bits(value: float) -> int:
+    return int(np.array(value, np.float32).view(np.uint32))
+
+
 def test_float_literals_are_exact(built):
+    """Every decimal literal left in TVM's C is an integer (printed exactly);
+    every other float constant is its bit pattern (c7x_f32_bits)."""
     f, out, _ = built("crp_i8_scalar")
     src = (out / "tvm_kernels.c").read_text()
-    assert not re.search(r"(?<![\w.])\d\.\d{6}e[+-]\d{2}", src), "a 7-digit decimal float literal is left"
+    literals = re.findall(r"(?<![\w.])(\d\.\d{6}e[+-]\d{2,3})f?", src)
+    assert literals and all(float(x).is_integer() for x in literals), literals
     scale = next(float(b.value.args[1].value.numpy()) for block in f.mod["main"].body.blocks
                  for b in block.bindings if getattr(b.value, "op", None) is not None
                  and getattr(b.value.op, "name", "") == "relax.quantize")
     inv = np.float32(1.0 / np.float64(scale))
-    assert hex_literal(float(inv)) in src  # the input quantize multiplies by exactly this
+    assert f"c7x_f32_bits((uint32_t){_f32_bits(inv)})" in src  # the input quantize multiplies by exactly this
     assert float.fromhex(hex_literal(0.1)[:-1]) == float(np.float32(0.1))
 
 

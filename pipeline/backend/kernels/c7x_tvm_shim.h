@@ -16,6 +16,12 @@
  * code touches, because its other members live in an anonymous union, which
  * C99 does not have; on 64-bit targets (C7x, x86-64) its size and the offset
  * of v_ptr (8) equal TVM's. Only code using this header passes it around.
+ *
+ * c7x_f32_bits / c7x_f64_bits: a float constant of the generated code given
+ * by its IEEE-754 bit pattern (exact, infinities and NaN included; TVM's own
+ * decimal printing keeps 7 digits). Reading the other member of a union is
+ * defined in C99 (TC3, 6.5.2.3 footnote 82); compilers fold the call to a
+ * constant. See pipeline/backend/tir_c.py.
  */
 #ifndef C7X_TVM_SHIM_H
 #define C7X_TVM_SHIM_H
@@ -63,6 +69,24 @@ typedef struct {
   uint32_t zero_padding;
   void* v_ptr;
 } TVMFFIAny;
+
+static inline float c7x_f32_bits(uint32_t bits) {
+  union {
+    uint32_t u;
+    float f;
+  } v;
+  v.u = bits;
+  return v.f;
+}
+
+static inline double c7x_f64_bits(uint64_t bits) {
+  union {
+    uint64_t u;
+    double f;
+  } v;
+  v.u = bits;
+  return v.f;
+}
 
 /* Signature of every generated kernel entry (__tvm_ffi_<name>). */
 typedef int32_t (*C7xTvmPackedFunc)(void* self, void* args, int32_t num_args, void* result);

@@ -249,8 +249,8 @@ class _ScalarRewriter(PyExprMutator):
         if inner.op == _CLIP:
             lo, hi = (int(torch_quantize_np(np.float32(float(b.value)), d_s, d_zp, out_dtype))
                       for b in inner.args[1:3])
-            return relax.op.clip(v, relax.PrimValue(tirx.IntImm("int64", lo)),
-                                 relax.PrimValue(tirx.IntImm("int64", hi)))
+            return relax.op.clip(v, relax.prim_value(tirx.IntImm("int64", lo)),
+                                 relax.prim_value(tirx.IntImm("int64", hi)))
         return relax.Call(inner.op, [v, *inner.args[1:]], inner.attrs)
 
 
