@@ -114,7 +114,8 @@ def variants(spec: ModelSpec) -> list[str]:
     return ["mmalib", "scalar"] if spec.codegen.mmalib else ["scalar"]
 
 
-CODEGEN_FILES = ("model.c", "model.h", "tvm_kernels.c", "weights.bin", "manifest.json", "lowered.py")
+CODEGEN_FILES = ("model.c", "model.h", "tvm_kernels.c", "weights.bin", "manifest.json", "lowered.py",
+                 "c7x_kernels.h", "c7x_tvm_shim.h")
 
 
 def run_stage(stage: str, payload: dict, stamp: dict | None = None):
@@ -285,10 +286,11 @@ class Project:
                           "MMALIB offload + static C + weights.bin (+ scalar baseline)")
 
     def _host_build(self, spec, L):
+        record = L.dir / "host" / "build.json"
         return self._task("host_build", spec, self._codegen_targets(spec, L),
-                          [L.host_exe(v) for v in variants(spec)], {"variants": variants(spec)},
+                          [L.host_exe(v) for v in variants(spec)] + [record], {"variants": variants(spec)},
                           self._payload(spec, builds={v: [str(L.codegen_dir(v)), str(L.host_exe(v))]
-                                                      for v in variants(spec)}),
+                                                      for v in variants(spec)}, record=record),
                           "gcc host build against the reference kernels")
 
     def _verify(self, spec, L):

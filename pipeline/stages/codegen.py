@@ -7,6 +7,7 @@ the baseline the verify stage compares against.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ..config import ModelSpec
@@ -37,5 +38,6 @@ def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[st
     for variant, out in out_dirs.items():
         with atomic_dir(out) as tmp:
             summaries[variant] = compile_model(mod, spec.name, tmp, mmalib=(variant == "mmalib"),
-                                               weights_format=spec.codegen.weights_format)
+                                               weights_format=spec.codegen.weights_format,
+                                               preprocess=dataclasses.asdict(spec.preprocess))
     return summaries

@@ -45,7 +45,7 @@ def cross_compile_model(spec: ModelSpec, codegen_dir: Path, out: Path) -> dict:
     """
     cgt = find_cgt()
     sources = sorted(p for p in codegen_dir.glob("*.c"))
-    includes = [codegen_dir, KERNELS_DIR]
+    includes = [codegen_dir]  # the codegen folder carries its headers
     with atomic_dir(out) as tmp:
         commands = []
         objects = []

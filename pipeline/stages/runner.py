@@ -35,7 +35,7 @@ def run(stage: str, payload: dict) -> None:
         codegen_model(spec, p["script"], p["params"], {k: Path(v) for k, v in payload["out_dirs"].items()})
     elif stage == "host_build":
         from .host_build import host_build_model
-        host_build_model({k: (Path(a), Path(b)) for k, (a, b) in payload["builds"].items()})
+        host_build_model({k: (Path(a), Path(b)) for k, (a, b) in payload["builds"].items()}, p["record"])
     elif stage == "verify":
         from .verify import verify_model
         verify_model(spec, p["float_pt2"], p["quantized_pt2"], p["images_dir"],

@@ -8,6 +8,7 @@ Reads the per-model JSON artifacts (``report.json``, ``c/<variant>/manifest.json
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ..fsutil import write_json
@@ -31,6 +32,15 @@ def _offload_line(m: dict) -> str:
             f"on MMALIB/C7x kernels ({on or 'none'}; scalar: {off or 'none'})")
 
 
+def _calls_line(m: dict) -> str:
+    """Kernel calls of one build's entry point, by backend, and what the scalar ones are."""
+    s = m["summary"]
+    calls = s.get("calls", {})
+    kinds = sorted({re.sub(r"\d+", "", k).replace("fused_", "") for k in s.get("tvm_kernels", [])})
+    return (f"{calls.get('mmalib', 0)} MMALIB + {calls.get('c7x', 0)} C7x + {calls.get('tvm', 0)} TVM scalar "
+            f"per inference (scalar: {', '.join(kinds) or 'none'})")
+
+
 def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[str, dict]) -> list[str]:
     """Human-readable block for one model (see the README for how to read it)."""
     n = report["labeled"]
@@ -48,8 +58,11 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
     lines.append("  vs float       (top-1 agreement, mean |logit error|) " + " | ".join(err))
     if "mmalib" in manifests:
         lines.append("  offload        " + _offload_line(manifests["mmalib"]))
+        lines.append("  kernel calls   " + _calls_line(manifests["mmalib"]))
     mem = [f"{v}: arena {_mb(m['summary']['arena_bytes'])}, workspace {_mb(m['summary']['workspace_bytes'])}, "
            f"weights {_mb(m['summary']['weights_bytes'])}" for v, m in manifests.items()]
+    if report["dtype"] == "int16" and report["weight_dtype"] == "int8" and "mmalib" in manifests:
+        mem[0] += " (int8 weights stored as int16 for the i16 kernels)"
     lines.append("  memory         " + " | ".join(mem))
     if builds:
         exact = ", ".join(f"{v} {r['vs_python_reference']['bit_exact_images']}/{r['images']}"
