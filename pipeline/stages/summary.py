@@ -36,9 +36,11 @@ def _calls_line(m: dict) -> str:
     """Kernel calls of one build's entry point, by backend, and what the scalar ones are."""
     s = m["summary"]
     calls = s.get("calls", {})
-    kinds = sorted({re.sub(r"\d+", "", k).replace("fused_", "") for k in s.get("tvm_kernels", [])})
+    kinds = sorted({re.sub(r"\d+", "", k).replace("fused_", "") for k in s.get("tvm_kernels", [])},
+                   key=lambda k: (len(k), k))
+    shown = ", ".join(kinds[:4]) + (f", ... ({len(kinds)} kinds, see manifest.json)" if len(kinds) > 4 else "")
     return (f"{calls.get('mmalib', 0)} MMALIB + {calls.get('c7x', 0)} C7x + {calls.get('tvm', 0)} TVM scalar "
-            f"per inference (scalar: {', '.join(kinds) or 'none'})")
+            f"per inference (scalar: {shown or 'none'})")
 
 
 def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[str, dict]) -> list[str]:
