@@ -13,11 +13,18 @@ Module map (one concept each):
   static C cannot express with one UnsupportedOpError line naming the op.
 - ``tir_c``: TIR rewrites for TVM's C codegen: float intrinsics -> libm calls
   (C and LLVM reference alike), float constants -> exact bit patterns.
-- ``emit_c``: lowered module -> ``model.c``/``model.h``/``tvm_kernels.c``/``weights.bin``
-  (+ copies of the two headers: the folder compiles on its own).
-- ``interp``: the Python reference executor of the same lowered module
-  (integer kernels from ``kernels.reference``; TVM's own build for scalar-path
-  PrimFuncs), bit-exact with the C.
+- ``memory_plan``: the lowered ``main`` flattened for static C: tensors
+  (input, output, arena offsets, weights.bin entries), kernel calls in order,
+  deduplicated constants.
+- ``kernel_source``: ``tvm_kernels.c``, TVM's C codegen of every PrimFunc
+  (scalar and offload), post-processed; per-kernel workspace sizes.
+- ``emit_c``: the C text of ``model.c``/``model.h`` (+ ``weights_data.c``) and
+  ``emit``, which writes the codegen folder: those, ``tvm_kernels.c``,
+  ``weights.bin``, ``lowered.py`` and copies of the two headers (the folder
+  compiles on its own).
+- ``interp``: ``lowered.py`` (writer and reader) and the Python reference
+  executor of it (integer kernels from ``kernels.reference``; TVM's own build
+  for scalar-path PrimFuncs), bit-exact with the C.
 - ``kernels/``: ``c7x_kernels.h`` (the kernel ABI), host C reference
   implementations, and ``reference.py`` (the same kernels in numpy).
 - ``manifest``: per-layer offload manifest (op, shapes, dtype, backend, MACs, reason).

@@ -1,7 +1,10 @@
 """Python reference executor of a compiled model, bit-exact with its C.
 
-It runs ``lowered.py`` + ``weights.bin`` (written by :mod:`.emit_c`) with
-the semantics of ``<model>_run``, but independently of the C:
+``lowered.py`` is the lowered module as TVMScript with every constant of
+``main`` lifted to a parameter ``w<i>`` = weights.bin entry ``i``: written by
+:func:`lowered_script` (called by :func:`.emit_c.emit`), read by
+:class:`Program`. :class:`Program` runs ``lowered.py`` + ``weights.bin``
+with the semantics of ``<model>_run``, but independently of the C:
 
 - no memory plan: every ``alloc_tensor`` is a fresh zeroed array (reshape
   stays a view), so agreement with the C, which reuses arena slots,
@@ -28,6 +31,7 @@ from tvm import relax, tirx
 
 from . import tir_c, weights_bin
 from .lower import is_offload
+from .memory_plan import Plan, const_key
 
 
 # ---------------------------------------------------------------------------
@@ -66,6 +70,46 @@ def llvm_target() -> tvm.target.Target:
         if not _contracts(target):
             return target
     raise RuntimeError("TVM's LLVM target contracts a*b+c into FMA; the reference would not match gcc")
+
+
+# ---------------------------------------------------------------------------
+# lowered.py: the writer (emit_c.emit calls it); Program below reads it
+# ---------------------------------------------------------------------------
+
+@relax.expr_functor.mutator
+class _ConstToParam(relax.expr_functor.PyExprMutator):
+    def __init__(self, mod, plan: Plan):
+        super().__init__(mod)
+        self.params = [relax.Var(f"w{i}", relax.TensorType(list(w.shape), str(w.dtype)))
+                       for i, w in enumerate(plan.weights)]
+        self.keys = plan.weight_keys
+
+    def visit_call_(self, op):
+        call = super().visit_call_(op)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.builtin.alloc_tensor":
+            # Printed with ty_args=..., which tvm 0.27's parser rejects; the
+            # op's own constructor gives the form that round-trips.
+            return relax.op.builtin.alloc_tensor(*call.args)
+        return call
+
+    def visit_generic_const_(self, op):
+        if not isinstance(op.ty, relax.TensorType):  # R.dtype / R.str / shapes stay inline
+            return op
+        return self.params[self.keys[const_key(op)[1]]]
+
+
+def lowered_script(mod: tvm.IRModule, plan: Plan) -> str:
+    """TVMScript of the lowered module, every constant of ``main`` replaced by
+    the parameter ``w<i>`` (weights.bin entry ``i``): ``main(x, w0, w1, ...)``.
+    Tensor constants cannot be printed inline (tvm 0.27 crashes on
+    ``show_meta=True``), and the blob already holds them."""
+    lifter = _ConstToParam(mod, plan)
+    main = mod["main"]
+    body = lifter.visit_expr(main.body)
+    func = relax.Function([main.params[0], *lifter.params], body, main.ret_ty, main.is_pure, main.attrs)
+    out = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
+    out["main"] = func
+    return out.script(show_meta=False) + "\n"
 
 
 # ---------------------------------------------------------------------------

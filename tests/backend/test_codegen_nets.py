@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from c_check import compile_and_compare, inputs, libc_symbols, strict_compile, undefined_symbols
 from qflow import ConvReluPool, InvertedResidual, quantize, randomize_bn
 
-from pipeline.backend.emit_c import kernel_names
+from pipeline.backend.kernel_source import kernel_names
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None,
                                 reason="gcc and binutils nm are needed")

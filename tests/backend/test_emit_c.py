@@ -21,12 +21,15 @@ import tvm
 from tvm import relax
 from tvm.ir import GenericConst
 
+from c_check import libc_symbols
 from qflow import ConvReluPool, InvertedResidual, ResidualBlock, quantize, randomize_bn
 
 from pipeline.backend import weights_bin
 from pipeline.backend.compile import compile_model
-from pipeline.backend.emit_c import hex_literal, kernel_names, plan_main
+from pipeline.backend.emit_c import hex_literal
 from pipeline.backend.host import KERNELS_DIR
+from pipeline.backend.kernel_source import kernel_names
+from pipeline.backend.memory_plan import plan_main
 from pipeline.errors import UnsupportedOpError
 
 GCC = shutil.which("gcc")
@@ -163,15 +166,6 @@ def test_c_array_weights_compile_and_equal_the_blob(built, tmp_path):
     assert rc == 0, err
 
 
-def _libc_symbols() -> set[str]:
-    names = set()
-    for lib in ("libc.so.6", "libm.so.6"):
-        path = subprocess.run([GCC, f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
-        listing = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True).stdout
-        names |= {ln.split()[-1].split("@")[0] for ln in listing.splitlines() if ln.strip()}
-    return names
-
-
 @needs_gcc
 @pytest.mark.skipif(shutil.which("nm") is None, reason="binutils nm is not installed")
 @pytest.mark.parametrize("name", ["crp_i8_scalar", "crp_i8_mmalib", "inv_i16_mmalib"])
@@ -190,7 +184,7 @@ def test_only_libc_libm_and_kernels_are_undefined(built, name, tmp_path):
     undefined = set(subprocess.run(["nm", "-u", str(tmp_path / "model.o")], capture_output=True,
                                    text=True).stdout.split()) - {"U"}
     kernels = set(kernel_names())
-    assert undefined - kernels <= _libc_symbols(), undefined - kernels
+    assert undefined - kernels <= libc_symbols(), undefined - kernels
     if CONFIGS[name][3]:
         assert undefined & kernels  # the offloaded layers do call the kernels
     assert not any(s.startswith(("TVM", "tvm", "__tvm")) for s in undefined), undefined

@@ -14,10 +14,10 @@ import torch
 from qflow import ConvReluPool, InvertedResidual, ResidualBlock, quantize, randomize_bn
 
 from pipeline.backend.compile import compile_model
-from pipeline.backend.emit_c import plan_main
 from pipeline.backend.host import build_host, run_host, run_host_timed
 from pipeline.backend.interp import run_reference
 from pipeline.backend.lower import lower_module
+from pipeline.backend.memory_plan import plan_main
 from pipeline.errors import ToolchainError
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")

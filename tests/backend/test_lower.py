@@ -189,7 +189,7 @@ def _run_primfunc(func: tirx.PrimFunc, seed: int) -> np.ndarray:
 
 def test_compact_schedule_keeps_arithmetic_and_drops_scratch(crp_int8):
     """Same bits out of the scheduled kernel, far less workspace in its C."""
-    from pipeline.backend.emit_c import kernel_source
+    from pipeline.backend.kernel_source import kernel_source
 
     raw = _uncompacted_fused_conv(crp_int8)
     compacted = compact_schedule(raw)

@@ -16,7 +16,7 @@ from tvm import relax, tirx
 from c_check import compile_and_compare, libc_symbols, strict_compile, undefined_symbols
 
 from pipeline.backend import tir_c
-from pipeline.backend.emit_c import _tir_to_c
+from pipeline.backend.kernel_source import _tir_to_c
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None,
                                reason="gcc and binutils nm are needed")

@@ -184,20 +184,30 @@ def conv_offload(chain: WeightedChain, op: str, dtype: str, kernel: str, data, f
     return Offload(chain.name, op, dtype, kernel, build, "; ".join(notes) or None)
 
 
+def match_conv(graph: Graph, binding, dtype: str, depthwise: bool) -> WeightedChain | None:
+    """The conv chain at ``binding`` if its data is a dequantize of ``dtype``
+    and it is depthwise (groups > 1, weight ``[C, 1, KH, KW]``) exactly when
+    ``depthwise``, else None: the one test that splits the convs between the
+    conv passes and the depthwise passes."""
+    chain = match_chain(graph, binding, CONV_OPS)
+    if chain is None:
+        return None
+    data = dequantize_of(graph, chain.op.args[0])
+    if data is None or str(data.data.ty.dtype) != dtype:
+        return None  # not a Q/DQ conv of this pass's dtype
+    w_shape = static_shape(chain.op.args[1])
+    is_depthwise = int(chain.op.attrs.groups) > 1 and w_shape is not None and w_shape[1] == 1
+    return chain if is_depthwise == depthwise else None
+
+
 def _conv_planner(dtype: str):
     suffix = "i8" if dtype == "int8" else "i16"
 
     def planner(graph: Graph, binding):
-        chain = match_chain(graph, binding, CONV_OPS)
+        chain = match_conv(graph, binding, dtype, depthwise=False)
         if chain is None:
-            return None
-        data = dequantize_of(graph, chain.op.args[0])
-        if data is None or str(data.data.ty.dtype) != dtype:
-            return None  # not a Q/DQ conv of this pass's dtype
-        w_shape = static_shape(chain.op.args[1])
+            return None  # not a Q/DQ conv of this dtype, or depthwise (the depthwise passes decide)
         groups = int(chain.op.attrs.groups)
-        if groups > 1 and w_shape is not None and w_shape[1] == 1:
-            return None  # depthwise: the depthwise passes decide
         op = "conv2d" if groups == 1 else "grouped_conv2d"
         decline = lambda reason: Decline(chain.name, op, dtype, reason)  # noqa: E731
         g = conv_geometry(chain)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import tvm
 
-from .common import Decline, Graph, TensorArg, dequantize_of, run_pass, static_shape
-from .conv import CONV_OPS, check_common, conv_geometry, conv_offload, kernel_geometry
+from .common import Decline, Graph, TensorArg, run_pass
+from .conv import check_common, conv_geometry, conv_offload, kernel_geometry, match_conv
 from .log import OffloadLog
-from .weighted import fold_weighted, match_chain
+from .weighted import fold_weighted
 
 _KERNELS_I8 = (3, 5, 7)
 _KERNELS_I16 = (3,)
@@ -46,16 +46,9 @@ def _dw_planner(dtype: str):
     suffix = "i8" if dtype == "int8" else "i16"
 
     def planner(graph: Graph, binding):
-        chain = match_chain(graph, binding, CONV_OPS)
+        chain = match_conv(graph, binding, dtype, depthwise=True)
         if chain is None:
-            return None
-        data = dequantize_of(graph, chain.op.args[0])
-        w_shape = static_shape(chain.op.args[1])
-        groups = int(chain.op.attrs.groups)
-        if data is None or str(data.data.ty.dtype) != dtype:
-            return None
-        if not (groups > 1 and w_shape is not None and w_shape[1] == 1):
-            return None  # not depthwise: the conv passes decide
+            return None  # not a Q/DQ depthwise conv of this dtype (the conv passes decide the others)
         decline = lambda reason: Decline(chain.name, "depthwise_conv2d", dtype, reason)  # noqa: E731
         g = conv_geometry(chain)
         if isinstance(g, str):

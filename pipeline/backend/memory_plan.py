@@ -1,0 +1,203 @@
+"""The static memory plan of the lowered ``main``, in C terms.
+
+:func:`plan_main` flattens the lowered ``main`` (after TVM's
+``StaticPlanBlockMemory``) into a :class:`Plan`: one :class:`Tensor` per
+DLTensor of the entry point (model input, caller's output buffer, a slice of
+the one activation arena, each storage at a 64-byte aligned offset, or a
+weights.bin entry), the kernel calls in ``main``'s order, and the distinct
+constants (equal contents share one weights.bin entry, :func:`const_key`).
+:func:`call_counts` counts the calls by backend. The emitter (:mod:`.emit_c`)
+prints the plan as model.c; the writer of ``lowered.py`` (:mod:`.interp`)
+names the constants after the plan's weights.bin entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import GenericConst
+
+from ..errors import UnsupportedOpError
+from .lower import is_offload
+
+ARENA_ALIGN = 64
+
+
+@dataclass
+class Tensor:
+    """A DLTensor of the entry point. ``home``: "input", "output", "arena"
+    (``offset`` = byte offset in the arena) or "weight" (``offset`` = entry
+    index). ``view``: True for a reshape view of another tensor."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    home: str
+    offset: int
+    view: bool = False
+
+
+@dataclass
+class Plan:
+    """The lowered ``main`` flattened: tensors, kernel calls, weights."""
+
+    input: Tensor
+    output: Tensor
+    arena_bytes: int
+    tensors: list[Tensor] = field(default_factory=list)
+    calls: list[tuple[str, list[Tensor]]] = field(default_factory=list)
+    weights: list[np.ndarray] = field(default_factory=list)
+    weight_keys: dict = field(default_factory=dict)  # content key -> weights.bin entry
+
+    @property
+    def output_aliased(self) -> bool:
+        """True when the last kernel writes straight into the caller's buffer."""
+        return self.output.home == "output"
+
+
+def const_key(const: GenericConst) -> tuple[np.ndarray, tuple]:
+    """``(value, key)`` of a constant; equal contents give equal keys, so one
+    weights.bin entry serves every copy of a constant."""
+    value = np.asarray(const.value.numpy(), order="C")
+    return value, (str(value.dtype), value.shape, value.tobytes())
+
+
+def _static_shape(ty) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in ty.shape.values)
+    except (TypeError, AttributeError):
+        raise UnsupportedOpError(f"dynamic or unknown shape {ty}: only static shapes are supported") from None
+
+
+def _int(v) -> int:
+    return int(v.value) if hasattr(v, "value") else int(v)
+
+
+class _Planner:
+    def __init__(self, main):
+        self.main = main
+        self.plan = None
+        self.env: dict = {}  # relax.Var -> Tensor | list[Tensor] | ("storage", offset)
+        self.arena = 0
+
+    def tensor(self, ty, home: str, offset: int, view: bool = False) -> Tensor:
+        t = Tensor(f"t{len(self.plan.tensors)}", _static_shape(ty), str(ty.dtype), home, offset, view)
+        self.plan.tensors.append(t)
+        return t
+
+    def arena_alloc(self, nbytes: int) -> int:
+        off = self.arena
+        self.arena = (off + nbytes + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+        return off
+
+    def weight(self, const: GenericConst) -> Tensor:
+        value, key = const_key(const)
+        keys = self.plan.weight_keys
+        if key not in keys:
+            keys[key] = len(self.plan.weights)
+            self.plan.weights.append(value)
+        return self.tensor(const.ty, "weight", keys[key])
+
+    def arg(self, expr):
+        if isinstance(expr, GenericConst):
+            return self.weight(expr)
+        if isinstance(expr, relax.Var) and expr in self.env:
+            return self.env[expr]
+        raise UnsupportedOpError(f"kernel argument {expr} is neither a tensor nor a constant")
+
+    def run(self) -> Plan:
+        self.plan = Plan(input=None, output=None, arena_bytes=0)
+        self.plan.input = self.input()
+        for block in self.main.body.blocks:
+            for b in block.bindings:
+                self.bind(b.var, b.value)
+        self.plan.output = self.output()
+        self.plan.arena_bytes = max(self.arena, ARENA_ALIGN)
+        return self.plan
+
+    def input(self) -> Tensor:
+        """The one float32 parameter of main."""
+        params = self.main.params
+        if len(params) != 1:
+            raise UnsupportedOpError(f"main takes {len(params)} parameters; expected only the model input")
+        x = params[0]
+        if str(x.ty.dtype) != "float32":
+            raise UnsupportedOpError(f"model input is {x.ty.dtype}; expected float32")
+        self.env[x] = self.tensor(x.ty, "input", 0)
+        return self.env[x]
+
+    def output(self) -> Tensor:
+        """The one float32 tensor main returns."""
+        ret = self.main.body.body
+        out = self.env.get(ret) if isinstance(ret, relax.Var) else None
+        out = out if isinstance(out, list) else [out]
+        if len(out) != 1 or not isinstance(out[0], Tensor) or out[0].dtype != "float32":
+            raise UnsupportedOpError("the model must return exactly one float32 tensor")
+        return out[0]
+
+    def bind(self, var, value):
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+            self.builtin(var, value)
+        elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+            self.plan.calls.append((value.op.name_hint, [self.arg(a) for a in value.args]))
+        elif isinstance(value, relax.Var):
+            self.env[var] = self.env[value]
+        elif isinstance(value, relax.Tuple):
+            self.env[var] = [self.arg(v) for v in value.fields]
+        elif isinstance(value, relax.TupleGetItem):
+            self.env[var] = self.env[value.tuple_value][value.index]
+        else:
+            raise UnsupportedOpError(f"unexpected binding in lowered main: {type(value).__name__}")
+
+    def builtin(self, var, call):
+        op = call.op.name
+        if op == "relax.memory.alloc_storage":
+            nbytes = _int(call.args[0].values[0])
+            self.env[var] = ("storage", self.arena_alloc(nbytes))
+        elif op == "relax.memory.alloc_tensor":
+            _, base = self.env[call.args[0]]
+            self.env[var] = self.tensor(var.ty, "arena", base + _int(call.args[1]))
+        elif op == "relax.builtin.alloc_tensor":
+            # Not planned by TVM: the graph output. Written straight into the
+            # caller's buffer if it is what main returns (decided at the end).
+            self.env[var] = self.tensor(var.ty, "output", 0)
+        elif op == "relax.reshape":
+            src = self.arg(call.args[0])
+            self.env[var] = self.tensor(var.ty, src.home, src.offset, view=True)
+        else:
+            raise UnsupportedOpError(f"op {op} left in the lowered main; the static emitter cannot run it")
+
+
+def plan_main(mod: tvm.IRModule) -> Plan:
+    """Flatten the lowered ``main`` (after StaticPlanBlockMemory) into a :class:`Plan`.
+
+    Raises UnsupportedOpError for a construct the emitter cannot express
+    (dynamic shapes, more than one input or output, a non-float32 output,
+    an op other than allocation / kernel call / reshape view).
+    """
+    plan = _Planner(mod["main"]).run()
+    # builtin.alloc_tensor is left by StaticPlanBlockMemory for the returned
+    # tensor only; it becomes the caller's buffer. Any other one would alias it.
+    unplanned = [t for t in plan.tensors if t.home == "output" and not t.view]
+    if len(unplanned) > 1 or (unplanned and plan.output.home != "output"):
+        raise UnsupportedOpError("unplanned intermediate tensor in the lowered main")
+    return plan
+
+
+
+def call_counts(mod: tvm.IRModule, plan: Plan) -> tuple[dict[str, int], list[str]]:
+    """Kernel calls of the lowered ``main`` by backend: ``({"mmalib": n, "c7x":
+    n, "tvm": n}, sorted names of the distinct scalar PrimFuncs called)``.
+    An offload PrimFunc counts for its ``c7x_offload_backend``, any other for "tvm"."""
+    counts = {"mmalib": 0, "c7x": 0, "tvm": 0}
+    scalar = set()
+    for name, _ in plan.calls:
+        func = mod[name]
+        backend = str(func.attrs["c7x_offload_backend"]) if is_offload(func) else "tvm"
+        counts[backend] = counts.get(backend, 0) + 1
+        if backend == "tvm":
+            scalar.add(name)
+    return counts, sorted(scalar)
