@@ -147,7 +147,7 @@ class ModelSpec:
     calibration: CalibrationSpec = CalibrationSpec()
     quantizer: QuantizerSpec = QuantizerSpec()
     codegen: CodegenSpec = CodegenSpec()
-    evaluation_set: str | None = None
+    evaluation_set: str = "imagenet20"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (paths as strings): handed to stage functions."""

@@ -16,6 +16,9 @@ Staleness is doit's own machinery:
   prepare onward, not export; a calibration option re-runs calibrate onward).
 - Outputs are written atomically by the stages, and doit records a task only
   after it succeeded, so a failed or killed stage is re-run next time.
+- ``uptodate=[StampCheck(...)]``: doit forgets a killed run; each stage's
+  input stamp (``pipeline.stamps``) remembers which inputs made the outputs
+  on disk, so undoing a change after a kill cannot pass them off as current.
 - Deterministic outputs give early cutoff: a byte-identical artifact does not
   invalidate the stages after it.
 """
@@ -204,8 +207,8 @@ class Project:
         return {"spec": spec.to_dict(), "root": str(self.root),
                 **{k: (str(v) if isinstance(v, Path) else v) for k, v in paths.items()}}
 
-    def _images(self, set_name: str | None) -> list[Path]:
-        return list_images(self.calib_root / set_name) if set_name else []
+    def _images(self, set_name: str) -> list[Path]:
+        return list_images(self.calib_root / set_name)
 
     def stage_tasks(self, stage: str):
         """Yield the doit sub-tasks of ``stage``, one per model entry."""
@@ -300,7 +303,7 @@ class Project:
             [L.host_exe(v) for v in variants(spec)] + images
         return self._task("verify", spec, deps, [L.verify], cfg,
                           self._payload(spec, float_pt2=L.float_pt2, quantized_pt2=L.quantized_pt2,
-                                        images_dir=self.calib_root / (spec.evaluation_set or ""),
+                                        images_dir=self.calib_root / spec.evaluation_set,
                                         builds={v: [str(L.codegen_dir(v)), str(L.host_exe(v))]
                                                 for v in variants(spec)}, out=L.verify),
                           "host C vs Python integer reference vs PyTorch Q/DQ")
@@ -315,7 +318,7 @@ class Project:
                           self._payload(spec, float_pt2=L.float_pt2, quantized_pt2=L.quantized_pt2,
                                         export_info=L.export_json,
                                         calibration=L.calibration_json,
-                                        images_dir=self.calib_root / (spec.evaluation_set or ""),
+                                        images_dir=self.calib_root / spec.evaluation_set,
                                         out=L.report),
                           "float vs quantized top-1 on the labeled images")
 
@@ -325,15 +328,14 @@ class Project:
         files = self._codegen_targets(spec, L)
         files = [f for f in files if f.parent == L.codegen_dir(mm)]
         c_sources = [f.name for f in files if f.suffix == ".c"]
-        from .stages.cross_compile import outputs
-        task = self._task("cross_compile", spec, files, [L.cross / f for f in outputs(spec.name, c_sources)],
+        from .stages.cross_compile import outputs  # light: no torch/tvm
+        return self._task("cross_compile", spec, files, [L.cross / f for f in outputs(spec.name, c_sources)],
                           {"cgt": cgt, "mmalib": os.environ.get("MMALIB_PATH", "")},
                           self._payload(spec, codegen_dir=L.codegen_dir(mm), out=L.cross),
                           "TI cl7x compile of the generated C (needs TI_CGT_C7000_PATH)")
-        return task
 
     def summary_task(self):
-        """Print and write the cross-model summary once any report changed."""
+        """Write ``summary.json`` once any model's numbers changed (the reporter prints)."""
         built = self.built()
         deps = []
         for spec in built:
@@ -368,7 +370,7 @@ class Project:
         for stage in STAGES:
             ns[f"task_{stage}"] = _creator(self, stage)
         ns["task_summary"] = lambda: self.summary_task()
-        ns["task_summary"].__doc__ = "print the accuracy / offload / verify summary of every model"
+        ns["task_summary"].__doc__ = "accuracy / offload / verify numbers of every model"
         return ns
 
 
