@@ -136,10 +136,25 @@ def conv_geometry(chain: WeightedChain) -> ConvGeometry | str:
     return g
 
 
-def check_common(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
-    """Checks shared by conv and depthwise: quantization, weights, bias, fused
-    users. Returns ``(data_dq, weights, bias)`` or a reason. (A padded input
-    with a zero point is not a reason: see :func:`kernel_geometry`.)"""
+def fold_conv(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
+    """Checks and folding shared by conv and depthwise: quantization, weights,
+    bias and fused users checked, the rescale folded (:func:`fold_weighted`) and
+    the kernel geometry chosen (:func:`kernel_geometry`). Returns
+    ``(data_dq, folded, kernel_geometry, pad)`` or a reason. (A padded input
+    with a zero point is not a reason: it is padded explicitly.)"""
+    checked = _check_common(graph, chain, g, dtype)
+    if isinstance(checked, str):
+        return checked
+    data, weights, bias = checked
+    folded = fold_weighted(weights, bias, data, chain.out, dtype)
+    if isinstance(folded, str):
+        return folded
+    kg, pad = kernel_geometry(g, data.z)
+    return data, folded, kg, pad
+
+
+def _check_common(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
+    """``(data_dq, weights, bias)`` of a conv-like chain, or why it cannot be offloaded."""
     conv = chain.op
     data = dequantize_of(graph, conv.args[0])
     reason = quant_reason(data, chain.out, dtype) or fused_users_reason(graph, chain)
@@ -218,15 +233,11 @@ def _conv_planner(dtype: str):
                 return decline(f"grouped conv (groups={groups}) has no int16 kernel")
             if not (groups < g.c_in and g.c_in % groups == 0 and g.c_out % groups == 0):
                 return decline(f"groups={groups} does not divide C_in={g.c_in} and C_out={g.c_out}")
-        checked = check_common(graph, chain, g, dtype)
-        if isinstance(checked, str):
-            return decline(checked)
-        data, weights, bias = checked
-        folded = fold_weighted(weights, bias, data, chain.out, dtype)
-        if isinstance(folded, str):
-            return decline(folded)
+        result = fold_conv(graph, chain, g, dtype)
+        if isinstance(result, str):
+            return decline(result)
+        data, folded, kg, pad = result
         kernel = f"mmalib_conv2d_{suffix}" if groups == 1 else "mmalib_conv2d_i8_grouped_loop"
-        kg, pad = kernel_geometry(g, data.z)
         kh, kw = kg.kernel
         scalars = [kg.c_in, kg.x_shape[2], kg.x_shape[3], kg.c_out, kh, kw, *kg.strides, *kg.pads]
         if groups > 1:

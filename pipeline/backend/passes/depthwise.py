@@ -19,9 +19,8 @@ from __future__ import annotations
 import tvm
 
 from .common import Decline, Graph, TensorArg, run_pass
-from .conv import check_common, conv_geometry, conv_offload, kernel_geometry, match_conv
+from .conv import conv_geometry, conv_offload, fold_conv, match_conv
 from .log import OffloadLog
-from .weighted import fold_weighted
 
 _KERNELS_I8 = (3, 5, 7)
 _KERNELS_I16 = (3,)
@@ -56,14 +55,10 @@ def _dw_planner(dtype: str):
         reason = _shape_reason(g, dtype)
         if reason:
             return decline(reason)
-        checked = check_common(graph, chain, g, dtype)
-        if isinstance(checked, str):
-            return decline(checked)
-        data, weights, bias = checked
-        folded = fold_weighted(weights, bias, data, chain.out, dtype)
-        if isinstance(folded, str):
-            return decline(folded)
-        kg, pad = kernel_geometry(g, data.z)
+        result = fold_conv(graph, chain, g, dtype)
+        if isinstance(result, str):
+            return decline(result)
+        data, folded, kg, pad = result
         kh, kw = kg.kernel
         c = kg.c_in
         scalars = [c, kg.x_shape[2], kg.x_shape[3], kh, kw, *kg.strides, *kg.pads, c]
