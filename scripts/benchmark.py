@@ -55,41 +55,29 @@ def timed(label: str, fn, *args, **kwargs):
 
 
 def bench_stages(model: str, n_images: int) -> None:
-    from pipeline.config import load_models, list_images
+    """Time each stage function of the registry up to host_build, in a temp artifacts folder."""
     from pipeline.data.images import load_images
-    from pipeline.stages.calibrate import calibrate_model
-    from pipeline.stages.codegen import codegen_model
-    from pipeline.stages.convert import convert_model
-    from pipeline.stages.export import export_model
-    from pipeline.stages.host_build import host_build_model
-    from pipeline.stages.prepare import prepare_model
-    from pipeline.stages.relax_import import import_model
-    from pipeline.tasks import Layout, variants
-    from pipeline.weights import resolve_weights
+    from pipeline.stages.registry import STAGES
+    from pipeline.tasks import Project
 
-    spec = next(e for e in load_models(REPO / "models") if e.name == model)
-    calib = REPO / "calib_data" / spec.calibration.set
+    project = Project(REPO / "models")
+    spec = next(s for s in project.valid() if s.name == model)
     with tempfile.TemporaryDirectory() as tmp:
-        L = Layout(Path(tmp), model)
-        print(f"stages of {model} ({spec.dtype}, {len(list_images(calib))} calibration images):")
-        timed("export", export_model, spec, resolve_weights(spec, REPO), L.float_pt2, REPO)
-        timed("prepare", prepare_model, spec, L.float_pt2, L.prepared, L.prepared_table)
-        timed("calibrate", calibrate_model, spec, L.float_pt2, L.prepared, L.prepared_table, calib,
-              L.calibrated, L.calibration_json)
-        timed("convert", convert_model, spec, L.float_pt2, L.calibrated, L.quantized_pt2)
-        timed("relax_import", import_model, L.quantized_pt2, L.relax_script, L.relax_params)
-        dirs = {v: L.codegen_dir(v) for v in variants(spec)}
-        summaries = timed("codegen (all variants)", codegen_model, spec, L.relax_script, L.relax_params, dirs)
-        timed("host_build (all variants)", host_build_model,
-              {v: (L.codegen_dir(v), L.host_exe(v)) for v in variants(spec)})
-        x = load_images(list_images(calib)[:n_images], spec.preprocess, desc="load").numpy()
-        bench_runs(spec, L, x, summaries)
+        project.artifacts = Path(tmp)
+        ctx = project.context(spec)
+        print(f"stages of {model} ({spec.dtype}, {len(ctx.calibration_images)} calibration images):")
+        results = {}
+        last = [s.name for s in STAGES].index("host_build")
+        for stage in STAGES[:last + 1]:
+            results[stage.name] = timed(stage.name, stage.function(), **stage.args(ctx))
+        x = load_images(ctx.calibration_images[:n_images], spec.preprocess, desc="load").numpy()
+        bench_runs(spec, ctx.layout, x, results["codegen"])
 
 
 def bench_runs(spec, L, x, summaries) -> None:
     from pipeline.backend.host import run_host_timed
     from pipeline.backend.interp import run_reference
-    from pipeline.tasks import variants
+    from pipeline.layout import variants
 
     print(f"per image ({len(x)} images):")
     for v in variants(spec):

@@ -109,11 +109,10 @@ def test_asking_for_cross_compile_without_toolchain_fails_naming_the_variable(tm
     """The doit action turns the error into one TaskFailed line (no traceback)."""
     from doit.exceptions import TaskFailed
 
-    from pipeline.tasks import run_stage
+    from pipeline.tasks.actions import run_stage
     monkeypatch.delenv("TI_CGT_C7000_PATH", raising=False)
-    payload = {"spec": spec(tmp_path).to_dict(), "root": str(tmp_path),
-               "codegen_dir": str(codegen_dir(tmp_path)), "out": str(tmp_path / "c7x")}
-    result = run_stage("cross_compile", payload)
+    args = {"spec": spec(tmp_path), "codegen_dir": codegen_dir(tmp_path), "out": tmp_path / "c7x"}
+    result = run_stage("cross_compile", "m", args)
     assert isinstance(result, TaskFailed)
     assert result.message.startswith("cross_compile: TI_CGT_C7000_PATH is not set")
     assert "\n" not in result.message and not (tmp_path / "c7x").exists()

@@ -10,7 +10,7 @@ from .. import torchenv
 from ..config import ModelSpec
 from ..errors import ConfigError, WeightsNotFoundError
 from ..fsutil import write_json
-from ..weights import check_weights_hash
+from ..weights import check_weights_hash, resolve_weights
 
 import torch  # noqa: E402  (after torchenv)
 from torch.export import Dim  # noqa: E402
@@ -83,7 +83,11 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
     checkpoint actually loaded (path, sha256) in ``out_info`` (JSON).
 
     Input: float32 NCHW ``spec.input_shape``, batch dim dynamic (1..1024).
+    ``weights`` None means "look it up now" (random init when the entry says
+    ``pretrained = false``); raises :class:`WeightsNotFoundError` when none is found.
     """
+    if weights is None:
+        weights = resolve_weights(spec, root)
     model, digest = build_model(spec, weights, root)
     info = {"model": spec.name, "builder": spec.builder, "pretrained": weights is not None,
             "weights": str(weights) if weights else None, "sha256": digest}

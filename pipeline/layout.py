@@ -1,0 +1,67 @@
+"""Where every artifact of a model lives: ``artifacts/<model>/...``.
+
+Plain paths, no I/O: the stage registry declares each stage's inputs and
+outputs with these, and ``docs/architecture.md`` ("Artifact layout") shows the
+tree. No torch, no tvm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import ModelSpec
+
+#: Files of one codegen build folder ``c/<variant>/`` (``weights_data.c`` is
+#: added with ``weights_format = "c_array"``).
+CODEGEN_FILES = ("model.c", "model.h", "tvm_kernels.c", "weights.bin", "manifest.json", "lowered.py",
+                 "c7x_kernels.h", "c7x_tvm_shim.h")
+
+
+def variants(spec: ModelSpec) -> list[str]:
+    """Builds made for a model: the MMALIB build (if enabled) and the scalar baseline."""
+    return ["mmalib", "scalar"] if spec.codegen.mmalib else ["scalar"]
+
+
+class Layout:
+    """Artifact paths of one model: everything under ``artifacts/<model>/``."""
+
+    def __init__(self, artifacts: Path, name: str):
+        self.dir = artifacts / name
+        self.float_pt2 = self.dir / "float.pt2"
+        self.export_json = self.dir / "export.json"
+        self.prepared = self.dir / "prepared.pt"
+        self.prepared_table = self.dir / "prepared_observers.txt"
+        self.calibrated = self.dir / "calibrated.pt"
+        self.calibration_json = self.dir / "calibration.json"
+        self.quantized_pt2 = self.dir / "quantized.pt2"
+        self.relax_script = self.dir / "relax" / "module.py"
+        self.relax_params = self.dir / "relax" / "params.bin"
+        self.report = self.dir / "report.json"
+        self.verify = self.dir / "verify.json"
+        self.host_record = self.dir / "host" / "build.json"
+        self.cross = self.dir / "c7x"
+
+    def stamp(self, stage: str) -> Path:
+        """Input stamp of ``stage`` (see :mod:`pipeline.stamps`)."""
+        return self.dir / ".stamps" / f"{stage}.json"
+
+    def traceback(self, stage: str) -> Path:
+        """Where an unexpected exception's traceback of ``stage`` is kept."""
+        return self.dir / "logs" / f"{stage}.traceback.txt"
+
+    def codegen_dir(self, variant: str) -> Path:
+        """Generated C of one build variant ("mmalib" or "scalar")."""
+        return self.dir / "c" / variant
+
+    def host_exe(self, variant: str) -> Path:
+        """Host test harness of one build variant."""
+        return self.dir / "host" / f"{variant}.exe"
+
+    def codegen_files(self, spec: ModelSpec) -> list[Path]:
+        """Every file codegen writes, over all variants of ``spec``."""
+        extra = ("weights_data.c",) if spec.codegen.weights_format == "c_array" else ()
+        return [self.codegen_dir(v) / f for v in variants(spec) for f in CODEGEN_FILES + extra]
+
+    def builds(self, spec: ModelSpec) -> dict[str, tuple[Path, Path]]:
+        """variant -> (codegen folder, host executable)."""
+        return {v: (self.codegen_dir(v), self.host_exe(v)) for v in variants(spec)}

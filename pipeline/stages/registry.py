@@ -1,0 +1,313 @@
+"""The stage registry: one declarative record per stage.
+
+A record says what a stage is, not how doit runs it: its name and one-line
+doc, the function it runs (``"module:function"``, imported only when the task
+runs), the pipeline sources that function executes, its tracked parameters
+(model-entry fields, library versions, extra values), its inputs and outputs
+as :class:`~pipeline.layout.Layout` paths, the keyword arguments of the
+function, and whether the default run builds it. This is DVC's stage model
+(deps + params + outs, declared, not coded); :mod:`pipeline.tasks` turns
+every record into one doit task per model in a single loop.
+
+Adding a stage is one record here plus one module under ``pipeline/stages/``
+(``docs/architecture.md``, "Adding a stage"). Loading this module imports
+neither torch nor tvm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..config import ModelSpec, list_images
+from ..layout import Layout, variants
+
+PKG = Path(__file__).resolve().parent.parent
+_CODE_SUFFIXES = (".py", ".c", ".h")
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What a record's ``deps`` / ``outs`` / ``args`` / ``extra`` see for one model.
+
+    ``weights`` is the checkpoint found when the task list was loaded (None
+    for random init, or when it was not found: export then raises the
+    one-line error); ``builder_sources`` the project's own builder files.
+    """
+
+    spec: ModelSpec
+    layout: Layout
+    root: Path
+    calib_root: Path
+    weights: Path | None = None
+    builder_sources: tuple[Path, ...] = ()
+
+    def images(self, set_name: str) -> list[Path]:
+        """Image files of ``calib_data/<set_name>/``, sorted."""
+        return list_images(self.calib_root / set_name)
+
+    @property
+    def calibration_images(self) -> list[Path]:
+        """Calibration images (none for ``source = "random"``)."""
+        cal = self.spec.calibration
+        return self.images(cal.set) if cal.source == "images" else []
+
+    @property
+    def evaluation_images(self) -> list[Path]:
+        """Labeled images of the evaluation set."""
+        return self.images(self.spec.evaluation_set)
+
+
+Paths = Callable[[StageContext], list[Path]]
+
+
+def _none(ctx: StageContext) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the flow, declared.
+
+    - ``func``: ``"module:function"`` run as ``function(**args(ctx))``; a plain
+      function from input files to output files, testable without doit.
+    - ``code``: pipeline sources it executes (files or folders, relative to
+      ``pipeline/``); editing one re-runs the stage.
+    - ``params``: tracked ``ModelSpec`` fields (``"dtype"``, ``"quantizer"``,
+      ``"calibration.observer"``...); ``versions``: tracked distributions;
+      ``extra(ctx)``: other tracked values (image names, environment).
+      Changing any of them re-runs the stage.
+    - ``deps(ctx)`` / ``outs(ctx)``: input and output files (doit
+      ``file_dep`` / ``targets``).
+    - ``default``: whether the default run builds it (a callable is asked
+      when the task list is loaded).
+    - ``task_doc(ctx)``: the per-model line of ``doit list``.
+    """
+
+    name: str
+    doc: str
+    func: str
+    code: tuple[str, ...]
+    deps: Paths
+    outs: Paths
+    args: Callable[[StageContext], dict]
+    params: tuple[str, ...] = ()
+    versions: tuple[str, ...] = ()
+    extra: Callable[[StageContext], dict] = _none
+    default: bool | Callable[[], bool] = True
+    task_doc: Callable[[StageContext], str] | None = None
+
+    def function(self) -> Callable:
+        """Import and return the stage function (this imports torch/tvm)."""
+        module, _, attr = self.func.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def sources(self) -> list[str]:
+        """Absolute paths of the pipeline files the stage runs (sorted per entry)."""
+        out = []
+        for rel in self.code:
+            p = PKG / rel
+            if p.is_dir():
+                out += [str(f) for f in sorted(p.rglob("*")) if f.suffix in _CODE_SUFFIXES
+                        and "__pycache__" not in f.parts]
+            elif p.exists():
+                out.append(str(p))
+        return out
+
+    def tracked(self, ctx: StageContext) -> dict:
+        """Tracked parameters of one model: what doit's ``config_changed`` compares."""
+        out = {p: _field(ctx.spec, p) for p in self.params}
+        out.update(versions(*self.versions))
+        out.update(self.extra(ctx))
+        return out
+
+    def in_default_run(self) -> bool:
+        """Whether the default run builds this stage (for every built model)."""
+        return self.default() if callable(self.default) else bool(self.default)
+
+    def describe(self, ctx: StageContext) -> str:
+        """Per-model doc line."""
+        return self.task_doc(ctx) if self.task_doc else self.doc
+
+
+def _field(spec: ModelSpec, path: str):
+    value = spec
+    for part in path.split("."):
+        value = getattr(value, part)
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+def versions(*dists: str) -> dict[str, str]:
+    """Installed version of each distribution ("missing" if absent)."""
+    out = {}
+    for d in dists:
+        try:
+            out[d] = importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            out[d] = "missing"
+    return out
+
+
+# ----------------------------------------------------------------------------- the stages
+
+QUANT = ("dtype", "quantizer")
+
+
+def _builds(ctx: StageContext) -> dict:
+    return ctx.layout.builds(ctx.spec)
+
+
+def _mmalib_files(ctx: StageContext) -> list[Path]:
+    """Codegen files of the first build (MMALIB if enabled): what cross_compile compiles."""
+    first = ctx.layout.codegen_dir(variants(ctx.spec)[0])
+    return [f for f in ctx.layout.codegen_files(ctx.spec) if f.parent == first]
+
+
+def _cross_outputs(ctx: StageContext) -> list[Path]:
+    from .cross_compile import outputs  # light: no torch/tvm
+    c_sources = [f.name for f in _mmalib_files(ctx) if f.suffix == ".c"]
+    return [ctx.layout.cross / f for f in outputs(ctx.spec.name, c_sources)]
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        name="export", doc="torch.export the float model (float.pt2)",
+        func="pipeline.stages.export:export_model",
+        code=("stages/export.py", "torchenv.py", "weights.py"),
+        params=("builder", "builder_kwargs", "input_shape", "weights.pretrained"),
+        versions=("torch", "torchvision"),
+        deps=lambda c: ([c.weights] if c.weights else []) + list(c.builder_sources),
+        outs=lambda c: [c.layout.float_pt2, c.layout.export_json],
+        args=lambda c: {"spec": c.spec, "weights": c.weights, "root": c.root,
+                        "out": c.layout.float_pt2, "out_info": c.layout.export_json},
+        task_doc=lambda c: f"export {c.spec.builder} -> float.pt2",
+    ),
+    Stage(
+        name="prepare", doc="prepare_pt2e with the C7x quantizer (observer placement)",
+        func="pipeline.stages.prepare:prepare_model",
+        code=("stages/prepare.py", "torchenv.py", "quant"),
+        params=QUANT, versions=("torchao",),
+        deps=lambda c: [c.layout.float_pt2],
+        outs=lambda c: [c.layout.prepared, c.layout.prepared_table],
+        args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
+                        "out_state": c.layout.prepared, "out_table": c.layout.prepared_table},
+        task_doc=lambda c: f"prepare_pt2e with C7xMMAQuantizer({c.spec.dtype})",
+    ),
+    Stage(
+        name="calibrate", doc="run the calibration JPEGs through the observers",
+        func="pipeline.stages.calibrate:calibrate_model",
+        code=("stages/calibrate.py", "stages/prepare.py", "torchenv.py", "quant", "data"),
+        params=QUANT + ("calibration", "preprocess"), versions=("torchao",),
+        extra=lambda c: {"images": [p.name for p in c.calibration_images]},
+        deps=lambda c: [c.layout.float_pt2, c.layout.prepared, c.layout.prepared_table,
+                        *c.calibration_images],
+        outs=lambda c: [c.layout.calibrated, c.layout.calibration_json],
+        args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
+                        "prepared_state": c.layout.prepared, "prepared_table": c.layout.prepared_table,
+                        "calib_dir": c.calib_root / c.spec.calibration.set,
+                        "out_state": c.layout.calibrated, "out_info": c.layout.calibration_json},
+        task_doc=lambda c: f"calibrate on calib_data/{c.spec.calibration.set} ({c.spec.calibration.observer})",
+    ),
+    Stage(
+        name="convert", doc="convert_pt2e to the Q/DQ program (quantized.pt2)",
+        func="pipeline.stages.convert:convert_model",
+        code=("stages/convert.py", "stages/prepare.py", "torchenv.py", "quant"),
+        params=QUANT + ("calibration.observer",), versions=("torchao",),
+        deps=lambda c: [c.layout.float_pt2, c.layout.calibrated],
+        outs=lambda c: [c.layout.quantized_pt2],
+        args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
+                        "calibrated_state": c.layout.calibrated, "out": c.layout.quantized_pt2},
+        task_doc=lambda c: "convert_pt2e + re-export -> quantized.pt2",
+    ),
+    Stage(
+        name="relax_import", doc="import the Q/DQ program into TVM Relax",
+        func="pipeline.stages.relax_import:import_model",
+        code=("stages/relax_import.py", "torchenv.py", "frontend"),
+        versions=("torch", "apache-tvm"),
+        deps=lambda c: [c.layout.quantized_pt2],
+        outs=lambda c: [c.layout.relax_script, c.layout.relax_params],
+        args=lambda c: {"quantized_pt2": c.layout.quantized_pt2, "out_script": c.layout.relax_script,
+                        "out_params": c.layout.relax_params},
+        task_doc=lambda c: "from_exported_program -> relax/module.py + params.bin",
+    ),
+    Stage(
+        # The backend's modules share helpers; a change anywhere in it re-runs
+        # codegen, and byte-identical output stops the cascade there.
+        name="codegen", doc="MMALIB offload + static C + weights.bin",
+        func="pipeline.stages.codegen:codegen_model",
+        code=("stages/codegen.py", "frontend/irmodule_io.py", "backend"),
+        params=("codegen", "name"), versions=("apache-tvm",),
+        deps=lambda c: [c.layout.relax_script, c.layout.relax_params],
+        outs=lambda c: c.layout.codegen_files(c.spec),
+        args=lambda c: {"spec": c.spec, "script": c.layout.relax_script, "params": c.layout.relax_params,
+                        "out_dirs": {v: c.layout.codegen_dir(v) for v in variants(c.spec)}},
+        task_doc=lambda c: "MMALIB offload + static C + weights.bin (+ scalar baseline)",
+    ),
+    Stage(
+        name="host_build", doc="build the generated C on the host with gcc",
+        func="pipeline.stages.host_build:host_build_model",
+        code=("stages/host_build.py", "backend/host.py", "backend/kernels"),
+        extra=lambda c: {"variants": variants(c.spec)},
+        deps=lambda c: c.layout.codegen_files(c.spec),
+        outs=lambda c: [c.layout.host_exe(v) for v in variants(c.spec)] + [c.layout.host_record],
+        args=lambda c: {"builds": _builds(c), "record": c.layout.host_record},
+        task_doc=lambda c: "gcc host build against the reference kernels",
+    ),
+    Stage(
+        name="verify", doc="bit-exactness and accuracy of the host build",
+        func="pipeline.stages.verify:verify_model",
+        code=("stages/verify.py", "backend", "data", "torchenv.py"),
+        params=("preprocess",),
+        extra=lambda c: {"images": [p.name for p in c.evaluation_images]},
+        deps=lambda c: [c.layout.float_pt2, c.layout.quantized_pt2, *c.layout.codegen_files(c.spec),
+                        *[c.layout.host_exe(v) for v in variants(c.spec)], *c.evaluation_images],
+        outs=lambda c: [c.layout.verify],
+        args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
+                        "quantized_pt2": c.layout.quantized_pt2,
+                        "images_dir": c.calib_root / c.spec.evaluation_set, "builds": _builds(c),
+                        "out": c.layout.verify},
+        task_doc=lambda c: "host C vs Python integer reference vs PyTorch Q/DQ",
+    ),
+    Stage(
+        name="evaluate", doc="float vs quantized accuracy report",
+        func="pipeline.stages.evaluate:evaluate_model",
+        code=("stages/evaluate.py", "stages/convert.py", "data", "torchenv.py"),
+        params=("preprocess", "calibration.set", "calibration.source"),
+        extra=lambda c: {"images": [p.name for p in c.evaluation_images]},
+        deps=lambda c: [c.layout.float_pt2, c.layout.quantized_pt2, c.layout.calibration_json,
+                        c.layout.export_json, *c.evaluation_images],
+        outs=lambda c: [c.layout.report],
+        args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
+                        "quantized_pt2": c.layout.quantized_pt2,
+                        "calibration_json": c.layout.calibration_json, "export_json": c.layout.export_json,
+                        "images_dir": c.calib_root / c.spec.evaluation_set, "out": c.layout.report},
+        task_doc=lambda c: "float vs quantized top-1 on the labeled images",
+    ),
+    Stage(
+        name="cross_compile", doc="TI cl7x cross-compile (needs TI_CGT_C7000_PATH)",
+        func="pipeline.stages.cross_compile:cross_compile_model",
+        code=("stages/cross_compile.py", "toolchain.py", "backend/kernels"),
+        extra=lambda c: {"cgt": os.environ.get("TI_CGT_C7000_PATH", ""),
+                         "mmalib": os.environ.get("MMALIB_PATH", "")},
+        deps=_mmalib_files, outs=_cross_outputs,
+        args=lambda c: {"spec": c.spec, "codegen_dir": c.layout.codegen_dir(variants(c.spec)[0]),
+                        "out": c.layout.cross},
+        default=lambda: bool(os.environ.get("TI_CGT_C7000_PATH")),
+        task_doc=lambda c: "TI cl7x compile of the generated C (needs TI_CGT_C7000_PATH)",
+    ),
+)
+
+BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
+
+
+def get(name: str) -> Stage:
+    """The record of stage ``name``; raises KeyError naming the known stages."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown stage {name!r} (known: {', '.join(BY_NAME)})") from None

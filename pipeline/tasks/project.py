@@ -1,0 +1,174 @@
+"""Project wiring: model entries x stage records -> doit tasks, in one loop.
+
+Staleness is doit's own machinery (``docs/architecture.md``, "Staleness"):
+
+- ``file_dep``: the record's inputs (upstream artifacts, images, checkpoint)
+  plus the pipeline sources the stage runs, so a code change re-runs it.
+  doit's MD5 checker ignores a ``touch`` and notices added or removed files.
+- ``uptodate=[config_changed(...)]``: the record's tracked parameters and
+  nothing else (a dtype change re-runs prepare onward, not export).
+- ``uptodate=[StampCheck(...)]``: the stage's input stamp
+  (:mod:`pipeline.stamps`) closes the kill-then-undo hole.
+- Outputs are written atomically by the stages, and deterministic, so a
+  byte-identical artifact stops the cascade (early cutoff).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from doit.tools import config_changed
+
+from .. import stamps
+from ..config import InvalidModel, ModelSpec, load_models
+from ..errors import WeightsNotFoundError
+from ..layout import Layout, variants
+from ..stages.registry import PKG, STAGES, Stage, StageContext
+from ..weights import missing_weights_message, resolve_weights
+from .actions import fail_config, run_stage, run_summary
+
+SKIPPED = " [skipped by default: weights not found]"
+
+
+class Project:
+    """Model entries of one project and the doit tasks that build them.
+
+    Paths are relative to ``root`` (default: the folder holding ``models_dir``).
+    """
+
+    def __init__(self, models_dir="models", artifacts_dir="artifacts", calib_root="calib_data",
+                 root: str | Path | None = None):
+        self.root = Path(root) if root else Path(models_dir).resolve().parent
+        self.models_dir = self._abs(models_dir)
+        self.artifacts = self._abs(artifacts_dir)
+        self.calib_root = self._abs(calib_root)
+        self.entries = load_models(self.models_dir)
+        self.weights: dict[str, Path | None] = {}
+        self.skipped: dict[str, str] = {}
+        for spec in self.valid():
+            try:
+                self.weights[spec.name] = resolve_weights(spec, self.root)
+            except WeightsNotFoundError:
+                if spec.weights.optional:
+                    self.skipped[spec.name] = missing_weights_message(spec, self.root)
+
+    def _abs(self, p) -> Path:
+        p = Path(p)
+        return p if p.is_absolute() else self.root / p
+
+    def valid(self) -> list[ModelSpec]:
+        return [e for e in self.entries if isinstance(e, ModelSpec)]
+
+    def built(self) -> list[ModelSpec]:
+        """Models the default run builds (valid and not skipped)."""
+        return [s for s in self.valid() if s.name not in self.skipped]
+
+    def context(self, spec: ModelSpec) -> StageContext:
+        """What the stage records see for ``spec``."""
+        return StageContext(spec=spec, layout=Layout(self.artifacts, spec.name), root=self.root,
+                            calib_root=self.calib_root, weights=self.weights.get(spec.name),
+                            builder_sources=tuple(self._builder_sources(spec)))
+
+    def _builder_sources(self, spec: ModelSpec) -> list[Path]:
+        """The project's own builder module (e.g. mynets.py next to dodo.py), found by
+        path so nothing is imported; library builders (torchvision) are tracked by version."""
+        parts = spec.builder.partition(":")[0].split(".")
+        base = self.root.joinpath(*parts)
+        if base.with_suffix(".py").is_file():
+            return [base.with_suffix(".py")]
+        if (base / "__init__.py").is_file():
+            return sorted(base.rglob("*.py"))
+        return []
+
+    # ---- task dictionaries -------------------------------------------------
+
+    def task(self, stage: Stage, spec: ModelSpec) -> dict:
+        """The doit sub-task of ``stage`` for ``spec``."""
+        ctx = self.context(spec)
+        deps = [str(p) for p in stage.deps(ctx)] + stage.sources()
+        config = stage.tracked(ctx)
+        stamp = {"path": str(ctx.layout.stamp(stage.name)), "digest": stamps.config_digest(config),
+                 "deps": deps}
+        action = (run_stage, [stage.name, spec.name, stage.args(ctx), stamp,
+                              str(ctx.layout.traceback(stage.name))])
+        return {
+            "name": spec.name,
+            "actions": [action],
+            "file_dep": deps,
+            "targets": [str(t) for t in stage.outs(ctx)],
+            "uptodate": [config_changed(config), stamps.StampCheck(stamp["path"], stamp["digest"])],
+            "clean": True,
+            "doc": stage.describe(ctx) + (SKIPPED if spec.name in self.skipped else ""),
+        }
+
+    def stage_tasks(self, stage: Stage):
+        """Yield the doit sub-tasks of ``stage``, one per model entry."""
+        for entry in self.entries:
+            if isinstance(entry, InvalidModel):
+                yield {"name": entry.name, "actions": [(fail_config, [str(entry.error)])],
+                       "uptodate": [False], "doc": f"invalid entry {entry.source}"}
+            else:
+                yield self.task(stage, entry)
+
+    def summary_task(self) -> dict:
+        """Write ``summary.json`` once any model's numbers changed (the reporter prints)."""
+        deps = []
+        for spec in self.built():
+            L = Layout(self.artifacts, spec.name)
+            deps += [L.report, L.verify] + [L.codegen_dir(v) / "manifest.json" for v in variants(spec)]
+        payload = self.summary_payload()
+        return {"actions": [(run_summary, [payload])],
+                "file_dep": [str(d) for d in deps] + [str(PKG / "stages" / "summary.py")],
+                "targets": [str(self.artifacts / "summary.json")],
+                "uptodate": [config_changed({"models": payload["models"], "skipped": sorted(self.skipped)})],
+                "clean": True, "doc": "accuracy, offload and verify numbers of every model (summary.json)"}
+
+    def summary_payload(self) -> dict:
+        """What the summary task and the reporter read (plain data)."""
+        built = self.built()
+        return {"models": [s.name for s in built], "artifacts": str(self.artifacts),
+                "skipped": self.skipped, "variants": {s.name: variants(s) for s in built},
+                "invalid": {e.name: str(e.error) for e in self.entries if isinstance(e, InvalidModel)}}
+
+    def default_tasks(self) -> list[str]:
+        """What a bare ``doit`` builds: every default stage of every built model, the
+        summary, and the export of each invalid entry (so its error is shown)."""
+        out = [f"{stage.name}:{spec.name}" for spec in self.built() for stage in STAGES
+               if stage.in_default_run()]
+        return out + ["summary"] + [f"export:{e.name}" for e in self.entries if isinstance(e, InvalidModel)]
+
+    def doit_config(self) -> dict:
+        self.artifacts.mkdir(parents=True, exist_ok=True)  # doit keeps its state DB there
+        from ..console import C7xReporter
+        reporter = type("C7xReporter", (C7xReporter,), {"payload": self.summary_payload()})
+        return {"default_tasks": self.default_tasks(), "continue": True, "reporter": reporter,
+                "dep_file": str(self.artifacts / ".doit.db"), "action_string_formatting": "new"}
+
+    def namespace(self) -> dict:
+        """``task_*`` creators and ``DOIT_CONFIG`` for a dodo module's globals."""
+        ns = {"DOIT_CONFIG": self.doit_config()}
+        for stage in STAGES:
+            ns[f"task_{stage.name}"] = _creator(self, stage)
+        ns["task_summary"] = lambda: self.summary_task()
+        ns["task_summary"].__doc__ = "accuracy / offload / verify numbers of every model"
+        return ns
+
+
+def _creator(project: Project, stage: Stage):
+    def create():
+        yield {"basename": stage.name, "name": None, "doc": stage.doc}
+        yield from project.stage_tasks(stage)
+    create.__name__ = f"task_{stage.name}"
+    create.__doc__ = stage.doc
+    return create
+
+
+def load_project(models_dir="models", artifacts_dir="artifacts", calib_root="calib_data",
+                 root: str | Path | None = None) -> dict:
+    """Everything a dodo file needs: ``globals().update(load_project("models"))``.
+
+    Paths are relative to ``root`` (default: the folder holding ``models_dir``).
+    Models the default run skips (optional weights missing) are named in the
+    summary printed at the end of the run.
+    """
+    return Project(models_dir, artifacts_dir, calib_root, root).namespace()

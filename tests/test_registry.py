@@ -1,0 +1,125 @@
+"""The stage registry is the one place a stage is declared (issue 8).
+
+Each record must be runnable as declared: its function imports, accepts
+exactly the keyword arguments the record hands it, its code paths exist, and
+its tracked parameters name real model-entry fields. The package keeps its
+import layers (``docs/architecture.md``, "Layering").
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_models
+from pipeline.layout import Layout
+from pipeline.stages import registry
+from pipeline.stages.registry import PKG, STAGES, StageContext
+
+REPO = PKG.parent
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory) -> StageContext:
+    spec = next(s for s in load_models(REPO / "models") if s.name == "mobilenet_v2")
+    art = tmp_path_factory.mktemp("art")
+    return StageContext(spec=spec, layout=Layout(art, spec.name), root=REPO,
+                        calib_root=REPO / "calib_data", weights=None)
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
+def test_function_accepts_exactly_the_declared_arguments(stage, ctx):
+    fn = stage.function()
+    args = stage.args(ctx)
+    sig = inspect.signature(fn)
+    sig.bind(**args)  # raises TypeError on a missing or unknown argument
+    required = {n for n, p in sig.parameters.items() if p.default is inspect.Parameter.empty}
+    assert required <= set(args), (stage.name, required - set(args))
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
+def test_code_params_and_paths_are_real(stage, ctx):
+    for rel in stage.code:
+        assert (PKG / rel).exists(), (stage.name, rel)
+    assert stage.sources() and all(Path(p).is_file() for p in stage.sources())
+    tracked = stage.tracked(ctx)  # an unknown field raises AttributeError
+    assert set(stage.params) <= set(tracked)
+    outs = stage.outs(ctx)
+    assert outs and all(str(p).startswith(str(ctx.layout.dir)) for p in outs), stage.name
+    assert stage.doc and "\n" not in stage.doc and stage.describe(ctx)
+
+
+def test_stage_order_is_a_dataflow_order(ctx):
+    """Every input a stage reads from artifacts/ is written by an earlier stage."""
+    made: set[Path] = set()
+    for stage in STAGES:
+        for dep in stage.deps(ctx):
+            if str(dep).startswith(str(ctx.layout.dir)):
+                assert dep in made, (stage.name, dep)
+        made |= set(stage.outs(ctx))
+
+
+def test_unknown_stage_names_the_known_ones():
+    with pytest.raises(KeyError, match="known: export, prepare"):
+        registry.get("exprt")
+
+
+def test_no_stage_dispatch_on_names():
+    """No ``if stage == ...`` chains: the registry is the only dispatch."""
+    hits = [p for p in PKG.rglob("*.py") if "if stage ==" in p.read_text()]
+    assert hits == []
+
+
+# Import layers, lowest first. A module may import from its own layer or lower ones.
+LAYERS = [
+    {"errors", "fsutil", "config", "stamps", "weights", "layout", "toolchain", "torchenv", "assets"},
+    {"quant", "frontend", "backend", "data"},
+    {"stages", "console"},
+    {"tasks"},
+]
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if module.startswith("pipeline.") else None
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"{module}: not placed in a layer (add it to LAYERS and docs/architecture.md)")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out.add(target)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return {m for m in out if m.startswith("pipeline.")}
+
+
+def test_no_module_imports_from_a_higher_layer():
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        module = _module_name(path)
+        if module == "pipeline":
+            continue
+        for target in _imports(path, module):
+            if target != "pipeline" and _layer(target) > _layer(module):
+                bad.append(f"{module} -> {target}")
+    assert bad == []
