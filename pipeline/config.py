@@ -110,7 +110,8 @@ class QuantizerSpec:
     ``implementation``: "c7x" (ours) or "tvm" (the vendor fork's
     ``tvm.relax.frontend.torch.C7xMMAQuantizer`` when that tvm is installed).
     ``weight_dtype``: None = int8 weights for both activation dtypes (the
-    user's document); "int16" = int16 weights in int16 mode (the reference code).
+    user's examples, docs/reference.md); "int16" = int16 weights in int16 mode
+    (the reference code).
     ``fuse_activations``: observe conv/linear/add outputs after a following
     relu/relu6 instead of before it.
     """

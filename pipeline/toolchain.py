@@ -1,7 +1,7 @@
 """TI C7000 code generation tools: locating them and the command lines we run.
 
 Flags are TI's documented ones for the C7x on J722S / AM67A
-(c7x-backend-facts.md, section D): ``-mv7524`` selects the C7524 core with its
+(docs/reference.md, "TI toolchain"): ``-mv7524`` selects the C7524 core with its
 MMA (``--silicon_version`` is for C66x only), release builds use
 ``-O3 --auto_inline=500``. No torch, no tvm.
 """
@@ -18,7 +18,7 @@ MMALIB_ENV = "MMALIB_PATH"
 
 
 def common_flags(cgt: Path) -> list[str]:
-    """Flags shared by every C7x compile (facts D, "Common")."""
+    """Flags shared by every C7x compile (docs/reference.md, "TI toolchain": common flags)."""
     return ["-mv7524", "--abi=eabi", "--endian=little", "--display_error_number",
             "--diag_suppress=496,1311,303", f"-I{cgt / 'include'}", "--fp_mode=relaxed",
             "-DNULL=0", "-DSOC_J722S"]
@@ -47,7 +47,7 @@ def find_cgt() -> Path:
 
 
 def compile_command(cgt: Path, source: Path, obj: Path, include_dirs: list[Path]) -> list[str]:
-    """``cl7x`` command compiling one C99 file to an object (facts D, "Compile")."""
+    """``cl7x`` command compiling one C99 file to an object (docs/reference.md, "TI toolchain")."""
     return ([str(cgt / "bin" / "cl7x")] + common_flags(cgt) + C_FLAGS + RELEASE_FLAGS
             + [f"-I{d}" for d in include_dirs]
             + ["--compile_only", f"--output_file={obj}", str(source)])

@@ -1,4 +1,5 @@
-"""The cross_compile stage builds TI's documented command lines (facts D) and
+"""The cross_compile stage builds TI's documented command lines (docs/reference.md,
+"TI toolchain") and
 runs them; a stand-in cl7x/ar7x records its arguments (no TI tools here)."""
 
 import json

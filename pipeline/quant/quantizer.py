@@ -1,22 +1,23 @@
 """C7xMMAQuantizer: the PT2E quantizer that shapes graphs for the C7x MMALIB backend.
 
-It reproduces the reference quantizer's behaviour (facts file section A; the
-op rules are listed in :mod:`pipeline.quant.rules`, the specs in
-:mod:`pipeline.quant.specs`) with two documented deviations:
+It reproduces the reference quantizer's behaviour (docs/reference.md,
+"Quantizer rules"; the op rules are listed in :mod:`pipeline.quant.rules`, the
+specs in :mod:`pipeline.quant.specs`) with two documented deviations:
 
 * **Weight dtype in int16 mode.** By default (``weight_dtype=None``) weights
-  are int8 for both activation dtypes, as the user's document says ("int16:
-  weights int8, per-channel scale"). The reference *code* uses int16 weights
-  in int16 mode, and its int16 MMALIB passes need them: ``weight_dtype="int16"``
-  gives that.
+  are int8 for both activation dtypes, as the user's examples say (int16 mode:
+  int8 per-channel weights; docs/reference.md, "The user's examples"). The
+  reference *code* uses int16 weights in int16 mode, and its int16 MMALIB passes
+  need them: ``weight_dtype="int16"`` gives that.
 * **Activation fusion** (``fuse_activations=True``, the default). When a
   conv2d / linear / add.Tensor / add_.Tensor has exactly one user and that user
   is relu / relu_ / hardtanh / hardtanh_ / relu6, the producer's output is not
   observed and the activation's output gets an independent activation spec
   (the standard PT2E conv-relu pattern; the C7x kernels apply relu/clip after
-  the accumulator anyway, facts B). The observer then sees the post-activation
-  range, which matters for ReLU6: the reference observes the conv output and
-  lets relu share its scale, wasting int8 codes on values the clip removes.
+  the accumulator anyway, docs/reference.md, "Kernel math"). The observer then
+  sees the post-activation range, which matters for ReLU6: the reference
+  observes the conv output and lets relu share its scale, wasting int8 codes
+  on values the clip removes.
   Measured on MobileNetV2 int8 with the 20 real ImageNet images: reference
   style 17/20 top-1, fused 18/20, float 18/20. With ``fuse_activations=False``
   the reference table is followed exactly (producer output observed, the
@@ -46,7 +47,7 @@ class C7xMMAQuantizer(Quantizer):
         dtype: "int8" (default) or "int16" activations. Anything else: ValueError.
         symmetric_activations: int8 only; False gives ``per_tensor_affine``
             activations. For int16 a False emits a UserWarning and is ignored.
-        weight_dtype: None / "int8" (int8 weights, the user's document) or
+        weight_dtype: None / "int8" (int8 weights, the user's examples) or
             "int16" (only with ``dtype="int16"``, the reference code); else ValueError.
         observer: activation observer, "minmax" (torchao MinMaxObserver, the
             reference's), "histogram" or "moving_average"; else ValueError.
@@ -57,10 +58,10 @@ class C7xMMAQuantizer(Quantizer):
     QuantizationSpecs (see :mod:`pipeline.quant.specs` for ranges and schemes).
 
     What gets annotated (full table and reasons in :mod:`pipeline.quant.rules`,
-    facts A): conv2d (NCHW input, OIHW weight) and linear ([..., K] input,
-    [N, K] weight) with per-channel axis-0 weights and float bias; mm / addmm
-    ([M, K] x [K, N], both operands per-tensor); add.Tensor / add_.Tensor of
-    two float tensors (residuals); gelu, silu, hardsigmoid, hardswish and the
+    docs/reference.md, "Quantizer rules"): conv2d (NCHW input, OIHW weight) and
+    linear ([..., K] input, [N, K] weight) with per-channel axis-0 weights and
+    float bias; mm / addmm ([M, K] x [K, N], both operands per-tensor);
+    add.Tensor / add_.Tensor of two float tensors (residuals); gelu, silu, hardsigmoid, hardswish and the
     average pools (own output observer); layer_norm; relu-like, max_pool2d and
     shape ops sharing their input's observer. cat, mul, sigmoid and group_norm
     stay float. Everything observed is a float32 tensor; the Q/DQ dtype is
@@ -98,7 +99,7 @@ class C7xMMAQuantizer(Quantizer):
         nodes of ``model`` (in place; also returned), in graph order.
 
         A node that already carries an annotation is left exactly as it is, so a
-        second call changes nothing (facts A)."""
+        second call changes nothing (docs/reference.md, "Quantizer rules")."""
         for node in model.graph.nodes:
             if node.op != "call_function" or Q_ANNOTATION_KEY in node.meta:
                 continue
@@ -112,7 +113,8 @@ class C7xMMAQuantizer(Quantizer):
             input_qspec_map=inputs, output_qspec=output, _annotated=True)
 
     def _annotate_weighted(self, node: Node) -> None:
-        # No float gating here (facts A): conv/linear always take a tensor input.
+        # No float gating here (docs/reference.md, "Quantizer rules"): conv/linear
+        # always take a tensor input.
         inputs = {node.args[0]: self.activation_spec, node.args[1]: self.weight_spec}
         self._set(node, inputs, self._output_spec(node))
 
@@ -170,8 +172,8 @@ class C7xMMAQuantizer(Quantizer):
     # ------------------------------------------------------------------ validate
     def validate(self, model: torch.fx.GraphModule) -> None:
         """Warn (UserWarning) for every conv2d/linear whose weight ended up with a
-        per-tensor spec: MMALIB expects per-channel weights (facts A, ``validate()``;
-        the reference only logs). Raises nothing."""
+        per-tensor spec: MMALIB expects per-channel weights (docs/reference.md,
+        "Quantizer rules", ``validate()``; the reference only logs). Raises nothing."""
         for node in model.graph.nodes:
             if node.op != "call_function" or node.target not in rules.WEIGHTED:
                 continue

@@ -1,6 +1,6 @@
 """Which aten ops the C7x quantizer annotates, and the graph tests behind its rules.
 
-The op tables follow the reference annotation table (facts file section A);
+The op tables follow the reference annotation table (docs/reference.md, "Quantizer rules");
 ops marked *ours* cover what torchvision CNNs produce that the table misses,
 so that the int8/int16 chain between MMALIB layers stays unbroken.
 
@@ -64,20 +64,22 @@ TRANSPARENT = frozenset({
 #: producers whose output is not observed when a fusable activation is their only user.
 FUSABLE_PRODUCERS = frozenset({aten.conv2d.default, aten.linear.default,
                                aten.add.Tensor, aten.add_.Tensor})
-#: activations the C7x kernels apply after the accumulator (relu / clip, facts B).
+#: activations the C7x kernels apply after the accumulator (relu / clip;
+#: docs/reference.md, "Kernel math").
 FUSABLE_ACTIVATIONS = frozenset({aten.relu.default, aten.relu_.default, aten.hardtanh.default,
                                  aten.hardtanh_.default, aten.relu6.default})
 
 TOPK = frozenset({aten.topk.default})
 #: ops a detection score may pass through on its way to topk and still count as
-#: "reaching topk" (facts A, detection-head rule).
+#: "reaching topk" (docs/reference.md, "Quantizer rules": detection-head rule).
 RANKING_PATH = TRANSPARENT | {operator.getitem, aten.split.Tensor, aten.split_with_sizes.default,
                               aten.max.dim, aten.min.dim}
 
 
 def is_float_tensor(arg) -> bool:
     """True if ``arg`` is an fx Node whose ``meta["val"]`` is a floating-point tensor
-    (the float-tensor gating of facts A; a Node without ``val`` does not pass)."""
+    (the float-tensor gating of docs/reference.md, "Quantizer rules"; a Node without
+    ``val`` does not pass)."""
     if not isinstance(arg, Node):
         return False
     val = arg.meta.get("val")
@@ -87,7 +89,8 @@ def is_float_tensor(arg) -> bool:
 def reaches_topk(node: Node) -> bool:
     """True if ``node``'s output reaches a ``topk`` through RANKING_PATH ops only
     (transparent, getitem/split, max.dim/min.dim). Such transparent ops stay
-    unannotated, which keeps detection ranking in float (facts A)."""
+    unannotated, which keeps detection ranking in float (docs/reference.md,
+    "Quantizer rules")."""
     stack, seen = list(node.users), set()
     while stack:
         user = stack.pop()

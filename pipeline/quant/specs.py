@@ -1,7 +1,7 @@
 """Quantization specs of the C7x quantizer: option checking and the two specs it hands out.
 
 Two specs exist, both built from torchao observer classes (torch.ao observers
-are not converted by torchao's ``convert_pt2e``; facts file section A):
+are not converted by torchao's ``convert_pt2e``; docs/reference.md, "Quantizer rules"):
 
 * **activation spec**: per-tensor, dtype int8 [-128, 127] or int16
   [-32768, 32767]; ``per_tensor_symmetric`` (zero point 0), or
@@ -11,10 +11,11 @@ are not converted by torchao's ``convert_pt2e``; facts file section A):
 * **weight spec**: ``PerChannelMinMaxObserver``, ``per_channel_symmetric``,
   ``ch_axis=0`` (output channels of OIHW conv / [out, in] linear weights),
   zero point 0. dtype int8 [-128, 127] by default for both activation dtypes
-  (the user's document, "Choosing int8 vs int16": int16 mode keeps int8
-  weights); int16 [-32768, 32767] with ``weight_dtype="int16"`` (what the
-  reference *code* does in int16 mode, facts section A, and what its i16
-  MMALIB passes require, section B).
+  (the user's examples, int8 vs int16: int16 mode keeps int8 weights;
+  docs/reference.md, "The user's examples"); int16 [-32768, 32767] with
+  ``weight_dtype="int16"`` (what the reference *code* does in int16 mode,
+  docs/reference.md, "Quantizer rules", and what its i16 MMALIB passes
+  require, "Eligibility").
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from torchao.quantization.pt2e import (HistogramObserver, MinMaxObserver,
                                        MovingAverageMinMaxObserver, PerChannelMinMaxObserver)
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
-#: dtype name -> (torch dtype, quant_min, quant_max); the full range of the type (facts A).
+#: dtype name -> (torch dtype, quant_min, quant_max); the full range of the type
+#: (docs/reference.md, "Quantizer rules").
 DTYPES: dict[str, tuple[torch.dtype, int, int]] = {
     "int8": (torch.int8, -128, 127),
     "int16": (torch.int16, -32768, 32767),
@@ -39,13 +41,13 @@ OBSERVERS = {
     "moving_average": MovingAverageMinMaxObserver,
 }
 
-#: accepted ``weight_dtype`` values; None means "int8" (the user's document).
+#: accepted ``weight_dtype`` values; None means "int8" (the user's examples, docs/reference.md).
 WEIGHT_DTYPES = (None, "int8", "int16")
 
 
 def check_dtype(dtype: str) -> str:
     """Return ``dtype`` if it is "int8" or "int16"; raise ValueError naming both otherwise
-    (facts A, constructor)."""
+    (docs/reference.md, "Quantizer rules": constructor)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     return dtype
@@ -60,8 +62,8 @@ def check_observer(observer: str) -> type:
 
 def resolve_symmetric(dtype: str, symmetric_activations: bool) -> bool:
     """Whether activations are symmetric. int16 is always symmetric: asking for
-    asymmetric int16 emits a UserWarning and is ignored (facts A; the user's document:
-    "asymmetric int16 has no lowering path")."""
+    asymmetric int16 emits a UserWarning and is ignored (docs/reference.md, "Quantizer
+    rules" and "The user's examples": asymmetric int16 has no lowering path)."""
     if dtype == "int16" and not symmetric_activations:
         warnings.warn("int16 activations are always symmetric (asymmetric int16 has no lowering "
                       "path); symmetric_activations=False is ignored", UserWarning, stacklevel=3)
@@ -70,8 +72,9 @@ def resolve_symmetric(dtype: str, symmetric_activations: bool) -> bool:
 
 
 def resolve_weight_dtype(dtype: str, weight_dtype: str | None) -> str:
-    """The weight dtype name: None -> "int8" (user's document); "int16" only with
-    ``dtype="int16"`` (int16 weights under int8 activations have no kernel, facts B).
+    """The weight dtype name: None -> "int8" (the user's examples, docs/reference.md);
+    "int16" only with ``dtype="int16"`` (int16 weights under int8 activations have no
+    kernel, docs/reference.md, "Eligibility").
     Raises ValueError for any other value or combination."""
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight_dtype must be one of {list(WEIGHT_DTYPES)}, got {weight_dtype!r}")
@@ -90,7 +93,8 @@ def activation_spec(dtype: str, symmetric: bool, observer_cls: type) -> Quantiza
 
 
 def weight_spec(weight_dtype: str) -> QuantizationSpec:
-    """Per-channel symmetric weight spec, axis 0, zero point 0 (facts A, weight spec)."""
+    """Per-channel symmetric weight spec, axis 0, zero point 0 (docs/reference.md,
+    "Quantizer rules": weights)."""
     qdtype, qmin, qmax = DTYPES[weight_dtype]
     return QuantizationSpec(
         dtype=qdtype, quant_min=qmin, quant_max=qmax, qscheme=torch.per_channel_symmetric,

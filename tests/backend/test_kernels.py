@@ -347,7 +347,8 @@ def test_matmul_bias_c_equals_python(dtype, case, kind, rounding):
 
 
 RESIDUAL_PARAMS = {
-    # (M_x, M_skip, shift, zp_x, zp_skip, zp_out): facts B uses shift 15
+    # (M_x, M_skip, shift, zp_x, zp_skip, zp_out): the pass uses shift 15
+    # (docs/reference.md, "Residual add")
     "typical": (21000, 13000, 15, 3, -7, 5),
     "zero_points_0": (40000, 9000, 15, 0, 0, 0),
     "negative_M": (-30000, 50000, 15, -128, 127, -3),
@@ -546,7 +547,8 @@ def test_rounding_known_answers():
 @pytest.mark.parametrize("has_relu", (0, 1))
 @pytest.mark.parametrize("dtype", DTYPES, ids=["i8", "i16"])
 def test_residual_add_is_within_one_lsb_of_the_float_formula(dtype, has_relu):
-    """Real scales s_x, s_skip, s_out; M = round(s / s_out * 2^15), shift 15 (facts B).
+    """Real scales s_x, s_skip, s_out; M = round(s / s_out * 2^15), shift 15
+    (docs/reference.md, "Residual add").
     Against v = s_x/s_o (x - zx) + s_s/s_o (skip - zs) + zo (then relu, clip):
     half_up is within 0.5 LSB and floor within (-1, 0] LSB, each widened by the
     multipliers' own rounding error |dx| |M_x / 2^15 - s_x / s_o| + (skip alike),

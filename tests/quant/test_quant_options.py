@@ -1,4 +1,5 @@
-"""C7xMMAQuantizer constructor options, observers, idempotency and validate() (facts A)."""
+"""C7xMMAQuantizer constructor options, observers, idempotency and validate()
+(docs/reference.md, "Quantizer rules")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""One test per row of the annotation table (facts A), on the converted Q/DQ graph."""
+"""One test per row of the annotation table (docs/reference.md, "Quantizer rules"), on the
+converted Q/DQ graph."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Activation and weight specs, read off the converted Q/DQ graph (facts A; user's document)."""
+"""Activation and weight specs, read off the converted Q/DQ graph (docs/reference.md,
+"Quantizer rules" and "The user's examples")."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
  * c7x_kernels.h: the kernel ABI that doit-c7x's generated code calls.
  *
  * These are the extern names and argument lists of TI's MMALIB wrappers and
- * C7x kernels (c7x-backend-facts.md, section B). On the DSP they resolve to
+ * C7x kernels (docs/reference.md, "Kernel ABI"). On the DSP they resolve to
  * TI's libraries; on the host, c7x_kernels_ref.c implements them in plain C99
  * so the generated C can be proven bit-exact against the Python reference
  * (pipeline/backend/kernels/reference.py) without a board.
@@ -90,7 +90,8 @@ int32_t mmalib_conv2d_i8_grouped_loop(const int8_t* in, const int8_t* w, const i
                                       int32_t pad_right, int32_t groups);
 /* depthwise conv2d, groups = C: in/out [1, C, H, W], w [C * KH * KW] (= OIHW with I = 1),
  * output size as for conv2d. num_groups must equal C (else C7X_ERR_SHAPE).
- * MMALIB only takes square 3/5/7 kernels (facts B); the host reference takes any. */
+ * MMALIB only takes square 3/5/7 kernels (docs/reference.md, "Eligibility"); the host
+ * reference takes any. */
 int32_t mmalib_depthwise_conv2d_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
                                    const uint8_t* scale, const uint8_t* shift, int8_t* out,
                                    int32_t C, int32_t H_in, int32_t W_in, int32_t KH, int32_t KW,
@@ -121,7 +122,7 @@ int32_t mmalib_matmul_bias_i16(const int16_t* in, const int16_t* w, const int64_
  * if has_relu != 0: r = max(r, zp_out); out = saturate(r).
  * Accumulation in int64 (both dtypes; exact), rounding per C7X_ROUNDING
  * (TI's kernel floors: build with C7X_ROUND_FLOOR to match it),
- * shift in [0, C7X_MAX_SHIFT] (facts B: the pass uses 15). */
+ * shift in [0, C7X_MAX_SHIFT] (the pass uses 15: docs/reference.md, "Residual add"). */
 int32_t c7x_int8_residual_add_relu(const int8_t* x, const int8_t* skip, const uint8_t* params,
                                    int8_t* out, int32_t n, int32_t has_relu);
 int32_t c7x_int16_residual_add_relu(const int16_t* x, const int16_t* skip, const uint8_t* params,

@@ -5,8 +5,8 @@
  * host this file stands in for them, so that the generated C can be compiled by
  * gcc and proven bit-exact against pipeline/backend/kernels/reference.py.
  * The semantics (requantization, residual add, max pool, ReLU, clamp) are those
- * of c7x-backend-facts.md section B as pinned down in c7x_kernels.h; read the
- * header first, this file only adds how each is computed.
+ * of docs/reference.md as pinned down in c7x_kernels.h; read the header first,
+ * this file only adds how each is computed.
  *
  * Plain C99: no compiler extensions, no allocation, no implementation-defined
  * behaviour (right shifts of negative numbers and narrowing conversions are
@@ -145,7 +145,7 @@ static int64_t load_elem(const void* base, int64_t idx, elem_type t)
 }
 
 /* Per-channel bias / scale / shift with the wrapper defaults for NULL (0 / 1 / 0,
- * facts B "Wrapper behaviour"). Bias is int32 for int8 kernels, int64 for int16. */
+ * docs/reference.md, "Wrapper behaviour"). Bias is int32 for int8 kernels, int64 for int16. */
 typedef struct {
     const void* bias;
     const uint8_t* scale;
@@ -628,7 +628,7 @@ int32_t c7x_int8_max_pool(const int8_t* in, int8_t* out, int32_t N, int32_t C, i
     return max_pool_run(in, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW);
 }
 
-/* The TIDL-library variant computes the same function (facts B "Maxpool"). */
+/* The TIDL-library variant computes the same function (docs/reference.md, "Max pool"). */
 int32_t c7x_int8_max_pool_tidl(const int8_t* in, int8_t* out, int32_t N, int32_t C, int32_t H_in,
                                int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
                                int32_t sH, int32_t sW, int32_t pH, int32_t pW)

@@ -11,7 +11,8 @@ size or dtype, a scalar outside int32) raise ``ValueError`` / ``TypeError``.
 ``rounding`` ("half_up" | "floor", default :data:`ROUNDING`, the twin of the C
 macro ``C7X_ROUNDING``; ignored by kernels that do not round).
 
-Semantics: c7x-backend-facts.md section B as pinned down in ``c7x_kernels.h``.
+Semantics: ``docs/reference.md`` ("Kernel math", "Kernel ABI") as pinned down in
+``c7x_kernels.h``.
 Arithmetic is exact: products and sums in int64, convolutions in float64 via
 ``torch.nn.functional.conv2d``, which is exact because every partial sum is an
 integer of magnitude <= K * 2^30 <= 2^53 (int16 products are <= 2^30, int8 ones
@@ -397,8 +398,9 @@ def _matmul(in_, w, bias, scale, shift, out, g: MatmulGeometry, dtype: np.dtype,
 
 
 def parse_residual_params(params: np.ndarray) -> dict[str, int]:
-    """Decode the 16-byte little-endian residual-add blob (facts B "Residual add"):
-    int32 M_x, M_skip, shift at bytes 0-11; int8 zp_x, zp_skip, zp_out at 12-14."""
+    """Decode the 16-byte little-endian residual-add blob (docs/reference.md,
+    "Residual add"): int32 M_x, M_skip, shift at bytes 0-11; int8 zp_x, zp_skip,
+    zp_out at 12-14."""
     raw = params.reshape(-1).tobytes()
     m_x, m_skip, shift = (int(v) for v in np.frombuffer(raw[:12], dtype="<i4"))
     zp_x, zp_skip, zp_out = (int(v) for v in np.frombuffer(raw[12:15], dtype=np.int8))
@@ -478,7 +480,7 @@ def mmalib_conv2d_i8(in_, w, bias, scale, shift, out, C_in, H_in, W_in, C_out, K
     [C_out, C_in, KH, KW] (OIHW), bias int32 [C_out], scale / shift uint8 [C_out]
     (None = 0 / 1 / 0), out int8 [1, C_out, H_out, W_out] with
     H_out = (H_in + pad_top + pad_bottom - KH) // stride_h + 1 (W alike).
-    out = saturate(rshift((acc + bias) * scale, shift)), facts B "Kernel math"."""
+    out = saturate(rshift((acc + bias) * scale, shift)), docs/reference.md, "Kernel math"."""
     g = ConvGeometry(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                      pad_left, pad_right)
     return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding)
@@ -535,7 +537,7 @@ def mmalib_matmul_bias_i16(in_, w, bias, scale, shift, out, M, K, N, rounding=No
 
 
 def c7x_int8_residual_add_relu(x, skip, params, out, n, has_relu, rounding=None) -> int:
-    """int8 residual add (facts B "Residual add"): x, skip, out int8 [n], params
+    """int8 residual add (docs/reference.md, "Residual add"): x, skip, out int8 [n], params
     uint8 [16]; r = rshift((x - zp_x) M_x + (skip - zp_skip) M_skip, shift) + zp_out,
     then max(r, zp_out) if has_relu, then saturate."""
     return _residual(x, skip, params, out, n, has_relu, _I8, rounding)
@@ -548,7 +550,7 @@ def c7x_int16_residual_add_relu(x, skip, params, out, n, has_relu, rounding=None
 
 def c7x_int8_max_pool(in_, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
                       rounding=None) -> int:
-    """int8 max pool (facts B "Maxpool"): in int8 [N, C, H_in, W_in], out int8
+    """int8 max pool (docs/reference.md, "Max pool"): in int8 [N, C, H_in, W_in], out int8
     [N, C, H_out, W_out], symmetric padding pH / pW that never wins; H_out is the
     floor- or ceil-mode size, pH < kH. ``rounding`` is unused (no arithmetic)."""
     g = PoolGeometry(N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW)
@@ -563,7 +565,7 @@ def c7x_int8_max_pool_tidl(in_, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH,
 
 
 def c7x_int8_relu(in_, out, n, zp, rounding=None) -> int:
-    """out = saturate(max(in, zp)); in / out int8 [n] (facts B "ReLU pass")."""
+    """out = saturate(max(in, zp)); in / out int8 [n] (docs/reference.md, "ReLU pass")."""
     zp = _int32("zp", zp)
     status = _elementwise_status(in_, out, n)
     if status != C7X_OK:
@@ -573,7 +575,7 @@ def c7x_int8_relu(in_, out, n, zp, rounding=None) -> int:
 
 def c7x_int8_clamp(in_, out, n, lo, hi, rounding=None) -> int:
     """out = saturate(min(max(in, lo), hi)); in / out int8 [n]; lo > hi is
-    C7X_ERR_PARAM (facts B "ReLU pass", clip with equal quantization)."""
+    C7X_ERR_PARAM (docs/reference.md, "ReLU pass": clip with equal quantization)."""
     lo, hi = _int32("lo", lo), _int32("hi", hi)
     status = _elementwise_status(in_, out, n)
     if status != C7X_OK:
