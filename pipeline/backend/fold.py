@@ -1,8 +1,7 @@
 """Compile-time requantization math for the offloaded kernels (pure numpy).
 
-Everything here follows ``c7x-backend-facts.md`` section B ("Folding",
-"``_float_to_scale_shift``", "Residual add") and the kernel ABI in
-``kernels/c7x_kernels.h``:
+Everything here follows ``docs/reference.md``, "Folding", "Scale and shift"
+and "Residual add", and the kernel ABI in ``kernels/c7x_kernels.h``:
 
 - conv / depthwise / FC kernels compute, per output channel ``c``::
 
@@ -16,19 +15,20 @@ Rounding is numpy's half-to-even (``np.rint``), like Python's ``round`` in the
 reference. Float arithmetic is float64 on the float32 scales torch stored.
 
 Two deliberate deviations from the reference, both "decline instead of
-silently computing something else" (the caller keeps the layer on the scalar
-path and logs the returned reason):
+silently computing something else" (the functions raise
+:class:`~pipeline.backend.refusal.Declined`; the offload pass keeps the layer
+on the scalar path and logs the reason):
 
 - :func:`float_to_scale_shift` returns ``None`` where the reference silently
   returns ``(1, 0)`` (a rescale that no ``scale in [1,127], shift in [0,31]``
-  can represent);
+  can represent), and :func:`requant_params` declines on it;
 - :func:`fold_bias_i8` / :func:`residual_add_params` range-check their int32
   results where the reference wraps.
 
 One deliberate extension (int16 activations with int8 weights, "pre-scaling"):
-the 7-bit ``scale`` of facts B limits the requantization multiplier to a
-relative precision of ~2^-8 (median 2.7e-3, max 7.6e-3 over log-uniform
-rescales), which with int16 outputs is tens of LSB (MobileNetV2, int16: 84
+the 7-bit kernel ``scale`` (``docs/reference.md``, "Scale and shift") limits
+the requantization multiplier to a relative precision of ~2^-8 (median
+2.7e-3, max 7.6e-3 over log-uniform rescales), which with int16 outputs is tens of LSB (MobileNetV2, int16: 84
 LSB mean / 673 max vs torch's Q/DQ model). When the int16 kernels get int8
 weights widened to int16, the top 8 bits of every weight are unused, so each
 output channel's weights are multiplied by an integer ``k[c]`` in [1, 256]
@@ -40,8 +40,8 @@ min/max) and :func:`prescale_requant_params` picks ``(k, scale, shift)`` with
     out  = saturate(rshift((acc' + bias') * scale, shift))
          = saturate(rshift((acc + round(b/(d_s*w_s))) * (k*scale), shift))
 
-i.e. the facts-B formula ("int16 folding", "Kernel math") with a multiplier
-``k*scale`` of up to 15 bits instead of 7.
+i.e. the formula of ``docs/reference.md``, "int16 folding" and "Kernel math",
+with a multiplier ``k*scale`` of up to 15 bits instead of 7.
 Because not every integer below 2^15 is a product ``k*scale`` with
 ``k <= 256, scale <= 127``, the realized precision is ~13-14 bits: relative
 error median 4.6e-5, 90th percentile 1.4e-4, 99th 4.0e-4, max 9.0e-4 over
@@ -60,11 +60,13 @@ import struct
 
 import numpy as np
 
-#: The kernels declare ``scale`` as a signed byte on the FC path (facts B), so
-#: every kernel gets a scale in [1, 127]; shifts are 0..31.
+from .refusal import Declined
+
+#: The kernels declare ``scale`` as a signed byte on the FC path (``docs/reference.md``,
+#: "Kernel ABI"), so every kernel gets a scale in [1, 127]; shifts are 0..31.
 SCALE_MAX = 127
 SHIFT_MAX = 31
-#: Residual-add multipliers are Q15 (facts B: shift = 15).
+#: Residual-add multipliers are Q15 (``docs/reference.md``, "Residual add": shift = 15).
 RESIDUAL_SHIFT = 15
 #: Largest per-channel weight pre-scale of widened int8 weights: 128 * 256 = 2^15.
 PRESCALE_MAX = 256
@@ -79,7 +81,7 @@ def dtype_range(dtype: str) -> tuple[int, int]:
 
 
 def float_to_scale_shift(r: float) -> tuple[int, int] | None:
-    """Best ``(scale, shift)`` with ``scale / 2**shift ~= r`` (facts B, ``_float_to_scale_shift``).
+    """Best ``(scale, shift)`` with ``scale / 2**shift ~= r`` (``docs/reference.md``, "Scale and shift").
 
     For ``shift`` = 0..31: ``s = round_half_even(r * 2**shift)``; candidates
     with ``s < 1`` are skipped and the search stops at the first ``s > 127``.
@@ -165,11 +167,11 @@ def prescale_limit(w: np.ndarray) -> np.ndarray:
 
 
 def prescale_requant_params(d_s: float, w_s: np.ndarray, o_s: float,
-                            k_max: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | str:
+                            k_max: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-channel ``(k int64[C], scale uint8[C], shift uint8[C])`` for ``r[c] = d_s*w_s[c]/o_s``
     with ``k[c] <= k_max[c]`` (:func:`prescale_limit`), by :func:`float_to_prescale_scale_shift`.
 
-    Returns a reason string when a channel's rescale is not positive or
+    Raises :class:`Declined` when a channel's rescale is not positive or
     nothing fits (as :func:`requant_params`).
     """
     r = rescale(d_s, w_s, o_s)
@@ -179,10 +181,10 @@ def prescale_requant_params(d_s: float, w_s: np.ndarray, o_s: float,
     shift = np.zeros(r.shape, np.uint8)
     for c, rc in enumerate(r):
         if not (np.isfinite(rc) and rc > 0.0):
-            return f"rescale {rc:.6g} of channel {c} is not a positive number"
+            raise Declined(f"rescale {rc:.6g} of channel {c} is not a positive number")
         fit = float_to_prescale_scale_shift(rc, int(k_max[c]))
         if fit is None:
-            return (f"rescale {rc:.6g} of channel {c} does not fit k*scale/2^shift with k in "
+            raise Declined(f"rescale {rc:.6g} of channel {c} does not fit k*scale/2^shift with k in "
                     f"[1,{int(k_max[c])}], scale in [1,{SCALE_MAX}], shift in [0,{SHIFT_MAX}]")
         k[c], scale[c], shift[c] = fit
     return k, scale, shift
@@ -203,16 +205,16 @@ def prescale_weights(w: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 
 def rescale(d_s: float, w_s: np.ndarray, o_s: float) -> np.ndarray:
-    """Per-channel rescale ``r[c] = d_s * w_s[c] / o_s`` (facts B), float64[C]."""
+    """Per-channel rescale ``r[c] = d_s * w_s[c] / o_s`` (``docs/reference.md``, "Folding"), float64[C]."""
     return float(d_s) * np.asarray(w_s, dtype=np.float64).reshape(-1) / float(o_s)
 
 
-def requant_params(d_s: float, w_s: np.ndarray, o_s: float) -> tuple[np.ndarray, np.ndarray] | str:
+def requant_params(d_s: float, w_s: np.ndarray, o_s: float) -> tuple[np.ndarray, np.ndarray]:
     """Kernel ``(scale uint8[C], shift uint8[C])`` for ``r[c] = d_s * w_s[c] / o_s``.
 
     ``w_s`` is the per-output-channel weight scale float32[C] (a scalar is a
-    single channel). Returns a reason string instead when some channel's
-    rescale is not positive or does not fit ``scale in [1,127], shift in [0,31]``
+    single channel). Raises :class:`Declined` when some channel's rescale is
+    not positive or does not fit ``scale in [1,127], shift in [0,31]``
     (deviation (a): the layer then stays on the scalar path).
     """
     r = rescale(d_s, w_s, o_s)
@@ -220,27 +222,28 @@ def requant_params(d_s: float, w_s: np.ndarray, o_s: float) -> tuple[np.ndarray,
     shift = np.zeros(r.shape, np.uint8)
     for c, rc in enumerate(r):
         if not (np.isfinite(rc) and rc > 0.0):
-            return f"rescale {rc:.6g} of channel {c} is not a positive number"
+            raise Declined(f"rescale {rc:.6g} of channel {c} is not a positive number")
         fit = float_to_scale_shift(rc)
         if fit is None:
-            return (f"rescale {rc:.6g} of channel {c} does not fit scale in [1,{SCALE_MAX}], "
-                    f"shift in [0,{SHIFT_MAX}]")
+            raise Declined(f"rescale {rc:.6g} of channel {c} does not fit scale in [1,{SCALE_MAX}], "
+                           f"shift in [0,{SHIFT_MAX}]")
         scale[c], shift[c] = fit
     return scale, shift
 
 
-def _checked(values: np.ndarray, dtype: str, what: str) -> np.ndarray | str:
+def _checked(values: np.ndarray, dtype: str, what: str) -> np.ndarray:
+    """``values`` cast to ``dtype``; raises :class:`Declined` naming the first channel outside it."""
     lo, hi = _INT_RANGE[dtype]
     bad = np.flatnonzero((values < lo) | (values > hi))
     if bad.size:
         c = int(bad[0])
-        return f"{what} of channel {c} ({int(values[c])}) is outside the {dtype} range"
+        raise Declined(f"{what} of channel {c} ({int(values[c])}) is outside the {dtype} range")
     return values.astype(dtype)
 
 
 def fold_bias_i8(bias: np.ndarray | None, d_s: float, d_zp: int, w: np.ndarray, w_s: np.ndarray,
-                 o_s: float, o_zp: int) -> np.ndarray | str:
-    """int32 kernel bias of an int8 conv / depthwise / FC layer (facts B, "Folding").
+                 o_s: float, o_zp: int) -> np.ndarray:
+    """int32 kernel bias of an int8 conv / depthwise / FC layer (``docs/reference.md``, "Folding").
 
     ``w`` is the int8 weight with the output channel first (OIHW, ``[C, C/g, KH, KW]``
     or FC ``[N, K]``); ``bias`` float[C] or ``None`` (zero); ``w_s`` float32[C].
@@ -249,7 +252,7 @@ def fold_bias_i8(bias: np.ndarray | None, d_s: float, d_zp: int, w: np.ndarray, 
         bias_i32[c] = round(b[c] / (d_s*w_s[c])) - d_zp * sum_K W[c, K]
                       + round(o_zp * o_s / (d_s*w_s[c]))      (only if o_zp != 0)
 
-    Returns a reason string instead of wrapping when a value leaves int32
+    Raises :class:`Declined` instead of wrapping when a value leaves int32
     (the reference casts without a check).
     """
     w = np.asarray(w)
@@ -261,54 +264,55 @@ def fold_bias_i8(bias: np.ndarray | None, d_s: float, d_zp: int, w: np.ndarray, 
     if int(o_zp) != 0:
         folded += np.rint(float(o_zp) * float(o_s) / unit)
     if not np.all(np.isfinite(folded)):
-        return "folded bias is not finite"
+        raise Declined("folded bias is not finite")
     return _checked(folded, "int32", "folded bias")
 
 
 def fold_bias_i16(bias: np.ndarray | None, d_s: float, w_s: np.ndarray, channels: int,
-                  k: np.ndarray | None = None) -> np.ndarray | str:
+                  k: np.ndarray | None = None) -> np.ndarray:
     """int64 kernel bias of an int16 layer: ``bias_i64[c] = round(b[c] / (d_s*w_s[c])) * k[c]``.
 
     No zero-point terms: the int16 kernels are only used with all zero points 0
-    (facts B, "int16 folding"). ``k`` int[C]: the weight pre-scale (module
-    docstring; ``None`` = 1), so the bias is in the units of the k-scaled
-    accumulator; the product is exact integer arithmetic. Returns a reason
-    string if a value leaves int64.
+    (``docs/reference.md``, "int16 folding"). ``k`` int[C]: the weight pre-scale
+    (module docstring; ``None`` = 1), so the bias is in the units of the
+    k-scaled accumulator; the product is exact integer arithmetic. Raises
+    :class:`Declined` if a value leaves int64.
     """
     unit = float(d_s) * np.broadcast_to(np.asarray(w_s, np.float64).reshape(-1), (channels,))
     b = np.zeros(channels) if bias is None else np.asarray(bias, np.float64).reshape(-1)
     folded = np.rint(b / unit)
     k = np.ones(channels, np.int64) if k is None else np.asarray(k, np.int64).reshape(-1)
     if not np.all(np.isfinite(folded)) or np.any(np.abs(folded) * k >= 2.0**63):
-        return "folded int16-path bias is outside the int64 range"
+        raise Declined("folded int16-path bias is outside the int64 range")
     return folded.astype(np.int64) * k
 
 
-def residual_multiplier(s_in: float, s_out: float) -> int | str:
-    """Q15 multiplier ``M = round(s_in / s_out * 2**15)`` (facts B, residual add); int32-checked."""
+def residual_multiplier(s_in: float, s_out: float) -> int:
+    """Q15 multiplier ``M = round(s_in / s_out * 2**15)`` (``docs/reference.md``, "Residual add").
+
+    Raises :class:`Declined` if ``M`` is not in ``[0, 2**31)``.
+    """
     m = np.rint(float(s_in) / float(s_out) * 2.0**RESIDUAL_SHIFT)
     if not np.isfinite(m) or m < 0 or m > _INT_RANGE["int32"][1]:
-        return f"residual-add multiplier {s_in:.6g}/{s_out:.6g}*2^15 is outside [0, 2^31)"
+        raise Declined(f"residual-add multiplier {s_in:.6g}/{s_out:.6g}*2^15 is outside [0, 2^31)")
     return int(m)
 
 
 def residual_add_params(s_x: float, zp_x: int, s_skip: float, zp_skip: int,
-                        s_out: float, zp_out: int) -> np.ndarray | str:
-    """16-byte parameter blob of ``c7x_int{8,16}_residual_add_relu`` (facts B, header).
+                        s_out: float, zp_out: int) -> np.ndarray:
+    """16-byte parameter blob of ``c7x_int{8,16}_residual_add_relu`` (``docs/reference.md``,
+    "Residual add" and "Kernel ABI").
 
     Layout (little-endian): int32 ``M_x``, int32 ``M_skip``, int32 shift (=15),
     int8 ``zp_x``, int8 ``zp_skip``, int8 ``zp_out``, one pad byte; with
     ``M_x = round(s_x/s_out * 2**15)``, ``M_skip = round(s_skip/s_out * 2**15)``.
-    Returns uint8[16], or a reason string if a multiplier leaves int32 or a
-    zero point leaves int8.
+    Returns uint8[16]. Raises :class:`Declined` if a multiplier leaves int32
+    or a zero point leaves int8.
     """
     m_x, m_skip = residual_multiplier(s_x, s_out), residual_multiplier(s_skip, s_out)
-    for m in (m_x, m_skip):
-        if isinstance(m, str):
-            return m
     for name, zp in (("zp_x", zp_x), ("zp_skip", zp_skip), ("zp_out", zp_out)):
         if not -128 <= int(zp) <= 127:
-            return f"{name}={int(zp)} does not fit the int8 field of the residual-add params"
+            raise Declined(f"{name}={int(zp)} does not fit the int8 field of the residual-add params")
     blob = struct.pack("<iiibbbx", m_x, m_skip, RESIDUAL_SHIFT, int(zp_x), int(zp_skip), int(zp_out))
     return np.frombuffer(blob, dtype=np.uint8).copy()
 

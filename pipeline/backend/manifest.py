@@ -37,7 +37,7 @@ import math
 import tvm
 from tvm import relax, tirx
 
-from .passes.common import Graph, const_array, prim_number, static_shape
+from .passes.graph import Graph, const_array, prim_number, static_shape
 from .passes.log import OFFLOADED, SIMPLIFIED, OffloadLog
 
 SCALAR = "scalar"

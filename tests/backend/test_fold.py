@@ -1,5 +1,6 @@
 """Folding math (pipeline.backend.fold) against hand-computed values and the rules of
-c7x-backend-facts.md section B: scale/shift search, bias folding, residual-add blob."""
+docs/reference.md ("Scale and shift", "Folding", "int16 folding", "Residual add"):
+scale/shift search, bias folding, residual-add blob."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from pipeline import torchenv  # noqa: F401  (registers quantized_decomposed ops)
 from pipeline.backend import fold
+from pipeline.backend.refusal import Declined
 
 
 # ----------------------------------------------------------------------------- float_to_scale_shift
@@ -85,12 +87,15 @@ def test_requant_params_per_channel():
 
 
 def test_requant_params_declines_with_the_channel():
-    reason = fold.requant_params(1.0, np.array([0.01, 200.0], np.float32), 1.0)
-    assert isinstance(reason, str) and "channel 1" in reason and "does not fit" in reason
-    reason = fold.requant_params(1.0, np.array([1e-12], np.float32), 1.0)
-    assert isinstance(reason, str) and "channel 0" in reason
-    reason = fold.requant_params(1.0, np.array([0.5, 0.0], np.float32), 1.0)
-    assert isinstance(reason, str) and "not a positive number" in reason
+    with pytest.raises(Declined) as e:
+        fold.requant_params(1.0, np.array([0.01, 200.0], np.float32), 1.0)
+    assert "channel 1" in e.value.reason and "does not fit" in e.value.reason
+    with pytest.raises(Declined) as e:
+        fold.requant_params(1.0, np.array([1e-12], np.float32), 1.0)
+    assert "channel 0" in e.value.reason
+    with pytest.raises(Declined) as e:
+        fold.requant_params(1.0, np.array([0.5, 0.0], np.float32), 1.0)
+    assert "not a positive number" in e.value.reason
 
 
 # ----------------------------------------------------------------------------- bias folding
@@ -125,17 +130,19 @@ def test_fold_bias_i8_range_check():
     w = np.zeros((1, 1), np.int8)
     ok = fold.fold_bias_i8(np.array([2.0**31 - 1]), 1.0, 0, w, np.ones(1, np.float32), 1.0, 0)
     assert ok.tolist() == [2**31 - 1]
-    too_big = fold.fold_bias_i8(np.array([2.0**31]), 1.0, 0, w, np.ones(1, np.float32), 1.0, 0)
-    assert isinstance(too_big, str) and "int32" in too_big
-    too_small = fold.fold_bias_i8(np.array([-2.0**31 - 1]), 1.0, 0, w, np.ones(1, np.float32), 1.0, 0)
-    assert isinstance(too_small, str)
+    with pytest.raises(Declined) as e:
+        fold.fold_bias_i8(np.array([2.0**31]), 1.0, 0, w, np.ones(1, np.float32), 1.0, 0)
+    assert "int32" in e.value.reason
+    with pytest.raises(Declined):
+        fold.fold_bias_i8(np.array([-2.0**31 - 1]), 1.0, 0, w, np.ones(1, np.float32), 1.0, 0)
 
 
 def test_fold_bias_i16():
     out = fold.fold_bias_i16(np.array([0.25, 0.75, 1e12]), 0.5, np.ones(3, np.float32), 3)
     assert out.dtype == np.int64 and out.tolist() == [0, 2, 2 * 10**12]   # 0.5 -> 0, 1.5 -> 2
     assert fold.fold_bias_i16(None, 0.5, np.ones(2, np.float32), 2).tolist() == [0, 0]
-    assert isinstance(fold.fold_bias_i16(np.array([1e30]), 1.0, np.ones(1, np.float32), 1), str)
+    with pytest.raises(Declined):
+        fold.fold_bias_i16(np.array([1e30]), 1.0, np.ones(1, np.float32), 1)
 
 
 # ----------------------------------------------------------------------------- residual add
@@ -153,9 +160,12 @@ def test_residual_multiplier_half_to_even_and_range():
     assert fold.residual_multiplier(2.5 / 2**15, 1.0) == 2
     assert fold.residual_multiplier(3.5 / 2**15, 1.0) == 4
     assert fold.residual_multiplier(2.0**16 - 2.0**-15, 1.0) == 2**31 - 1
-    assert isinstance(fold.residual_multiplier(2.0**16, 1.0), str)     # 2^31 leaves int32
-    assert isinstance(fold.residual_add_params(2.0**16, 0, 1.0, 0, 1.0, 0), str)
-    assert isinstance(fold.residual_add_params(1.0, 200, 1.0, 0, 1.0, 0), str)
+    with pytest.raises(Declined):
+        fold.residual_multiplier(2.0**16, 1.0)                          # 2^31 leaves int32
+    with pytest.raises(Declined):
+        fold.residual_add_params(2.0**16, 0, 1.0, 0, 1.0, 0)
+    with pytest.raises(Declined):
+        fold.residual_add_params(1.0, 200, 1.0, 0, 1.0, 0)
 
 
 # ----------------------------------------------------------------------------- quantize_value
@@ -262,8 +272,8 @@ def test_fold_bias_i16_prescaled():
     out = fold.fold_bias_i16(np.array([0.25, 0.75, -1.5]), 0.5, np.ones(3, np.float32), 3,
                              k=np.array([3, 5, 256]))
     assert out.dtype == np.int64 and out.tolist() == [0, 2 * 5, -3 * 256]   # round first, then * k
-    assert isinstance(fold.fold_bias_i16(np.array([2.0**56]), 1.0, np.ones(1, np.float32), 1,
-                                         k=np.array([256])), str)
+    with pytest.raises(Declined):
+        fold.fold_bias_i16(np.array([2.0**56]), 1.0, np.ones(1, np.float32), 1, k=np.array([256]))
 
 
 def test_prescale_requant_params_per_channel_and_reasons():
@@ -275,8 +285,9 @@ def test_prescale_requant_params_per_channel_and_reasons():
     assert np.all((k >= 1) & (k <= 256) & (scale >= 1) & (scale <= 127) & (shift <= 31))
     k1, s1, sh1 = fold.prescale_requant_params(0.02, w_s, 0.05, np.array([1, 1]))
     assert k1.tolist() == [1, 1] and (s1.tolist(), sh1.tolist()) == ([105, 79], [18, 16])
-    reason = fold.prescale_requant_params(1.0, np.array([0.5, 0.0], np.float32), 1.0, np.array([256, 256]))
-    assert isinstance(reason, str) and "channel 1" in reason
+    with pytest.raises(Declined) as e:
+        fold.prescale_requant_params(1.0, np.array([0.5, 0.0], np.float32), 1.0, np.array([256, 256]))
+    assert "channel 1" in e.value.reason
 
 
 def test_prescaled_requantization_is_the_direct_formula_exactly():

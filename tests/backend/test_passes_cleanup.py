@@ -9,7 +9,7 @@ from qflow import ConvReluPool, quantize, randomize_bn
 from tvm import relax
 
 from pipeline.backend.passes.cleanup import eliminate_qdq_pairs, eliminate_qdq_transparent
-from pipeline.backend.passes.common import Graph
+from pipeline.backend.passes.graph import Graph
 from pipeline.backend.passes.log import OffloadLog
 
 

@@ -12,7 +12,7 @@ from qflow import ConvReluPool, quantize, randomize_bn
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from pipeline.backend.passes.common import Graph, const_array
+from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.conv import offload_conv2d_i8, offload_conv2d_i16
 from pipeline.backend.passes.log import OffloadLog
 from pipeline.backend.passes.offload_calls import offload_calls
@@ -87,7 +87,7 @@ def test_conv_i8_folded_constants_equal_the_formula():
     b = _bias_of(flow.mod)
     np.testing.assert_array_equal(call.const(1), w)                       # weights stay int8 OIHW
     unit = d_s * w_s.astype(np.float64)
-    expected_bias = np.rint(b / unit) - d_zp * w.reshape(16, -1).sum(1)   # facts B; o_zp = 0 here
+    expected_bias = np.rint(b / unit) - d_zp * w.reshape(16, -1).sum(1)   # docs/reference.md, "Folding"; o_zp = 0 here
     assert o_zp == 0 and d_zp == 0
     np.testing.assert_array_equal(call.const(2), expected_bias.astype(np.int32))
     scale, shift = call.const(3).astype(np.float64), call.const(4).astype(np.float64)

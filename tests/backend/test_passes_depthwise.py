@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from qflow import quantize, randomize_bn
 
-from pipeline.backend.passes.common import Graph, const_array
+from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.depthwise import offload_depthwise_conv2d_i8, offload_depthwise_conv2d_i16
 from pipeline.backend.passes.log import OffloadLog
 from pipeline.backend.passes.offload_calls import offload_calls

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from qflow import quantize
 
-from pipeline.backend.passes.common import Graph, const_array
+from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.fc import offload_fc_i8, offload_fc_i16
 from pipeline.backend.passes.log import OffloadLog
 from pipeline.backend.passes.offload_calls import offload_calls

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from qflow import ResidualBlock, quantize, randomize_bn
 
 from pipeline.backend import fold
-from pipeline.backend.passes.common import Graph, const_array
+from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.offload_calls import offload_calls
 from pipeline.backend.passes.pipeline import run_offload
 

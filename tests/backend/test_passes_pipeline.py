@@ -7,7 +7,7 @@ import tvm
 from qflow import ConvReluPool, InvertedResidual, ResidualBlock, quantize, randomize_bn
 from tvm import relax
 
-from pipeline.backend.passes.common import Graph, const_array
+from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.log import OffloadLog
 from pipeline.backend.passes.offload_calls import offload_calls
 from pipeline.backend.passes.pipeline import run_offload

@@ -11,7 +11,7 @@ from qflow import ConvReluPool, quantize, randomize_bn
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from pipeline.backend.passes.common import Graph, const_array
+from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.log import OffloadLog
 from pipeline.backend.passes.offload_calls import offload_calls
 from pipeline.backend.passes.pool import offload_max_pool2d_i8

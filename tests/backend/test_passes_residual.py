@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from qflow import InvertedResidual, ResidualBlock, quantize, randomize_bn
 
-from pipeline.backend.passes.common import Graph, const_array
+from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.log import OffloadLog
 from pipeline.backend.passes.offload_calls import offload_calls
 from pipeline.backend.passes.residual import offload_residual_add_i8, offload_residual_add_i16

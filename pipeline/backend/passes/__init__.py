@@ -11,8 +11,11 @@ decisions into a shared :class:`~.log.OffloadLog`):
 - ``relu``: standalone int8 ReLU / clip -> ``c7x_int8_relu`` / ``c7x_int8_clamp``
 - ``cleanup``: Q/DQ around data movement and q(dq(x)) pairs
 
-``pipeline.run_offload`` runs them in the reference order; ``weighted`` and
-``common`` hold the shared matching, folding and rewriting code;
-``offload_calls`` reads the result back. ``scalar`` (another owner) rewrites
-what stays on the scalar path.
+``pipeline.run_offload`` runs them in the reference order. Shared code, lowest
+layer first: ``log`` (the decisions), ``graph`` (read-only queries: bindings,
+constants, shapes, Q/DQ, fused activations), ``primfunc`` (the offload
+PrimFunc contract), ``rewrite`` (the binding rewriter and ``run_pass``, which
+catches :class:`~pipeline.backend.refusal.Declined`), ``weighted`` (matching
+and folding of conv / depthwise / FC). ``offload_calls`` reads the result
+back; ``scalar`` rewrites what stays on the scalar path.
 """

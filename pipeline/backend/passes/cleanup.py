@@ -18,8 +18,9 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .common import QDQ, Graph, Simplify, dequantize_of, quantize_of, run_pass, var_name
+from .graph import QDQ, Graph, dequantize_of, quantize_of, var_name
 from .log import OffloadLog
+from .rewrite import Simplify, run_pass
 
 TRANSPARENT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims")
 

@@ -5,7 +5,7 @@ Pattern (NCHW data, OIHW weights)::
     q([relu|clip](add(conv2d(dq(x, d_s, d_zp), dq(W, w_s, 0)), bias)), o_s, o_zp)
       ->  [int clip](call_tir(mmalib_conv2d_i8 | _i16 | _i8_grouped_loop, x, W, bias', scale, shift))
 
-Eligibility (facts B, "Eligibility"): data and weights int8 (i8) or int16 data
+Eligibility (``docs/reference.md``, "Eligibility"): data and weights int8 (i8) or int16 data
 with int8/int16 weights (i16), weight zero point 0, dilation 1,
 stride_h == stride_w, N = 1, static shapes; groups = 1 -> ``mmalib_conv2d_*``,
 1 < groups < C_in with C_in and C_out divisible by groups ->
@@ -24,7 +24,7 @@ with ``d_zp`` in the integer domain::
     call_tir(kernel, x_p, ..., H_in + pt + pb, W_in + pl + pr, ..., pads 0, 0, 0, 0)
 
 Every window then is full, so the folded ``- d_zp * sum W`` of the bias
-(facts B, "Folding") is exact for border pixels too (recorded as a note);
+(``docs/reference.md``, "Folding") is exact for border pixels too (recorded as a note);
 (d) int16 activations with int8 weights widen the weights at compile time and
 pre-scale them per channel (:mod:`pipeline.backend.fold`, "pre-scaling").
 """
@@ -37,9 +37,13 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from .common import const, Decline, Graph, Offload, TensorArg, dequantize_of, emit_activation, offload_primfunc, run_pass, static_shape
+from ..refusal import Declined, declining
+from .graph import Graph, const, dequantize_of, static_shape
 from .log import OffloadLog
-from .weighted import WeightedChain, bias_vector, fold_weighted, fused_users_reason, match_chain, quant_reason, weight_dtype_reason, weights_of
+from .primfunc import TensorArg, offload_primfunc
+from .rewrite import Offload, emit_activation, run_pass
+from .weighted import (WeightedChain, bias_vector, check_fused_users, check_quant, check_weight_dtype,
+                       fold_weighted, match_chain, weights_of)
 
 CONV_OPS = ("relax.nn.conv2d",)
 
@@ -118,21 +122,22 @@ def kernel_geometry(g: ConvGeometry, d_zp: int) -> tuple[ConvGeometry, ZeroPoint
     return g.explicitly_padded(), ZeroPointPad(g.pads, int(d_zp))
 
 
-def conv_geometry(chain: WeightedChain) -> ConvGeometry | str:
-    """Geometry of the chain's conv2d, or why it has no offload kernel at all."""
+def conv_geometry(chain: WeightedChain) -> ConvGeometry:
+    """Geometry of the chain's conv2d; raises :class:`Declined` if no offload
+    kernel takes it at all (shapes, layouts, batch, dilation, stride)."""
     conv = chain.op
     shapes = [static_shape(e) for e in (conv.args[0], conv.args[1], chain.anchor)]
     if any(s is None or len(s) != 4 for s in shapes):
-        return "dynamic or non-4-D shapes"
+        raise Declined("dynamic or non-4-D shapes")
     g = ConvGeometry(*shapes, conv)
     if g.layouts != ("NCHW", "OIHW", "NCHW"):
-        return f"layouts {'/'.join(g.layouts)} (kernels take NCHW/OIHW)"
+        raise Declined(f"layouts {'/'.join(g.layouts)} (kernels take NCHW/OIHW)")
     if g.x_shape[0] != 1:
-        return f"batch {g.x_shape[0]} (kernels take N = 1)"
+        raise Declined(f"batch {g.x_shape[0]} (kernels take N = 1)")
     if any(d != 1 for d in g.dilation):
-        return f"dilation {g.dilation} (kernels take dilation 1)"
+        raise Declined(f"dilation {g.dilation} (kernels take dilation 1)")
     if g.strides[0] != g.strides[1]:
-        return f"stride {g.strides} is not square"
+        raise Declined(f"stride {g.strides} is not square")
     return g
 
 
@@ -140,35 +145,25 @@ def fold_conv(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
     """Checks and folding shared by conv and depthwise: quantization, weights,
     bias and fused users checked, the rescale folded (:func:`fold_weighted`) and
     the kernel geometry chosen (:func:`kernel_geometry`). Returns
-    ``(data_dq, folded, kernel_geometry, pad)`` or a reason. (A padded input
-    with a zero point is not a reason: it is padded explicitly.)"""
-    checked = _check_common(graph, chain, g, dtype)
-    if isinstance(checked, str):
-        return checked
-    data, weights, bias = checked
+    ``(data_dq, folded, kernel_geometry, pad)``; raises :class:`Declined` if a
+    check or the folding fails. (A padded input with a zero point is not a
+    refusal: it is padded explicitly.)"""
+    data, weights, bias = _operands(graph, chain, g, dtype)
     folded = fold_weighted(weights, bias, data, chain.out, dtype)
-    if isinstance(folded, str):
-        return folded
     kg, pad = kernel_geometry(g, data.z)
     return data, folded, kg, pad
 
 
-def _check_common(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
-    """``(data_dq, weights, bias)`` of a conv-like chain, or why it cannot be offloaded."""
+def _operands(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
+    """``(data_dq, weights, bias)`` of a conv-like chain; raises :class:`Declined`
+    if it cannot be offloaded."""
     conv = chain.op
     data = dequantize_of(graph, conv.args[0])
-    reason = quant_reason(data, chain.out, dtype) or fused_users_reason(graph, chain)
-    if reason:
-        return reason
+    check_quant(data, chain.out, dtype)
+    check_fused_users(graph, chain)
     weights = weights_of(dequantize_of(graph, conv.args[1]), g.c_out)
-    if isinstance(weights, str):
-        return weights
-    reason = weight_dtype_reason(weights.q, dtype)
-    if reason:
-        return reason
+    check_weight_dtype(weights.q, dtype)
     bias = bias_vector(graph, chain.bias_operand, g.out_shape, axis=1)
-    if isinstance(bias, str):
-        return bias
     return data, weights, bias
 
 
@@ -215,35 +210,35 @@ def match_conv(graph: Graph, binding, dtype: str, depthwise: bool) -> WeightedCh
     return chain if is_depthwise == depthwise else None
 
 
-def _conv_planner(dtype: str):
+def _plan_conv(graph: Graph, chain: WeightedChain, op: str, dtype: str) -> Offload:
+    """The :class:`Offload` of a matched (grouped) conv; raises :class:`Declined`
+    if it is not eligible."""
+    groups = int(chain.op.attrs.groups)
+    g = conv_geometry(chain)
+    if groups > 1:
+        if dtype != "int8":
+            raise Declined(f"grouped conv (groups={groups}) has no int16 kernel")
+        if not (groups < g.c_in and g.c_in % groups == 0 and g.c_out % groups == 0):
+            raise Declined(f"groups={groups} does not divide C_in={g.c_in} and C_out={g.c_out}")
+    data, folded, kg, pad = fold_conv(graph, chain, g, dtype)
     suffix = "i8" if dtype == "int8" else "i16"
+    kernel = f"mmalib_conv2d_{suffix}" if groups == 1 else "mmalib_conv2d_i8_grouped_loop"
+    kh, kw = kg.kernel
+    scalars = [kg.c_in, kg.x_shape[2], kg.x_shape[3], kg.c_out, kh, kw, *kg.strides, *kg.pads]
+    if groups > 1:
+        scalars.append(groups)
+    w_arg = TensorArg("weight", tuple(folded.w.shape), dtype)
+    return conv_offload(chain, op, dtype, kernel, data, folded, w_arg, scalars, kg, pad)
 
+
+def _conv_planner(dtype: str):
     def planner(graph: Graph, binding):
         chain = match_conv(graph, binding, dtype, depthwise=False)
         if chain is None:
             return None  # not a Q/DQ conv of this dtype, or depthwise (the depthwise passes decide)
-        groups = int(chain.op.attrs.groups)
-        op = "conv2d" if groups == 1 else "grouped_conv2d"
-        decline = lambda reason: Decline(chain.name, op, dtype, reason)  # noqa: E731
-        g = conv_geometry(chain)
-        if isinstance(g, str):
-            return decline(g)
-        if groups > 1:
-            if dtype != "int8":
-                return decline(f"grouped conv (groups={groups}) has no int16 kernel")
-            if not (groups < g.c_in and g.c_in % groups == 0 and g.c_out % groups == 0):
-                return decline(f"groups={groups} does not divide C_in={g.c_in} and C_out={g.c_out}")
-        result = fold_conv(graph, chain, g, dtype)
-        if isinstance(result, str):
-            return decline(result)
-        data, folded, kg, pad = result
-        kernel = f"mmalib_conv2d_{suffix}" if groups == 1 else "mmalib_conv2d_i8_grouped_loop"
-        kh, kw = kg.kernel
-        scalars = [kg.c_in, kg.x_shape[2], kg.x_shape[3], kg.c_out, kh, kw, *kg.strides, *kg.pads]
-        if groups > 1:
-            scalars.append(groups)
-        w_arg = TensorArg("weight", tuple(folded.w.shape), dtype)
-        return conv_offload(chain, op, dtype, kernel, data, folded, w_arg, scalars, kg, pad)
+        op = "conv2d" if int(chain.op.attrs.groups) == 1 else "grouped_conv2d"
+        with declining(chain.name, op, dtype):
+            return _plan_conv(graph, chain, op, dtype)
 
     return planner
 

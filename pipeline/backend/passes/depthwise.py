@@ -6,7 +6,7 @@ Pattern: the conv pattern of :mod:`.conv` with ``groups == C_in`` and weight
     q([relu|clip](add(conv2d(dq(x), dq(W), groups=C), bias)), o_s, o_zp)
       ->  [int clip](call_tir(mmalib_depthwise_conv2d_i8 | _i16, x, W[C*KH*KW], bias', scale, shift))
 
-Eligibility (facts B): square kernel 3, 5 or 7; stride 1 or 2 (square),
+Eligibility (``docs/reference.md``, "Eligibility"): square kernel 3, 5 or 7; stride 1 or 2 (square),
 stride 2 only for kernels <= 5; dilation 1; N = 1; no channel multiplier;
 int16: 3x3 only and all zero points 0. Folding and deviations (a), (b)
 (explicit zero-point pad of an asymmetric padded input), (d) (int16 weight
@@ -18,53 +18,56 @@ from __future__ import annotations
 
 import tvm
 
-from .common import Decline, Graph, TensorArg, run_pass
-from .conv import conv_geometry, conv_offload, fold_conv, match_conv
+from ..refusal import Declined, declining
+from .conv import ConvGeometry, conv_geometry, conv_offload, fold_conv, match_conv
+from .graph import Graph
 from .log import OffloadLog
+from .primfunc import TensorArg
+from .rewrite import Offload, run_pass
+from .weighted import WeightedChain
 
 _KERNELS_I8 = (3, 5, 7)
 _KERNELS_I16 = (3,)
 
 
-def _shape_reason(g, dtype: str) -> str | None:
+def _check_shape(g: ConvGeometry, dtype: str) -> None:
+    """Raises :class:`Declined` unless a depthwise kernel of ``dtype`` takes the
+    channels, kernel size and stride of ``g``."""
     kh, kw = g.kernel
     if g.c_out != g.c_in:
-        return f"channel multiplier {g.c_out // g.c_in} (C_out={g.c_out} != C_in={g.c_in})"
+        raise Declined(f"channel multiplier {g.c_out // g.c_in} (C_out={g.c_out} != C_in={g.c_in})")
     sizes = _KERNELS_I8 if dtype == "int8" else _KERNELS_I16
     if kh != kw or kh not in sizes:
-        return f"kernel {kh}x{kw} (supported: square {'/'.join(map(str, sizes))})"
+        raise Declined(f"kernel {kh}x{kw} (supported: square {'/'.join(map(str, sizes))})")
     stride = g.strides[0]
     if stride not in (1, 2):
-        return f"stride {stride} (supported: 1, 2)"
+        raise Declined(f"stride {stride} (supported: 1, 2)")
     if stride == 2 and kh > 5:
-        return f"stride 2 with a {kh}x{kw} kernel (stride 2 only for kernels <= 5)"
-    return None
+        raise Declined(f"stride 2 with a {kh}x{kw} kernel (stride 2 only for kernels <= 5)")
+
+
+def _plan_depthwise(graph: Graph, chain: WeightedChain, dtype: str) -> Offload:
+    """The :class:`Offload` of a matched depthwise conv; raises :class:`Declined`
+    if it is not eligible."""
+    g = conv_geometry(chain)
+    _check_shape(g, dtype)
+    data, folded, kg, pad = fold_conv(graph, chain, g, dtype)
+    kh, kw = kg.kernel
+    c = kg.c_in
+    scalars = [c, kg.x_shape[2], kg.x_shape[3], kh, kw, *kg.strides, *kg.pads, c]
+    w_arg = TensorArg("weight", (c * kh * kw,), dtype)
+    suffix = "i8" if dtype == "int8" else "i16"
+    return conv_offload(chain, "depthwise_conv2d", dtype, f"mmalib_depthwise_conv2d_{suffix}",
+                        data, folded, w_arg, scalars, kg, pad)
 
 
 def _dw_planner(dtype: str):
-    suffix = "i8" if dtype == "int8" else "i16"
-
     def planner(graph: Graph, binding):
         chain = match_conv(graph, binding, dtype, depthwise=True)
         if chain is None:
             return None  # not a Q/DQ depthwise conv of this dtype (the conv passes decide the others)
-        decline = lambda reason: Decline(chain.name, "depthwise_conv2d", dtype, reason)  # noqa: E731
-        g = conv_geometry(chain)
-        if isinstance(g, str):
-            return decline(g)
-        reason = _shape_reason(g, dtype)
-        if reason:
-            return decline(reason)
-        result = fold_conv(graph, chain, g, dtype)
-        if isinstance(result, str):
-            return decline(result)
-        data, folded, kg, pad = result
-        kh, kw = kg.kernel
-        c = kg.c_in
-        scalars = [c, kg.x_shape[2], kg.x_shape[3], kh, kw, *kg.strides, *kg.pads, c]
-        w_arg = TensorArg("weight", (c * kh * kw,), dtype)
-        return conv_offload(chain, "depthwise_conv2d", dtype, f"mmalib_depthwise_conv2d_{suffix}",
-                            data, folded, w_arg, scalars, kg, pad)
+        with declining(chain.name, "depthwise_conv2d", dtype):
+            return _plan_depthwise(graph, chain, dtype)
 
     return planner
 

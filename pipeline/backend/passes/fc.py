@@ -9,9 +9,10 @@ the bias may be either operand of the add; a 3-D input shows up as
       ->  [int clip]([strided_slice](call_tir(mmalib_matmul_bias_i8 | _i16, x, W', bias', scale, shift)))
 
 ``x`` is ``[..., K]`` with ``M`` = product of the leading dims (the kernel
-sees it as ``[M, K]`` memory). Eligibility (facts B): int8 data and weights
-with K % 32 == 0 and N % 32 == 0 (i8), int16 data with zero points 0 and
-K % 16, N % 16 (i16); constant weight, scales and bias; weight zero point 0.
+sees it as ``[M, K]`` memory). Eligibility (``docs/reference.md``,
+"Eligibility" and "FC width"): int8 data and weights with K % 32 == 0 and
+N % 32 == 0 (i8), int16 data with zero points 0 and K % 16, N % 16 (i16);
+constant weight, scales and bias; weight zero point 0.
 
 Deviations from the reference: (a) unrepresentable rescale declines;
 (c) N not a multiple of the MMA width is padded: W, bias, scale and shift
@@ -21,7 +22,7 @@ the kernel writes ``[..., N_pad]`` and
 still declines. (d) int16 with int8 weights widens W and pre-scales each row by
 ``k[n]`` in [1, 256] (``k*scale/2^shift`` multiplier, :mod:`pipeline.backend.fold`). The reference has no
 ReLU variant for FC; a fused ReLU / clip here becomes the same integer clip
-as for conv (exact, see :class:`~.common.Activation`).
+as for conv (exact, see :class:`~.graph.Activation`).
 """
 
 from __future__ import annotations
@@ -32,11 +33,15 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .common import const, Decline, Graph, Offload, TensorArg, dequantize_of, emit_activation, offload_primfunc, run_pass, static_shape
+from ..refusal import Declined, declining
+from .graph import Graph, const, dequantize_of, static_shape
 from .log import OffloadLog
-from .weighted import bias_vector, fold_weighted, fused_users_reason, match_chain, quant_reason, weight_dtype_reason, weights_of
+from .primfunc import TensorArg, offload_primfunc
+from .rewrite import Offload, emit_activation, run_pass
+from .weighted import (Folded, bias_vector, check_fused_users, check_quant, check_weight_dtype,
+                       fold_weighted, match_chain, weights_of)
 
-#: MMA width in elements: 32 bytes on the C7504 (facts B, "FC i8/i16").
+#: MMA width in elements: 32 bytes on the C7504 (``docs/reference.md``, "FC width").
 MMA_MULTIPLE = {"int8": 32, "int16": 16}
 
 
@@ -65,36 +70,33 @@ def _pad_rows(a: np.ndarray, rows: int, value) -> np.ndarray:
 
 
 def _fc_shapes(graph: Graph, chain, binding, data, w_call, in_reshape, multiple: int):
-    """``(x_shape, q_shape, M, K, N)`` of a matched linear, or why the kernel cannot take it."""
+    """``(x_shape, q_shape, M, K, N)`` of a matched linear; raises :class:`Declined`
+    if the kernel cannot take it (dynamic shapes, no ``[M, K] x [K, N]`` view,
+    K not a multiple of the MMA width)."""
     x_shape, q_shape = static_shape(data.data), static_shape(binding.var)
     w_shape = static_shape(w_call.args[0])
     if None in (x_shape, static_shape(chain.anchor), q_shape, w_shape) or len(w_shape) != 2:
-        return "dynamic shapes or a weight that is not 2-D"
+        raise Declined("dynamic shapes or a weight that is not 2-D")
     n, k = w_shape
     m = math.prod(x_shape[:-1])
     if x_shape[-1] != k or q_shape[-1] != n or math.prod(q_shape) != m * n:
-        return f"input {list(x_shape)} / output {list(q_shape)} do not flatten to [M, K={k}] x [K, N={n}]"
+        raise Declined(f"input {list(x_shape)} / output {list(q_shape)} do not flatten to "
+                       f"[M, K={k}] x [K, N={n}]")
     if in_reshape is not None and static_shape(in_reshape) != (m, k):
-        return f"input reshape to {list(static_shape(in_reshape))} is not [M={m}, K={k}]"
+        raise Declined(f"input reshape to {list(static_shape(in_reshape))} is not [M={m}, K={k}]")
     if k % multiple:
-        return f"K={k} is not a multiple of {multiple} (MMA width for {str(data.data.ty.dtype)})"
+        raise Declined(f"K={k} is not a multiple of {multiple} (MMA width for {str(data.data.ty.dtype)})")
     return x_shape, q_shape, m, k, n
 
 
-def _fc_constants(graph: Graph, chain, data, w_call, n: int, dtype: str):
-    """Folded weights / bias / scale / shift of a linear (:func:`~.weighted.fold_weighted`), or a reason."""
-    reason = quant_reason(data, chain.out, dtype) or fused_users_reason(graph, chain)
-    if reason:
-        return reason
+def _fc_constants(graph: Graph, chain, data, w_call, n: int, dtype: str) -> Folded:
+    """Folded weights / bias / scale / shift of a linear (:func:`~.weighted.fold_weighted`);
+    raises :class:`Declined` if a check or the folding fails."""
+    check_quant(data, chain.out, dtype)
+    check_fused_users(graph, chain)
     weights = weights_of(dequantize_of(graph, w_call), n)
-    if isinstance(weights, str):
-        return weights
-    reason = weight_dtype_reason(weights.q, dtype)
-    if reason:
-        return reason
+    check_weight_dtype(weights.q, dtype)
     bias = bias_vector(graph, chain.bias_operand, static_shape(chain.anchor), axis=-1)
-    if isinstance(bias, str):
-        return bias
     return fold_weighted(weights, bias, data, chain.out, dtype)
 
 
@@ -134,13 +136,10 @@ def _fc_planner(dtype: str):
         w_call = _weight_dq(graph, chain.op.args[1])
         if data is None or w_call is None or str(data.data.ty.dtype) != dtype:
             return None  # not a Q/DQ linear of this pass's dtype
-        shapes = _fc_shapes(graph, chain, binding, data, w_call, in_reshape, MMA_MULTIPLE[dtype])
-        if isinstance(shapes, str):
-            return Decline(chain.name, "fc", dtype, shapes)
-        folded = _fc_constants(graph, chain, data, w_call, shapes[4], dtype)
-        if isinstance(folded, str):
-            return Decline(chain.name, "fc", dtype, folded)
-        return _fc_offload(chain, data, folded, shapes, dtype)
+        with declining(chain.name, "fc", dtype):
+            shapes = _fc_shapes(graph, chain, binding, data, w_call, in_reshape, MMA_MULTIPLE[dtype])
+            folded = _fc_constants(graph, chain, data, w_call, shapes[4], dtype)
+            return _fc_offload(chain, data, folded, shapes, dtype)
 
     return planner
 

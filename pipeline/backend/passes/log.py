@@ -25,7 +25,7 @@ class Decision:
     ``status`` is ``"offloaded"`` (replaced by ``call_tir`` to ``func``, which
     calls ``kernel`` on ``backend`` "mmalib" | "c7x"), ``"declined"`` (stays on
     the scalar path, ``reason`` says why) or ``"simplified"`` (a Q/DQ cleanup).
-    ``note`` carries extra facts, e.g. a padded FC width.
+    ``note`` carries extra detail, e.g. a padded FC width.
     """
 
     pass_name: str

@@ -13,7 +13,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from .common import Graph, const_array
+from .graph import Graph, const_array
 
 _CALL_TIR = "relax.call_tir"
 

@@ -1,14 +1,16 @@
 """The offload pass pipeline: every family in the reference's order, then cleanups.
 
-Order (facts B, "Pass order", step 1, then the max-pool / ReLU fusions, then
-the Q/DQ cleanups): i8 conv, i8 depthwise, i8 FC, i8 residual add, i16 conv,
-i16 FC, i16 residual add, i16 depthwise, i8 max pool, i8 relu/clip, transparent
-Q/DQ elimination, Q/DQ pair elimination, then CanonicalizeBindings and
-DeadCodeElimination (the float weights' dequantize bindings die here).
+Order (``docs/reference.md``, "Pass order": step 1, then the max-pool / ReLU
+fusions, then the Q/DQ cleanups): i8 conv, i8 depthwise, i8 FC, i8 residual
+add, i16 conv, i16 FC, i16 residual add, i16 depthwise, i8 max pool, i8
+relu/clip, transparent Q/DQ elimination, Q/DQ pair elimination, then
+CanonicalizeBindings and DeadCodeElimination (the float weights' dequantize
+bindings die here).
 
 Run it on the imported module with all parameters bound as constants and
 *before* ``FoldConstant``: folding first would turn ``dq(int8 W)`` into a
-float32 constant and no pattern would match (design.md).
+float32 constant and no pattern would match (``docs/architecture.md``, "Data
+flow").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Offload of int8 max pooling to the C7x max-pool kernel.
 
-Pattern (facts B, "Maxpool")::
+Pattern (``docs/reference.md``, "Max pool")::
 
     q(max_pool2d(dq(x, s, zp)), s, zp)  ->  call_tir(c7x_int8_max_pool_tidl | c7x_int8_max_pool, x)
 
@@ -19,8 +19,11 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .common import Decline, Graph, Offload, TensorArg, dequantize_of, offload_primfunc, quantize_of, run_pass, static_shape, var_name
+from ..refusal import Declined, declining
+from .graph import QDQ, Graph, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
+from .primfunc import TensorArg, offload_primfunc
+from .rewrite import Offload, run_pass
 
 
 def pooled_sizes(size: int, k: int, s: int, p: int) -> tuple[int, int]:
@@ -33,6 +36,45 @@ def pooled_sizes(size: int, k: int, s: int, p: int) -> tuple[int, int]:
     return floor, ceil
 
 
+def _plan_pool(graph: Graph, pool, data: QDQ, out: QDQ, kernel: str) -> Offload:
+    """The :class:`Offload` of ``q(max_pool2d(dq(x)))`` (``pool``: the pool call,
+    ``data`` / ``out``: its dequantize / quantize); raises :class:`Declined`
+    if it is not eligible."""
+    if str(data.data.ty.dtype) != "int8" or out.out_dtype != "int8":
+        raise Declined("only int8 max pooling has a kernel")
+    if not data.same_params(out):
+        raise Declined("input and output quantization differ (the kernel does not requantize)")
+    a = pool.attrs
+    in_shape, out_shape = static_shape(data.data), static_shape(out.data)
+    if in_shape is None or out_shape is None or len(in_shape) != 4:
+        raise Declined("dynamic or non-4-D shapes")
+    if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
+        raise Declined(f"layout {a.layout} (kernel takes NCHW)")
+    if any(int(d) != 1 for d in a.dilation):
+        raise Declined("dilation is not 1")
+    top, left, bottom, right = [int(p) for p in a.padding]
+    kh, kw = [int(k) for k in a.pool_size]
+    if top != bottom or left != right:
+        raise Declined(f"asymmetric padding {[top, left, bottom, right]}")
+    if top >= kh or left >= kw:
+        raise Declined(f"padding {[top, left]} not smaller than the window {[kh, kw]}")
+    n, c, h, w = in_shape
+    sh, sw = [int(s) for s in a.strides]
+    if (out_shape[2] not in pooled_sizes(h, kh, sh, top)
+            or out_shape[3] not in pooled_sizes(w, kw, sw, left)):
+        raise Declined(f"output size {list(out_shape[2:])} is neither the floor- nor the ceil-mode size")
+    if not graph.single_use(out.data):
+        raise Declined(f"float intermediate {var_name(out.data)} has other users")
+    scalars = [n, c, h, w, out_shape[2], out_shape[3], kh, kw, sh, sw, top, left]
+    prim = offload_primfunc(kernel, [TensorArg("data", in_shape, "int8"),
+                                     TensorArg("out", out_shape, "int8")], scalars)
+
+    def build(ctx):
+        return ctx.call_offload(prim, [data.data], out_shape, "int8")
+
+    return Offload(var_name(out.data), "max_pool2d", "int8", kernel, build)
+
+
 def _pool_planner(kernel: str):
     def planner(graph: Graph, binding):
         out = quantize_of(graph, binding.value)
@@ -42,40 +84,8 @@ def _pool_planner(kernel: str):
         data = dequantize_of(graph, pool.args[0]) if pool is not None else None
         if data is None or not isinstance(out.data, relax.Var):
             return None
-        decline = lambda reason: Decline(var_name(out.data), "max_pool2d", str(data.data.ty.dtype), reason)  # noqa: E731
-        if str(data.data.ty.dtype) != "int8" or out.out_dtype != "int8":
-            return decline("only int8 max pooling has a kernel")
-        if not data.same_params(out):
-            return decline("input and output quantization differ (the kernel does not requantize)")
-        a = pool.attrs
-        in_shape, out_shape = static_shape(data.data), static_shape(out.data)
-        if in_shape is None or out_shape is None or len(in_shape) != 4:
-            return decline("dynamic or non-4-D shapes")
-        if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
-            return decline(f"layout {a.layout} (kernel takes NCHW)")
-        if any(int(d) != 1 for d in a.dilation):
-            return decline("dilation is not 1")
-        top, left, bottom, right = [int(p) for p in a.padding]
-        kh, kw = [int(k) for k in a.pool_size]
-        if top != bottom or left != right:
-            return decline(f"asymmetric padding {[top, left, bottom, right]}")
-        if top >= kh or left >= kw:
-            return decline(f"padding {[top, left]} not smaller than the window {[kh, kw]}")
-        n, c, h, w = in_shape
-        sh, sw = [int(s) for s in a.strides]
-        if (out_shape[2] not in pooled_sizes(h, kh, sh, top)
-                or out_shape[3] not in pooled_sizes(w, kw, sw, left)):
-            return decline(f"output size {list(out_shape[2:])} is neither the floor- nor the ceil-mode size")
-        if not graph.single_use(out.data):
-            return decline(f"float intermediate {var_name(out.data)} has other users")
-        scalars = [n, c, h, w, out_shape[2], out_shape[3], kh, kw, sh, sw, top, left]
-        prim = offload_primfunc(kernel, [TensorArg("data", in_shape, "int8"),
-                                         TensorArg("out", out_shape, "int8")], scalars)
-
-        def build(ctx):
-            return ctx.call_offload(prim, [data.data], out_shape, "int8")
-
-        return Offload(var_name(out.data), "max_pool2d", "int8", kernel, build)
+        with declining(var_name(out.data), "max_pool2d", str(data.data.ty.dtype)):
+            return _plan_pool(graph, pool, data, out, kernel)
 
     return planner
 

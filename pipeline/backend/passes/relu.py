@@ -1,6 +1,6 @@
 """Offload of standalone int8 ReLU / clip (ReLU6) to the C7x element-wise kernels.
 
-Patterns (facts B, "ReLU pass"); these are the activations the quantizer did
+Patterns (``docs/reference.md``, "ReLU pass"); these are the activations the quantizer did
 *not* fuse into a conv (``fuse_activations=False``, or after a non-conv op)::
 
     q(relu(dq(x, s, zp)), s, zp)        ->  call_tir(c7x_int8_relu,  x)   out = max(x, zp)
@@ -22,32 +22,30 @@ import math
 import tvm
 from tvm import relax
 
-from .common import Decline, Graph, Offload, TensorArg, activation_of, const_array, dequantize_of, offload_primfunc, quantize_of, run_pass, static_shape, var_name
+from ..refusal import Declined, declining
+from .graph import (QDQ, Activation, Graph, activation_of, const_array, dequantize_of, quantize_of,
+                    static_shape, var_name)
 from .log import OffloadLog
+from .primfunc import TensorArg, offload_primfunc
+from .rewrite import Offload, run_pass
 
 SCALE_RTOL = 1e-5
 
 
-def _relu_planner(graph: Graph, binding):
-    out = quantize_of(graph, binding.value)
-    if out is None:
-        return None
-    act, inner = activation_of(graph, out.data)
-    data = dequantize_of(graph, inner) if act is not None else None
-    if data is None or not isinstance(out.data, relax.Var):
-        return None
-    decline = lambda reason: Decline(var_name(out.data), act.kind, str(data.data.ty.dtype), reason)  # noqa: E731
+def _plan_relu(graph: Graph, act: Activation, data: QDQ, out: QDQ) -> Offload:
+    """The :class:`Offload` of ``q(act(dq(x)))`` (``data`` / ``out``: the
+    dequantize / quantize); raises :class:`Declined` if it is not eligible."""
     if str(data.data.ty.dtype) != "int8" or out.out_dtype != "int8":
-        return decline(f"only int8 {act.kind} has a kernel")
+        raise Declined(f"only int8 {act.kind} has a kernel")
     if const_array(data.data) is not None:
-        return decline("input is a compile-time constant")
+        raise Declined("input is a compile-time constant")
     if not data.same_params(out, rtol=SCALE_RTOL):
-        return decline("input and output quantization differ (no requantize-clamp kernel in c7x_kernels.h)")
+        raise Declined("input and output quantization differ (no requantize-clamp kernel in c7x_kernels.h)")
     shape = static_shape(data.data)
     if shape is None:
-        return decline("dynamic shape")
+        raise Declined("dynamic shape")
     if not graph.single_use(out.data):
-        return decline(f"float intermediate {var_name(out.data)} has other users")
+        raise Declined(f"float intermediate {var_name(out.data)} has other users")
     tensors = [TensorArg("data", shape, "int8"), TensorArg("out", shape, "int8")]
     n = math.prod(shape)
     if act.kind == "relu":
@@ -61,6 +59,18 @@ def _relu_planner(graph: Graph, binding):
         return ctx.call_offload(prim, [data.data], shape, "int8")
 
     return Offload(var_name(out.data), act.kind, "int8", kernel, build)
+
+
+def _relu_planner(graph: Graph, binding):
+    out = quantize_of(graph, binding.value)
+    if out is None:
+        return None
+    act, inner = activation_of(graph, out.data)
+    data = dequantize_of(graph, inner) if act is not None else None
+    if data is None or not isinstance(out.data, relax.Var):
+        return None
+    with declining(var_name(out.data), act.kind, str(data.data.ty.dtype)):
+        return _plan_relu(graph, act, data, out)
 
 
 def offload_relu_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:

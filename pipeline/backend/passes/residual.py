@@ -6,7 +6,7 @@ first becomes ``x``, the second ``skip``)::
     q([relu|clip](add(dq(x, s_x, zp_x), dq(skip, s_skip, zp_skip))), s_o, zp_o)
       ->  [int clip](call_tir(c7x_int8_residual_add_relu | c7x_int16_..., x, skip, params))
 
-Eligibility (facts B, "Residual add"): constant scalar scales and zero points,
+Eligibility (``docs/reference.md``, "Residual add"): constant scalar scales and zero points,
 x / skip / output of one dtype (int8 or int16) and one static shape (no
 broadcasting); int16: all zero points 0. ``params`` is the 16-byte blob of
 :func:`pipeline.backend.fold.residual_add_params` (Q15 multipliers
@@ -23,13 +23,49 @@ import tvm
 from tvm import relax
 
 from .. import fold
-from .common import const, Decline, Graph, Offload, TensorArg, activation_of, dequantize_of, emit_activation, offload_primfunc, quantize_of, run_pass, static_shape, var_name
+from ..refusal import Declined, declining
+from .graph import QDQ, Activation, Graph, activation_of, const, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
+from .primfunc import TensorArg, offload_primfunc
+from .rewrite import Offload, emit_activation, run_pass
+
+
+def _plan_residual(graph: Graph, binding, act: Activation | None, add_var, x: QDQ, skip: QDQ,
+                   out: QDQ, dtype: str) -> Offload:
+    """The :class:`Offload` of ``q([act](add(dq(x), dq(skip))))`` bound to
+    ``binding`` (``add_var``: the add's binding variable); raises
+    :class:`Declined` if it is not eligible."""
+    if not (x.scalar and skip.scalar and out.scalar):
+        raise Declined("scales and zero points are not constant scalars")
+    if str(skip.data.ty.dtype) != dtype or out.out_dtype != dtype:
+        raise Declined(f"operands {x.data.ty.dtype}/{skip.data.ty.dtype} and output "
+                       f"{out.out_dtype} are not all {dtype}")
+    shapes = [static_shape(e) for e in (x.data, skip.data, binding.var)]
+    if None in shapes or len(set(shapes)) != 1:
+        raise Declined(f"shapes {shapes} are not one static shape (the kernel does not broadcast)")
+    if dtype == "int16" and (x.z or skip.z or out.z):
+        raise Declined("int16 kernel needs zero points 0")
+    for v in ([out.data] if act is not None else []) + [add_var]:
+        if not graph.single_use(v):
+            raise Declined(f"float intermediate {var_name(v)} has other users")
+    params = fold.residual_add_params(x.s, x.z, skip.s, skip.z, out.s, out.z)
+    relu = act is not None and act.kind == "relu"
+    shape = shapes[0]
+    kernel = f"c7x_{dtype}_residual_add_relu"
+    tensors = [TensorArg("x", shape, dtype), TensorArg("skip", shape, dtype),
+               TensorArg("params", (16,), "uint8"), TensorArg("out", shape, dtype)]
+    prim = offload_primfunc(kernel, tensors, [math.prod(shape), int(relu)])
+    params_const = const(params)
+    post = None if relu else act
+
+    def build(ctx):
+        res = ctx.call_offload(prim, [x.data, skip.data, params_const], shape, dtype)
+        return emit_activation(ctx, res, post, out.s, out.z, dtype, f"{ctx.func_name}_out")
+
+    return Offload(var_name(add_var), "residual_add", dtype, kernel, build)
 
 
 def _residual_planner(dtype: str):
-    kernel = f"c7x_{dtype}_residual_add_relu"
-
     def planner(graph: Graph, binding):
         out = quantize_of(graph, binding.value)
         if out is None:
@@ -41,36 +77,8 @@ def _residual_planner(dtype: str):
         x, skip = (dequantize_of(graph, a) for a in add.args)
         if x is None or skip is None or str(x.data.ty.dtype) != dtype:
             return None  # not a Q/DQ residual add of this pass's dtype
-        decline = lambda reason: Decline(var_name(expr), "residual_add", dtype, reason)  # noqa: E731
-        if not (x.scalar and skip.scalar and out.scalar):
-            return decline("scales and zero points are not constant scalars")
-        if str(skip.data.ty.dtype) != dtype or out.out_dtype != dtype:
-            return decline(f"operands {x.data.ty.dtype}/{skip.data.ty.dtype} and output "
-                           f"{out.out_dtype} are not all {dtype}")
-        shapes = [static_shape(e) for e in (x.data, skip.data, binding.var)]
-        if None in shapes or len(set(shapes)) != 1:
-            return decline(f"shapes {shapes} are not one static shape (the kernel does not broadcast)")
-        if dtype == "int16" and (x.z or skip.z or out.z):
-            return decline("int16 kernel needs zero points 0")
-        for v in ([out.data] if act is not None else []) + [expr]:
-            if not graph.single_use(v):
-                return decline(f"float intermediate {var_name(v)} has other users")
-        params = fold.residual_add_params(x.s, x.z, skip.s, skip.z, out.s, out.z)
-        if isinstance(params, str):
-            return decline(params)
-        relu = act is not None and act.kind == "relu"
-        shape = shapes[0]
-        tensors = [TensorArg("x", shape, dtype), TensorArg("skip", shape, dtype),
-                   TensorArg("params", (16,), "uint8"), TensorArg("out", shape, dtype)]
-        prim = offload_primfunc(kernel, tensors, [math.prod(shape), int(relu)])
-        params_const = const(params)
-        post = None if relu else act
-
-        def build(ctx):
-            res = ctx.call_offload(prim, [x.data, skip.data, params_const], shape, dtype)
-            return emit_activation(ctx, res, post, out.s, out.z, dtype, f"{ctx.func_name}_out")
-
-        return Offload(var_name(expr), "residual_add", dtype, kernel, build)
+        with declining(var_name(expr), "residual_add", dtype):
+            return _plan_residual(graph, binding, act, expr, x, skip, out, dtype)
 
     return planner
 

@@ -1,6 +1,6 @@
 """Matching and folding shared by the weighted-op families (conv, depthwise, FC).
 
-Pattern (facts B, "Matched pattern"), walked backwards from the quantize::
+Pattern (``docs/reference.md``, "Matched pattern"), walked backwards from the quantize::
 
     q( [relu | clip(a, b)] ( [reshape] ( [add(bias)] ( OP(dq(x, d_s, d_zp), dq(W, w_s, w_zp)) ))), o_s, o_zp)
 
@@ -11,7 +11,10 @@ the leading dims of a 3-D input. The fused values between OP and the quantize
 must have no other users.
 
 :func:`fold_weighted` turns a matched chain into the kernel's constants
-(facts B "Folding" and "int16 folding"; :mod:`pipeline.backend.fold`).
+(``docs/reference.md``, "Folding" and "int16 folding"; :mod:`pipeline.backend.fold`).
+The ``check_*`` functions and the constant extractors raise
+:class:`~pipeline.backend.refusal.Declined` when a matched chain is not
+eligible.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import numpy as np
 from tvm import relax
 
 from .. import fold
-from .common import QDQ, Activation, Graph, activation_of, const_array, quantize_of, static_shape, var_name
+from ..refusal import Declined
+from .graph import QDQ, Activation, Graph, activation_of, const_array, quantize_of, static_shape, var_name
 
 _BIAS_WRAPPERS = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.astype")
 
@@ -82,39 +86,40 @@ def match_chain(graph: Graph, binding, ops: tuple[str, ...], allow_reshape: bool
     return WeightedChain(expr, op, act, bias_operand, out, out_reshape, fused)
 
 
-def fused_users_reason(graph: Graph, chain: WeightedChain) -> str | None:
-    """Why the chain cannot be fused because a float intermediate has other users."""
+def check_fused_users(graph: Graph, chain: WeightedChain) -> None:
+    """Raises :class:`Declined` if a float intermediate of the chain has other
+    users (fusing would drop the value they read)."""
     for v in chain.fused:
         if not graph.single_use(v):
-            return f"float intermediate {var_name(v)} has other users"
-    return None
+            raise Declined(f"float intermediate {var_name(v)} has other users")
 
 
-def bias_vector(graph: Graph, operand, out_shape: tuple[int, ...], axis: int) -> np.ndarray | str | None:
-    """Float bias[C] of the bias add, ``None`` without a bias, or a reason string.
+def bias_vector(graph: Graph, operand, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """Float bias[C] of the bias add, ``None`` without a bias.
 
     The operand must be a constant (possibly wrapped in reshape / expand_dims /
     squeeze / astype) whose shape, right-aligned against ``out_shape``, is 1
-    everywhere except the channel ``axis`` (so it really is a per-channel bias).
+    everywhere except the channel ``axis`` (so it really is a per-channel
+    bias); raises :class:`Declined` otherwise.
     """
     if operand is None:
         return None
     shape = static_shape(operand)
     if shape is None:
-        return "bias has a dynamic shape"
+        raise Declined("bias has a dynamic shape")
     aligned = (1,) * (len(out_shape) - len(shape)) + shape
     channels = out_shape[axis]
     if len(aligned) != len(out_shape) or any(d != 1 for i, d in enumerate(aligned) if i != axis % len(out_shape)):
-        return f"bias of shape {list(shape)} is not a per-channel vector of the output {list(out_shape)}"
+        raise Declined(f"bias of shape {list(shape)} is not a per-channel vector of the output {list(out_shape)}")
     expr = operand
     while const_array(expr) is None:
         wrapper = graph.call(expr, *_BIAS_WRAPPERS)
         if wrapper is None:
-            return "bias is not a compile-time constant"
+            raise Declined("bias is not a compile-time constant")
         expr = wrapper.args[0]
     values = const_array(expr).astype(np.float64).reshape(-1)
     if values.size not in (1, channels):
-        return f"bias has {values.size} values for {channels} channels"
+        raise Declined(f"bias has {values.size} values for {channels} channels")
     return np.broadcast_to(values, (channels,)).copy()
 
 
@@ -127,45 +132,47 @@ class Weights:
     zp: np.ndarray
 
 
-def weights_of(dq: QDQ | None, channels: int) -> Weights | str:
-    """Constant weight of a ``dq(W, w_s, w_zp, axis=0)``, or a reason string."""
+def weights_of(dq: QDQ | None, channels: int) -> Weights:
+    """Constant weight of a ``dq(W, w_s, w_zp, axis=0)`` with ``channels`` output
+    channels and zero point 0; raises :class:`Declined` for anything else."""
     if dq is None:
-        return "weight is not a dequantize"
+        raise Declined("weight is not a dequantize")
     w = const_array(dq.data)
     if w is None or dq.scale is None or dq.zp is None:
-        return "weight, weight scale or weight zero point is not a compile-time constant"
+        raise Declined("weight, weight scale or weight zero point is not a compile-time constant")
     if dq.scale.size != 1 and dq.axis != 0:
-        return f"weight is quantized along axis {dq.axis}, not the output channel"
+        raise Declined(f"weight is quantized along axis {dq.axis}, not the output channel")
     if w.shape[0] != channels:
-        return f"weight has {w.shape[0]} output channels, expected {channels}"
+        raise Declined(f"weight has {w.shape[0]} output channels, expected {channels}")
     scale = np.broadcast_to(dq.scale.astype(np.float32).reshape(-1), (channels,)).copy()
     zp = np.broadcast_to(dq.zp.reshape(-1), (channels,)).copy()
     if np.any(zp != 0):
-        return "weight zero point is not 0"
+        raise Declined("weight zero point is not 0")
     return Weights(w, scale, zp)
 
 
-def quant_reason(data: QDQ | None, out: QDQ, dtype: str) -> str | None:
-    """Checks on the activation Q/DQ of a weighted layer of ``dtype`` (int8 / int16)."""
+def check_quant(data: QDQ | None, out: QDQ, dtype: str) -> None:
+    """Checks on the activation Q/DQ of a weighted layer of ``dtype`` (int8 / int16):
+    constant scalar parameters, output of ``dtype``, int16 zero points 0.
+    Raises :class:`Declined` on the first that fails."""
     if data is None:
-        return "input is not a dequantize"
+        raise Declined("input is not a dequantize")
     if not data.scalar or not out.scalar:
-        return "input/output scale and zero point are not constant scalars"
+        raise Declined("input/output scale and zero point are not constant scalars")
     if out.out_dtype != dtype:
-        return f"output is quantized to {out.out_dtype}, input to {dtype}"
+        raise Declined(f"output is quantized to {out.out_dtype}, input to {dtype}")
     if dtype == "int16" and (data.z != 0 or out.z != 0):
-        return "int16 kernels need zero points 0"
-    return None
+        raise Declined("int16 kernels need zero points 0")
 
 
-def weight_dtype_reason(w: np.ndarray, dtype: str) -> str | None:
-    """int8 layers need int8 weights; int16 layers take int16 or (widened) int8 weights."""
+def check_weight_dtype(w: np.ndarray, dtype: str) -> None:
+    """int8 layers need int8 weights; int16 layers take int16 or (widened) int8
+    weights. Raises :class:`Declined` otherwise."""
     wd = str(w.dtype)
     if dtype == "int8" and wd != "int8":
-        return f"{wd} weights with int8 activations"
+        raise Declined(f"{wd} weights with int8 activations")
     if dtype == "int16" and wd not in ("int8", "int16"):
-        return f"{wd} weights with int16 activations"
-    return None
+        raise Declined(f"{wd} weights with int16 activations")
 
 
 @dataclass
@@ -185,41 +192,34 @@ PRESCALE_NOTE = ("int8 weights widened to int16 and pre-scaled per output channe
                  "(bias scaled by k too): requant multiplier k*scale/2^shift instead of scale/2^shift")
 
 
-def _fold_i8(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded | str:
-    """int8 (facts B "Folding"): ``bias_i32 = round(b/(d_s w_s)) - d_zp sum W + round(o_zp o_s/(d_s w_s))``."""
-    rq = fold.requant_params(data.s, weights.scale, out.s)
-    if isinstance(rq, str):
-        return rq
+def _fold_i8(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded:
+    """int8 (``docs/reference.md``, "Folding"):
+    ``bias_i32 = round(b/(d_s w_s)) - d_zp sum W + round(o_zp o_s/(d_s w_s))``."""
+    scale, shift = fold.requant_params(data.s, weights.scale, out.s)
     b = fold.fold_bias_i8(bias, data.s, data.z, weights.q, weights.scale, out.s, out.z)
-    return b if isinstance(b, str) else Folded(weights.q, b, rq[0], rq[1])
+    return Folded(weights.q, b, scale, shift)
 
 
-def _fold_i16_full(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded | str:
-    """int16 with int16 weights (facts B "int16 folding"): ``bias_i64 = round(b/(d_s w_s))``."""
-    rq = fold.requant_params(data.s, weights.scale, out.s)
-    if isinstance(rq, str):
-        return rq
+def _fold_i16_full(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded:
+    """int16 with int16 weights (``docs/reference.md``, "int16 folding"): ``bias_i64 = round(b/(d_s w_s))``."""
+    scale, shift = fold.requant_params(data.s, weights.scale, out.s)
     b = fold.fold_bias_i16(bias, data.s, weights.scale, weights.q.shape[0])
-    return b if isinstance(b, str) else Folded(weights.q.astype(np.int16), b, rq[0], rq[1])
+    return Folded(weights.q.astype(np.int16), b, scale, shift)
 
 
-def _fold_i16_prescaled(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded | str:
+def _fold_i16_prescaled(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded:
     """int16 with int8 weights: widen and pre-scale by ``k[c]`` (fold module docstring):
     ``W' = k W``, ``bias_i64 = round(b/(d_s w_s)) * k``, ``k*scale/2^shift ~= d_s w_s / o_s``."""
-    rq = fold.prescale_requant_params(data.s, weights.scale, out.s, fold.prescale_limit(weights.q))
-    if isinstance(rq, str):
-        return rq
-    k, scale, shift = rq
+    k, scale, shift = fold.prescale_requant_params(data.s, weights.scale, out.s,
+                                                   fold.prescale_limit(weights.q))
     b = fold.fold_bias_i16(bias, data.s, weights.scale, weights.q.shape[0], k)
-    if isinstance(b, str):
-        return b
     return Folded(fold.prescale_weights(weights.q, k), b, scale, shift, PRESCALE_NOTE)
 
 
-def fold_weighted(weights: Weights, bias: np.ndarray | None, data: QDQ, out: QDQ, dtype: str) -> Folded | str:
-    """Fold a matched layer into kernel constants or return why it cannot be.
+def fold_weighted(weights: Weights, bias: np.ndarray | None, data: QDQ, out: QDQ, dtype: str) -> Folded:
+    """Fold a matched layer into kernel constants; raises :class:`Declined` if it cannot be.
 
-    int8: :func:`_fold_i8` (facts B "Folding"). int16 with int16 weights:
+    int8: :func:`_fold_i8` (``docs/reference.md``, "Folding"). int16 with int16 weights:
     :func:`_fold_i16_full` ("int16 folding"). int16 with int8 weights:
     :func:`_fold_i16_prescaled`: widened to int16 (deviation (d): exact,
     doubles the weight memory) and pre-scaled per channel for a ~14-bit

@@ -1,0 +1,44 @@
+"""Offload PrimFuncs: the TIR function that stands for one kernel call.
+
+The contract (:mod:`pipeline.backend`): buffer parameters in extern-call
+order with the output last, a body that is exactly one ``T.call_extern`` of
+the kernel on the buffers' data pointers and int32 scalars, and the
+attributes ``c7x_kernel`` and ``c7x_offload_backend``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+
+MMALIB = "mmalib"
+C7X = "c7x"
+
+
+def backend_of(kernel: str) -> str:
+    """``"mmalib"`` for ``mmalib_*`` kernels, ``"c7x"`` for ``c7x_*`` kernels."""
+    return MMALIB if kernel.startswith("mmalib_") else C7X
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """One buffer parameter of an offload PrimFunc."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def offload_primfunc(kernel: str, tensors: list[TensorArg], scalars: list[int]) -> tirx.PrimFunc:
+    """The offload PrimFunc of the contract in :mod:`pipeline.backend`.
+
+    Parameters are ``tensors`` in extern-call order, the output buffer last;
+    the body is exactly ``T.call_extern("int32", kernel, <buf>.data..., <int32 scalars>...)``;
+    attributes ``{"c7x_kernel": kernel, "c7x_offload_backend": "mmalib" | "c7x"}``.
+    """
+    bufs = [tirx.decl_buffer(t.shape, t.dtype, t.name) for t in tensors]
+    args = [b.data for b in bufs] + [tirx.IntImm("int32", int(v)) for v in scalars]
+    body = tirx.Evaluate(tirx.call_extern("int32", kernel, *args))
+    return tirx.PrimFunc(bufs, body).with_attrs({"c7x_kernel": kernel,
+                                                 "c7x_offload_backend": backend_of(kernel)})
