@@ -62,8 +62,8 @@ import numpy as np
 
 from .refusal import Declined
 
-#: The kernels declare ``scale`` as a signed byte on the FC path (``docs/reference.md``,
-#: "Kernel ABI"), so every kernel gets a scale in [1, 127]; shifts are 0..31.
+#: The FC kernel reads ``scale`` as a signed byte (``docs/reference.md``, "Scale and
+#: shift"), so every kernel gets a scale in [1, 127]; shifts are 0..31.
 SCALE_MAX = 127
 SHIFT_MAX = 31
 #: Residual-add multipliers are Q15 (``docs/reference.md``, "Residual add": shift = 15).
@@ -301,7 +301,7 @@ def residual_multiplier(s_in: float, s_out: float) -> int:
 def residual_add_params(s_x: float, zp_x: int, s_skip: float, zp_skip: int,
                         s_out: float, zp_out: int) -> np.ndarray:
     """16-byte parameter blob of ``c7x_int{8,16}_residual_add_relu`` (``docs/reference.md``,
-    "Residual add" and "Kernel ABI").
+    "Residual add").
 
     Layout (little-endian): int32 ``M_x``, int32 ``M_skip``, int32 shift (=15),
     int8 ``zp_x``, int8 ``zp_skip``, int8 ``zp_out``, one pad byte; with
