@@ -36,6 +36,7 @@ class Layout:
         self.quantized_pt2 = self.dir / "quantized.pt2"
         self.relax_script = self.dir / "relax" / "module.py"
         self.relax_params = self.dir / "relax" / "params.bin"
+        self.relax_layers = self.dir / "relax" / "layers.json"
         self.report = self.dir / "report.json"
         self.verify = self.dir / "verify.json"
         self.host_record = self.dir / "host" / "build.json"

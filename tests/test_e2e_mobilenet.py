@@ -59,6 +59,25 @@ def test_coverage_mobilenet_v2_int8(built):
     assert len(fc) == 1 and fc[0]["backend"] == "mmalib"
 
 
+def test_layer_names_match_torchvision_modules(built):
+    """Every conv / FC layer names the torchvision module it runs (issue 9, item 1)."""
+    import torch.nn as nn
+    from torchvision.models import mobilenet_v2
+
+    p, _ = built
+    modules = dict(mobilenet_v2().named_modules())
+    layers = load(p, "mobilenet_v2", "c/mmalib/manifest.json")["layers"]
+    weighted = [lay for lay in layers if lay["op"] in ("conv2d", "depthwise_conv2d", "fc")]
+    assert len(weighted) == 53
+    for lay in weighted:
+        kind = nn.Linear if lay["op"] == "fc" else nn.Conv2d
+        assert isinstance(modules[lay["module"]], kind), lay
+    by_module = {lay["module"]: lay for lay in weighted}
+    assert by_module["features.0.0"]["op"] == "conv2d" and by_module["classifier.1"]["op"] == "fc"
+    assert by_module["features.1.conv.0.0"]["op"] == "depthwise_conv2d"
+    assert all(lay["source"].startswith("torchvision/models/mobilenetv2.py:") for lay in weighted)
+
+
 @pytest.mark.parametrize("model", ["mobilenet_v2", "mobilenet_v2_int16"])
 def test_host_c_is_bit_exact_and_accurate(built, model):
     p, _ = built

@@ -21,6 +21,7 @@ from tvm import relax
 from tvm.ir import GenericConst
 
 from ..fsutil import write_json
+from .call_graph import call_records
 from .emit_c import Quant, check_preprocess, emit
 from .lower import lower_module
 
@@ -82,8 +83,28 @@ def _manifest(mod: tvm.IRModule, offloaded: tvm.IRModule, log, mmalib: bool) -> 
     return manifest
 
 
+PROVENANCE_KEYS = ("id", "module", "module_type", "source", "code")
+
+
+def name_layers(layers: list[dict], provenance: dict[str, dict] | None) -> None:
+    """Give each manifest layer its id, PyTorch module path and source line from
+    ``provenance`` (binding name -> :mod:`pipeline.frontend.provenance` record),
+    in place. Without one, the id is the binding name and the rest None."""
+    for layer in layers:
+        prov = (provenance or {}).get(layer["name"], {})
+        layer.update({k: prov.get(k) for k in PROVENANCE_KEYS})
+        layer["id"] = layer["id"] or layer["name"]
+
+
+def binding_order(mod: tvm.IRModule) -> dict[str, int]:
+    """Binding name -> position in ``mod["main"]``."""
+    bindings = [b for block in mod["main"].body.blocks for b in block.bindings]
+    return {b.var.name: i for i, b in enumerate(bindings)}
+
+
 def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: bool = True,
-                  weights_format: str = "bin", preprocess: dict | None = None) -> dict:
+                  weights_format: str = "bin", preprocess: dict | None = None,
+                  provenance: dict[str, dict] | None = None) -> dict:
     """Compile ``mod`` into the static C files listed in the module docstring.
 
     ``mod``: the imported module with params bound (``load_irmodule``), NCHW,
@@ -96,7 +117,9 @@ def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: 
     "c_array" (also weights_data.c). ``preprocess``: the model's input
     preprocessing ``{"resize": int, "crop": int, "mean": [3], "std": [3]}``
     (``PreprocessSpec`` fields), written to model.h as ``<M>_PREPROCESS_*``;
-    None leaves it out. Returns a summary: ``c_name``, ``layers``,
+    None leaves it out. ``provenance``: binding name -> PyTorch module path,
+    source line and layer id (``relax/layers.json``), for the manifest's
+    layers and calls (:mod:`.call_graph`). Returns a summary: ``c_name``, ``layers``,
     ``layers_offloaded``, ``macs_total``, ``macs_offloaded``, ``arena_bytes``,
     ``workspace_bytes``, ``weights_bytes``, ``kernels`` (distinct PrimFuncs),
     ``calls`` (kernel calls per image), ``calls_by_backend`` ({"mmalib",
@@ -111,8 +134,11 @@ def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: 
     out_dir = Path(out_dir)
     low = lower_module(mod, mmalib=mmalib)
     manifest = _manifest(mod, low.offloaded, low.offload_log, mmalib)
+    name_layers(manifest["layers"], provenance)
     info = emit(low.mod, model_name, out_dir, quant=io_quantization(mod), weights_format=weights_format,
                 preprocess=preprocess)
+    manifest["calls"] = call_records(low.mod, info["plan"], binding_order(mod), manifest["layers"],
+                                     low.fused)
     manifest["summary"].update({k: info[k] for k in ("arena_bytes", "workspace_bytes", "weights_bytes")})
     manifest["summary"].update(calls=info["calls_by_backend"], tvm_kernels=info["tvm_kernels"])
     write_json(out_dir / "manifest.json", manifest)

@@ -382,7 +382,8 @@ def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | Non
     PREPROCESS macros (:func:`check_preprocess`), or None.
     Returns ``{"c_name", "arena_bytes", "workspace_bytes", "weights_bytes",
     "weights_count", "weights_crc32", "kernels", "calls", "calls_by_backend",
-    "tvm_kernels", "workspace_by_kernel"}``. Raises UnsupportedOpError (see
+    "tvm_kernels", "workspace_by_kernel", "plan"}`` (``plan``: the
+    :class:`~.memory_plan.Plan` printed as model.c). Raises UnsupportedOpError (see
     :func:`.memory_plan.plan_main`), ValueError for an unknown ``weights_format`` or a bad
     ``preprocess``.
     """
@@ -416,4 +417,4 @@ def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | Non
             "weights_bytes": len(blob), "weights_count": len(entries), "weights_crc32": crc,
             "kernels": len(called), "calls": len(plan.calls), "calls_by_backend": by_backend,
             "tvm_kernels": tvm_kernels,
-            "workspace_by_kernel": {k: ks.workspace.get(k, 0) for k in sorted(called)}}
+            "workspace_by_kernel": {k: ks.workspace.get(k, 0) for k in sorted(called)}, "plan": plan}

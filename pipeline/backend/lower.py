@@ -71,13 +71,25 @@ class Lowered:
     ``mod``: lowered module (Relax ``main`` + PrimFuncs). ``offloaded``: the
     module right after the offload passes (before scalar rewrites), for the
     manifest. ``offload_log``: the passes' OffloadLog (None with MMALIB off).
-    ``scalar_log``: :func:`rewrite_scalar`'s decisions.
+    ``scalar_log``: :func:`rewrite_scalar`'s decisions. ``fused``: fused
+    function name -> names of the bindings FuseOps moved into it (which
+    layers a fused scalar kernel computes, :mod:`.call_graph`).
     """
 
     mod: tvm.IRModule
     offloaded: tvm.IRModule
     offload_log: object = None
     scalar_log: list = field(default_factory=list)
+    fused: dict = field(default_factory=dict)
+
+
+def fused_bindings(mod: tvm.IRModule) -> dict[str, list[str]]:
+    """Binding names inside each fused (``Primitive``) Relax function of ``mod``."""
+    out = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and func.attrs is not None and "Primitive" in func.attrs:
+            out[gv.name_hint] = [b.var.name for block in func.body.blocks for b in block.bindings]
+    return out
 
 
 def is_offload(func) -> bool:
@@ -336,9 +348,11 @@ def lower_module(mod: tvm.IRModule, *, mmalib: bool = True) -> Lowered:
     with tvm.target.Target("c"):
         for name in ("AnnotateTIROpPattern", "FoldConstant", "FuseOps", "FuseTIR"):
             mod = _tvm_step(name, getattr(t, name)(), mod)
+            if name == "FuseOps":
+                fused = fused_bindings(mod)
         # Ours (not wrapped: a failure here is a bug, its traceback is wanted).
         mod = _libm_all(_compact_all(reshape_to_view(mod)))
         mod = _tvm_step("DeadCodeElimination", t.DeadCodeElimination(["main"]), mod)
         for name in ("ToNonDataflow", "RemovePurityChecking", "CallTIRRewrite", "StaticPlanBlockMemory"):
             mod = _tvm_step(name, getattr(t, name)(), mod)
-    return Lowered(mod=mod, offloaded=offloaded, offload_log=log, scalar_log=scalar_log)
+    return Lowered(mod=mod, offloaded=offloaded, offload_log=log, scalar_log=scalar_log, fused=fused)

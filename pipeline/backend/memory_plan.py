@@ -51,6 +51,10 @@ class Plan:
     calls: list[tuple[str, list[Tensor]]] = field(default_factory=list)
     weights: list[np.ndarray] = field(default_factory=list)
     weight_keys: dict = field(default_factory=dict)  # content key -> weights.bin entry
+    # For the call graph (not the emitter): binding names given to each tensor,
+    # and the tensor a reshape view reads.
+    aliases: dict[str, list[str]] = field(default_factory=dict)
+    views: dict[str, str] = field(default_factory=dict)
 
     @property
     def output_aliased(self) -> bool:
@@ -145,6 +149,8 @@ class _Planner:
             self.plan.calls.append((value.op.name_hint, [self.arg(a) for a in value.args]))
         elif isinstance(value, relax.Var):
             self.env[var] = self.env[value]
+            if isinstance(self.env[var], Tensor):
+                self.plan.aliases.setdefault(self.env[var].name, []).append(var.name)
         elif isinstance(value, relax.Tuple):
             self.env[var] = [self.arg(v) for v in value.fields]
         elif isinstance(value, relax.TupleGetItem):
@@ -167,6 +173,8 @@ class _Planner:
         elif op == "relax.reshape":
             src = self.arg(call.args[0])
             self.env[var] = self.tensor(var.ty, src.home, src.offset, view=True)
+            self.plan.views[self.env[var].name] = self.plan.views.get(src.name, src.name)
+            self.plan.aliases.setdefault(self.env[var].name, []).append(var.name)
         else:
             raise UnsupportedOpError(f"op {op} left in the lowered main; the static emitter cannot run it")
 

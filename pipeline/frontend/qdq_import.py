@@ -115,23 +115,45 @@ QDQ_CONVERT_MAP = {
 
 
 def import_exported_program(ep: torch.export.ExportedProgram) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
-    """Relax IRModule of ``ep`` and its parameters.
+    """Relax IRModule of ``ep`` and its parameters (see :func:`import_with_provenance`)."""
+    mod, params, _ = import_with_provenance(ep)
+    return mod, params
 
-    Returns ``(mod, params)``: ``mod["main"]`` takes the model input first, then
-    one argument per entry of ``params`` (same order; the float biases torch
-    keeps as parameters). Quantized weights and scales are constants in ``mod``.
-    Raises :class:`~pipeline.errors.UnsupportedOpError` for an op the frontend lacks.
+
+def import_with_provenance(ep: torch.export.ExportedProgram
+                           ) -> tuple[tvm.IRModule, dict[str, np.ndarray], dict[str, dict]]:
+    """Relax IRModule of ``ep``, its parameters, and each binding's provenance.
+
+    Returns ``(mod, params, layers)``: ``mod["main"]`` takes the model input
+    first, then one argument per entry of ``params`` (same order; the float
+    biases torch keeps as parameters). Quantized weights and scales are
+    constants in ``mod``. ``layers`` maps binding names of ``main`` to the
+    PyTorch module path and source line of the FX node they came from
+    (:func:`pipeline.frontend.provenance.attribute_bindings`).
+
+    Same import as ``from_exported_program(ep, keep_params_as_input=True,
+    custom_convert_map=...)``, run through its importer class so the FX node
+    -> Relax value table stays readable. Raises
+    :class:`~pipeline.errors.UnsupportedOpError` for an op the frontend lacks.
     """
-    from tvm.relax.frontend.torch import from_exported_program
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
     from ..errors import UnsupportedOpError
+    from .provenance import attribute_bindings, binding_names, rename_bindings
 
+    importer = ExportedProgramImporter()
     try:
-        mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map=QDQ_CONVERT_MAP)
+        mod = importer.from_exported_program(ep.run_decompositions(), True, False, False, QDQ_CONVERT_MAP)
     except (AssertionError, KeyError, NotImplementedError, ValueError) as e:
         raise UnsupportedOpError(f"TVM's torch frontend cannot import this program: {e}") from None
+    layers = attribute_bindings(mod["main"], importer.env)
     mod, params = relax.frontend.detach_params(mod)
     mod = fold_constant_casts(mod)
     names = [p.name for p in mod["main"].params[1:]]
     values = params.get("main", [])
-    return mod, {n: v.numpy() for n, v in zip(names, values)}
+    kept = {b.var.name for block in mod["main"].body.blocks for b in block.bindings}
+    layers = {k: v for k, v in layers.items() if k in kept}
+    renamed = binding_names(mod["main"], layers)
+    mod = rename_bindings(mod, renamed)
+    layers = {renamed.get(k, k): v for k, v in layers.items()}
+    return mod, {n: v.numpy() for n, v in zip(names, values)}, layers

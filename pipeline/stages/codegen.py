@@ -8,6 +8,7 @@ the baseline the verify stage compares against.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 from ..config import ModelSpec
@@ -24,20 +25,25 @@ def _remove_other_variants(out_dirs: dict[str, Path]) -> None:
                 shutil.rmtree(d)
 
 
-def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[str, Path]) -> dict:
+def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[str, Path],
+                  layers: Path | None = None) -> dict:
     """Compile ``relax/module.py`` + ``params.bin`` once per variant into ``out_dirs``.
 
-    Returns {variant: compile summary}. Each folder is replaced atomically.
+    ``layers``: ``relax/layers.json`` (binding -> PyTorch module path, source
+    line, layer id) for the manifest. Returns {variant: compile summary}.
+    Each folder is replaced atomically.
     """
     from ..backend.compile import compile_model
     from ..frontend.irmodule_io import load_irmodule
 
     mod = load_irmodule(script, params)
+    provenance = json.loads(Path(layers).read_text()) if layers else None
     _remove_other_variants(out_dirs)
     summaries = {}
     for variant, out in out_dirs.items():
         with atomic_dir(out) as tmp:
             summaries[variant] = compile_model(mod, spec.name, tmp, mmalib=(variant == "mmalib"),
                                                weights_format=spec.codegen.weights_format,
-                                               preprocess=dataclasses.asdict(spec.preprocess))
+                                               preprocess=dataclasses.asdict(spec.preprocess),
+                                               provenance=provenance)
     return summaries

@@ -6,14 +6,18 @@ from pathlib import Path
 
 from .. import torchenv  # noqa: F401  (registers the Q/DQ ops torch.export.load needs)
 from ..frontend.irmodule_io import save_irmodule
-from ..frontend.qdq_import import import_exported_program
+from ..frontend.qdq_import import import_with_provenance
+from ..fsutil import write_json
 
 import torch  # noqa: E402
 
 
-def import_model(quantized_pt2: Path, out_script: Path, out_params: Path) -> None:
+def import_model(quantized_pt2: Path, out_script: Path, out_params: Path, out_layers: Path) -> None:
     """Import ``quantized_pt2`` with ``from_exported_program(keep_params_as_input=True)``
-    and the Q/DQ op map; write ``module.py`` (TVMScript) and ``params.bin``."""
+    and the Q/DQ op map; write ``module.py`` (TVMScript), ``params.bin`` and
+    ``layers.json`` (binding name -> PyTorch module path, source line and
+    layer id, :mod:`pipeline.frontend.provenance`)."""
     ep = torch.export.load(quantized_pt2)
-    mod, params = import_exported_program(ep)
+    mod, params, layers = import_with_provenance(ep)
     save_irmodule(mod, params, out_script, out_params)
+    write_json(out_layers, layers)

@@ -1,0 +1,74 @@
+"""The kernel calls of a compiled model as a graph, each tied to its layer.
+
+One record per top-level call of ``<model>_run`` (the order of model.c),
+with the tensors it reads and writes (arena tensor names of the static
+memory plan, reshape views resolved to the tensor they read), so the
+producer -> consumer edges are exact. Each call is tied to a layer of the
+offload manifest: its output binding's position in the imported module says
+which layer it finishes (the last layer whose main op precedes it), and a
+call whose output has no name there (the MMALIB call before its fused clip,
+a padded FC before its slice) belongs to the layer of the call that reads
+its output. The calls before the first layer (the input quantize) belong to
+none.
+
+This is what ``offload.html`` draws and what the per-layer profile names.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import tvm
+
+from .lower import is_offload
+from .memory_plan import Plan
+
+
+def _backend(mod: tvm.IRModule, name: str) -> tuple[str, str]:
+    """(backend "mmalib" | "c7x" | "tvm", kernel symbol) of PrimFunc ``name``."""
+    func = mod[name]
+    if is_offload(func):
+        return str(func.attrs["c7x_offload_backend"]), str(func.attrs["c7x_kernel"])
+    return "tvm", name
+
+
+def _root(plan: Plan, tensor) -> str:
+    return plan.views.get(tensor.name, tensor.name)
+
+
+def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: list[dict],
+                 fused: dict[str, list[str]] | None = None) -> list[dict]:
+    """Records of ``plan.calls`` (``mod``: the lowered module the plan was made from).
+
+    ``order``: binding name -> position in the imported ``main``; ``layers``:
+    the manifest's layer entries (``name`` = anchor binding, ``id``);
+    ``fused``: fused kernel -> the bindings it computes (``Lowered.fused``). Each
+    record: ``index``, ``func`` (PrimFunc, the C symbol ``__tvm_ffi_<model>_<func>``),
+    ``kernel``, ``backend``, ``inputs`` / ``output`` (tensor names; ``input`` and
+    ``output`` for the model's own), ``shape``, ``dtype`` (of the output), ``vars``
+    (binding names of the output) and ``layer`` (the layer ``id`` or None).
+    """
+    anchors = sorted((order[lay["name"]], lay["id"]) for lay in layers if lay["name"] in order)
+    keys = [a for a, _ in anchors]
+    names = {_root(plan, plan.input): "input", _root(plan, plan.output): "output"}
+    records, producer = [], {}
+    for k, (func, args) in enumerate(plan.calls):
+        backend, kernel = _backend(mod, func)
+        out = args[-1]
+        ins = [names.get(_root(plan, a), _root(plan, a)) for a in args[:-1] if a.home != "weight"]
+        out_name = names.get(_root(plan, out), _root(plan, out))
+        aliases = plan.aliases.get(out.name, [])
+        known = [order[a] for a in aliases + (fused or {}).get(func, []) if a in order]
+        layer = None
+        if known:
+            i = bisect.bisect_right(keys, max(known)) - 1
+            layer = anchors[i][1] if i >= 0 else None
+        records.append({"index": k, "func": func, "kernel": kernel, "backend": backend,
+                        "inputs": ins, "output": out_name, "shape": list(out.shape), "dtype": out.dtype,
+                        "vars": aliases, "layer": layer, "_named": bool(known)})
+        producer[out_name] = k
+    for rec in reversed(records):  # unnamed outputs: the layer of the call reading them
+        if not rec.pop("_named"):
+            readers = [r for r in records if rec["output"] in r["inputs"]]
+            rec["layer"] = readers[0]["layer"] if len(readers) == 1 else rec["layer"]
+    return records
