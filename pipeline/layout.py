@@ -40,6 +40,7 @@ class Layout:
         self.report = self.dir / "report.json"
         self.verify = self.dir / "verify.json"
         self.host_record = self.dir / "host" / "build.json"
+        self.offload_html = self.dir / "offload.html"
         self.cross = self.dir / "c7x"
 
     def stamp(self, stage: str) -> Path:

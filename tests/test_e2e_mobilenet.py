@@ -103,3 +103,16 @@ def test_generated_c_on_disk_and_second_run_is_a_no_op(built):
             assert (p.root / "artifacts" / model / "c" / "mmalib" / f).stat().st_size > 0
     again = p.doit()
     assert again.returncode == 0 and again.executed == [], again.executed
+
+
+def test_offload_page_is_small_self_contained_and_has_a_node_per_call(built):
+    """The default run writes offload.html (issue 9, item 2); MobileNetV2's measured 219 KB."""
+    import re
+    p, _ = built
+    page = p.root / "artifacts" / "mobilenet_v2" / "offload.html"
+    html = page.read_text()
+    assert page.stat().st_size < 400_000 and not re.search(r"https?://", html, re.IGNORECASE)
+    data = json.loads(re.search(r'id="page-data">(.*?)</script>', html, re.S).group(1))
+    for v in ("mmalib", "scalar"):
+        calls = load(p, "mobilenet_v2", f"c/{v}/manifest.json")["calls"]
+        assert len(data["builds"][v]["nodes"]) == len(calls) + 2

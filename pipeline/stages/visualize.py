@@ -1,0 +1,33 @@
+"""Stage ``visualize``: the manifests of every build -> ``offload.html``.
+
+One self-contained page (no network, opens from ``file://``): the offload
+graph of each build, a sortable layer table, the details of a layer on
+click, and, when the files are there, a profile tab (``profile.json``) and a
+numerics tab (``layers.json``). The page is built by :mod:`pipeline.visualize`;
+this function only reads and writes files. No torch, no tvm.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..fsutil import write_text
+from ..visualize import offload_page
+from ..visualize.readers import read_numerics, read_profile
+
+
+def visualize_model(model: str, manifests: dict[str, Path], out: Path, profile: Path | None = None,
+                    numerics: Path | None = None) -> dict:
+    """Write ``out`` (offload.html) from ``manifests`` (variant -> manifest.json, page order).
+
+    ``profile`` / ``numerics``: ``profile.json`` / ``layers.json``, used when
+    the file exists (the page works without them). Returns the page's size
+    and what it shows.
+    """
+    parsed = {v: json.loads(Path(p).read_text()) for v, p in manifests.items()}
+    prof, nums = read_profile(profile), read_numerics(numerics)
+    text = offload_page(model, parsed, prof, nums)
+    write_text(out, text)
+    return {"bytes": len(text.encode("utf-8")), "builds": list(parsed),
+            "profile": prof is not None, "numerics": nums is not None}

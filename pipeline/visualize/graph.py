@@ -1,0 +1,118 @@
+"""The offload graph of one build, from its ``manifest.json``.
+
+One node per top-level kernel call of the generated C (MMALIB, C7x kernel or
+TVM scalar), plus an ``input`` and an ``output`` node: a build with N calls
+has N + 2 nodes. One edge per tensor and reader: each name in a call's
+``inputs`` gives an edge from the call that wrote it (or from ``input``) to
+that call, a call reading the same tensor twice gets one edge, and the call
+writing ``output`` gets an edge to the ``output`` node.
+
+Node labels are computed here (tested in Python, drawn as given by the
+page): the call that runs a layer's kernel (its ``func``, else the layer's
+first call) is labelled with the layer's op, the others (a clip after an
+MMALIB conv, a dequantize) with their kernel name; the second line is the
+output shape.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Node kinds: the call backends of the manifest plus input/output.
+KINDS = ("mmalib", "c7x", "tvm", "io")
+
+#: Fill colour per node kind. MMALIB, TVM and input/output are the reference
+#: visualiser's (docs/reference.md, "Visualize and profile formats"); the
+#: reference has no C7x-kernel engine, so that colour is ours (purple, away
+#: from TIDL's red #DE0000 and the other three).
+COLOURS = {"mmalib": "#F57C00", "c7x": "#7B3FA0", "tvm": "#117788", "io": "#BDBDBD"}
+
+#: Legend text per node kind.
+KIND_NAMES = {"mmalib": "MMALIB", "c7x": "C7x kernel", "tvm": "TVM scalar", "io": "input / output"}
+
+#: Layer fields the page shows (everything else in a manifest layer is dropped).
+LAYER_FIELDS = ("id", "name", "op", "dtype", "input_shape", "weight_shape", "output_shape", "activation",
+                "macs", "backend", "kernel", "func", "reason", "note", "module", "module_type", "source",
+                "code")
+
+_MAX_LABEL = 26
+
+
+def shape_text(shape) -> str:
+    """``[1, 32, 112, 112]`` -> ``"1x32x112x112"`` ("?" when unknown)."""
+    return "x".join(str(d) for d in shape) if shape else "?"
+
+
+def short_kernel(kernel: str) -> str:
+    """A readable node label for a TVM kernel name.
+
+    ``fused_matmul_cast19_multiply19_add24_quantize65`` -> ``matmul_cast_multiply_add…``,
+    ``tir_clip3`` -> ``clip``: no ``fused_`` or ``tir_`` prefixes, no numbering, at
+    most 26 characters. The full name stays in the node's details.
+    """
+    name = re.sub(r"(^|_)tir_", r"\1", re.sub(r"^fused_", "", kernel))
+    name = "_".join(re.sub(r"\d+$", "", part) or part for part in name.split("_"))
+    return name if len(name) <= _MAX_LABEL else name[:_MAX_LABEL - 1] + "\u2026"
+
+
+def _primary_calls(calls: list[dict], layers: dict[str, dict]) -> set[int]:
+    """Index of the call that runs each layer: the one calling the layer's func, else its first."""
+    out = set()
+    for lid, lay in layers.items():
+        mine = [c for c in calls if c.get("layer") == lid]
+        main = [c for c in mine if lay.get("func") and c.get("func") == lay["func"]]
+        if mine:
+            out.add((main or mine)[0]["index"])
+    return out
+
+
+def build_graph(manifest: dict) -> dict:
+    """Page data of one build: ``layers``, ``calls``, ``nodes``, ``edges``, ``summary``.
+
+    Raises ValueError when a call reads a tensor no earlier call wrote (the
+    manifest's calls are a dataflow order, ``tests/test_layer_names.py``).
+    """
+    layers = [{k: lay.get(k) for k in LAYER_FIELDS} for lay in manifest["layers"]]
+    by_id = {lay["id"]: lay for lay in layers}
+    calls = [dict(c) for c in manifest["calls"]]
+    for lay in layers:
+        lay["calls"] = [c["index"] for c in calls if c.get("layer") == lay["id"]]
+    primary = _primary_calls(calls, by_id)
+
+    first_shape = calls[0].get("shape") if calls else None
+    nodes = [{"id": "input", "kind": "io", "label": ["input", shape_text(first_shape)],
+              "shape": first_shape, "dtype": "float32", "layer": None, "call": None}]
+    edges: list[dict] = []
+    writer = {"input": "input"}
+    for c in calls:
+        nid = f"c{c['index']}"
+        lay = by_id.get(c.get("layer"))
+        if lay is not None and c["index"] in primary:
+            title = lay["op"]
+        else:
+            title = short_kernel(c.get("kernel") or c.get("func") or "?")
+        nodes.append({"id": nid, "kind": c["backend"] if c["backend"] in COLOURS else "tvm",
+                      "label": [title, shape_text(c.get("shape"))], "shape": c.get("shape"),
+                      "dtype": c.get("dtype"), "layer": c.get("layer"), "call": c["index"],
+                      "primary": c["index"] in primary})
+        for tensor in dict.fromkeys(c.get("inputs", [])):
+            if tensor not in writer:
+                raise ValueError(f"manifest call {c['index']} ({c.get('func')}) reads {tensor!r}, "
+                                 "which no earlier call writes")
+            edges.append({"from": writer[tensor], "to": nid, "tensor": tensor})
+        writer[c.get("output")] = nid
+    last = calls[-1] if calls else {}
+    nodes.append({"id": "output", "kind": "io", "label": ["output", shape_text(last.get("shape"))],
+                  "shape": last.get("shape"), "dtype": last.get("dtype"), "layer": None, "call": None})
+    if "output" in writer:
+        edges.append({"from": writer["output"], "to": "output", "tensor": "output"})
+    return {"layers": layers, "calls": calls, "nodes": nodes, "edges": edges,
+            "summary": manifest.get("summary", {})}
+
+
+def kind_counts(graph: dict) -> dict[str, int]:
+    """Nodes per kind (the legend's counts)."""
+    out = {k: 0 for k in KINDS}
+    for n in graph["nodes"]:
+        out[n["kind"]] += 1
+    return out
