@@ -16,6 +16,7 @@ Schema (every key but ``builder`` and ``input_shape`` has a default)::
     [quantizer]    see QuantizerSpec
     [codegen]      see CodegenSpec
     [evaluation]   set = "<calibration set>"       # labeled images for the accuracy report
+    [profile]      see ProfileSpec
 """
 
 from __future__ import annotations
@@ -134,6 +135,17 @@ class CodegenSpec:
 
 
 @dataclass(frozen=True)
+class ProfileSpec:
+    """The per-layer profile stage. ``board_log``: a text file (relative to the
+    project root) holding the ``===== TVM Layer Profile =====`` block(s) the C7x
+    printed; None = ``artifacts/<model>/board_profile.txt`` when that file exists,
+    else host timings only. A variant (``extends``) does not inherit it: the
+    log belongs to the build that printed it."""
+
+    board_log: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """One validated model entry."""
 
@@ -149,6 +161,7 @@ class ModelSpec:
     quantizer: QuantizerSpec = QuantizerSpec()
     codegen: CodegenSpec = CodegenSpec()
     evaluation_set: str = "imagenet20"
+    profile: ProfileSpec = ProfileSpec()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (paths as strings): handed to stage functions."""
@@ -174,6 +187,7 @@ class ModelSpec:
             quantizer=QuantizerSpec(**d["quantizer"]),
             codegen=CodegenSpec(**d["codegen"]),
             evaluation_set=d["evaluation_set"],
+            profile=ProfileSpec(**d.get("profile", {})),
         )
 
 
@@ -232,13 +246,15 @@ def _resolve_extends(name: str, raw: dict, seen: tuple = ()) -> dict:
         raise ConfigError(f"{path}: extends unknown model {base_name!r}; "
                           f"known: {', '.join(sorted(raw))}")
     base = _resolve_extends(base_name, raw, seen + (name,))
-    return _deep_merge({k: v for k, v in base.items() if k != "extends"},
+    return _deep_merge({k: v for k, v in base.items() if k not in ("extends", _NOT_INHERITED)},
                        {k: v for k, v in data.items() if k != "extends"})
 
 
 # Tables an extending entry replaces as a whole: a new checkpoint must not
 # inherit the base's file name, hash prefix or registry package.
 _REPLACED_TABLES = {"weights"}
+# A table a variant never inherits: the base's board log was printed by the base's build.
+_NOT_INHERITED = "profile"
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
@@ -250,7 +266,7 @@ def _deep_merge(base: dict, over: dict) -> dict:
 
 
 _TOP_KEYS = {"builder", "builder_kwargs", "input_shape", "dtype", "preprocess", "weights",
-             "calibration", "quantizer", "codegen", "evaluation", "description", "extends"}
+             "calibration", "quantizer", "codegen", "evaluation", "profile", "description", "extends"}
 
 
 def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
@@ -281,6 +297,10 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     calibration = _section(fail, data, "calibration", CalibrationSpec)
     quantizer = _section(fail, data, "quantizer", QuantizerSpec)
     codegen = _section(fail, data, "codegen", CodegenSpec)
+    profile = _section(fail, data, "profile", ProfileSpec)
+    if profile.board_log is not None and (not isinstance(profile.board_log, str) or not profile.board_log.strip()):
+        fail(f"profile.board_log must be the path of a text file (relative to the project), "
+             f"got {profile.board_log!r}")
     _check_choice(fail, "calibration.observer", calibration.observer, OBSERVERS)
     _check_choice(fail, "calibration.order", calibration.order, ORDERS)
     _check_choice(fail, "calibration.source", calibration.source, CALIB_SOURCES)
@@ -312,6 +332,7 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         name=name, source=path, builder=builder, input_shape=tuple(shape), dtype=dtype,
         builder_kwargs=dict(kwargs), weights=weights, preprocess=preprocess,
         calibration=calibration, quantizer=quantizer, codegen=codegen, evaluation_set=evaluation_set,
+        profile=profile,
     )
 
 

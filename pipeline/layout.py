@@ -40,6 +40,8 @@ class Layout:
         self.report = self.dir / "report.json"
         self.verify = self.dir / "verify.json"
         self.host_record = self.dir / "host" / "build.json"
+        self.profile = self.dir / "profile.json"
+        self.board_profile = self.dir / "board_profile.txt"  # the user's C7x log (no stage writes it)
         self.offload_html = self.dir / "offload.html"
         self.cross = self.dir / "c7x"
 
@@ -58,6 +60,10 @@ class Layout:
     def host_exe(self, variant: str) -> Path:
         """Host test harness of one build variant."""
         return self.dir / "host" / f"{variant}.exe"
+
+    def profile_exe(self, variant: str) -> Path:
+        """Host harness of one build variant with the per-layer profile switched on."""
+        return self.dir / "host" / "profile" / f"{variant}.exe"
 
     def codegen_files(self, spec: ModelSpec) -> list[Path]:
         """Every file codegen writes, over all variants of ``spec``."""

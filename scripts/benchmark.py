@@ -3,9 +3,10 @@
     .venv/bin/python scripts/benchmark.py [--model mobilenet_v2] [--images 5]
 
 Reports: `doit list` wall time and whether it imported torch/tvm; wall time of
-every stage function for one model (run in a temporary artifacts folder, the
-repo's own artifacts are not touched); host C time per image for each build
-variant; Python reference time per image; peak resident memory of this process.
+every stage function for one model up to host_build, then of profile (run in a
+temporary artifacts folder, the repo's own artifacts are not touched); host C
+time per image for each build variant; Python reference time per image; peak
+resident memory of this process.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def timed(label: str, fn, *args, **kwargs):
 def bench_stages(model: str, n_images: int) -> None:
     """Time each stage function of the registry up to host_build, in a temp artifacts folder."""
     from pipeline.data.images import load_images
-    from pipeline.stages.registry import STAGES
+    from pipeline.stages.registry import STAGES, get
     from pipeline.tasks import Project
 
     project = Project(REPO / "models")
@@ -70,6 +71,8 @@ def bench_stages(model: str, n_images: int) -> None:
         last = [s.name for s in STAGES].index("host_build")
         for stage in STAGES[:last + 1]:
             results[stage.name] = timed(stage.name, stage.function(), **stage.args(ctx))
+        profile = get("profile")  # after host_build in the registry; needs only codegen's output
+        timed("profile (host, all builds)", profile.function(), **profile.args(ctx))
         x = load_images(ctx.calibration_images[:n_images], spec.preprocess, desc="load").numpy()
         bench_runs(spec, ctx.layout, x, results["codegen"])
 

@@ -99,3 +99,25 @@ def test_extends_replaces_the_weights_table_as_a_whole(tmp_path):
     e = {x.name: x for x in load_models(d)}
     assert e["mine"].weights.path == "ckpt/mine.pth"
     assert e["mine"].weights.file is None and e["mine"].weights.package is None
+
+
+def test_profile_board_log_is_optional_validated_and_not_inherited(tmp_path):
+    d = write(tmp_path, "plain", BASE)
+    write(tmp_path, "board", BASE + '[profile]\nboard_log = "logs/c7x.txt"\n')
+    write(tmp_path, "variant", 'extends = "board"\ndtype = "int16"\n')
+    write(tmp_path, "bad_type", BASE + "[profile]\nboard_log = 3\n")
+    write(tmp_path, "bad_empty", BASE + '[profile]\nboard_log = " "\n')
+    write(tmp_path, "bad_key", BASE + '[profile]\nlog = "x"\n')
+    e = {x.name: x for x in load_models(d)}
+    assert e["plain"].profile.board_log is None
+    assert e["board"].profile.board_log == "logs/c7x.txt"
+    assert ModelSpec.from_dict(e["board"].to_dict()) == e["board"]
+    legacy = e["plain"].to_dict()
+    del legacy["profile"]  # a dict written before [profile] existed still loads
+    assert ModelSpec.from_dict(legacy) == e["plain"]
+    assert e["variant"].profile.board_log is None  # the base's log was printed by the base's build
+    for name in ("bad_type", "bad_empty"):
+        assert isinstance(e[name], InvalidModel), name
+        assert "profile.board_log must be the path of a text file" in str(e[name].error)
+        assert f"{name}.toml" in str(e[name].error)
+    assert "unknown key(s) ['log'] in [profile]" in str(e["bad_key"].error)

@@ -28,6 +28,9 @@ Module map (one concept each):
 - ``kernels/``: ``c7x_kernels.h`` (the kernel ABI), host C reference
   implementations, and ``reference.py`` (the same kernels in numpy).
 - ``manifest``: per-layer offload manifest (op, shapes, dtype, backend, MACs, reason).
+- ``profile_block``: TI's per-layer profile block (``-profile-layers``): the
+  text ``model.c`` prints with ``-D<M>_PROFILE_LAYERS``, its parser, and the
+  check of a block against a build's calls. Plain Python.
 
 Offload PrimFunc convention (the contract between passes, emitter and interp):
 a ``tirx.PrimFunc`` whose parameters are the tensors of the extern call in

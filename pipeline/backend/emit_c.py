@@ -14,7 +14,10 @@ Files written by :func:`emit` (``<m>`` is the C name of the model):
   one static LIFO workspace serving ``TVMBackendAllocWorkspace`` (no malloc;
   an oversize request makes the kernel fail and ``<m>_run`` return
   ``<M>_ERR_WORKSPACE``), one static ``DLTensor`` per tensor, and one packed
-  call per kernel in ``main``'s order.
+  call per kernel in ``main``'s order. Compiled with ``-D<M>_PROFILE_LAYERS``
+  it also times every call and defines ``<m>_print_layer_profile()``, which
+  prints TI's ``-profile-layers`` block (:func:`_profile_support`); without the
+  define the profiling text preprocesses to nothing.
 - ``tvm_kernels.c``: TVM's C codegen of every PrimFunc, post-processed
   (:mod:`.kernel_source`).
 - ``weights.bin`` (format in :mod:`.weights_bin`) and, for
@@ -289,6 +292,80 @@ static int {m}_fail(int k) {{
 """
 
 
+def _profile_support(m: str, M: str, symbols: list[str]) -> str:
+    """Per-layer profile, TI's ``-profile-layers`` (C text, all inside
+    ``#ifdef <M>_PROFILE_LAYERS``; ``symbols``: the C symbol of each call).
+
+    One timer macro, ``<M>_PROFILE_NOW()`` (uint64_t): the C7x's 64-bit
+    time-stamp counter ``__TSC`` (``c7x.h``, +1 per CPU cycle) under TI's
+    C7000 compiler (``__C7000__``), else ``clock_gettime(CLOCK_MONOTONIC)`` in
+    nanoseconds. Per run, as TI's runtime: ``<m>_run`` restarts the count, so
+    ``<m>_print_layer_profile()`` prints the block of the last run; the block
+    keeps TI's words ("cycles") on the host too, so one parser
+    (:mod:`.profile_block`) reads both."""
+    n = len(symbols)
+    names = ",\n".join(f'  "{s}"' for s in symbols)
+    table = (f"""#define {M}_PROFILE_CALLS {n}
+static const char* const {m}_profile_names[{M}_PROFILE_CALLS] = {{
+{names}}};
+static uint64_t {m}_profile_ticks[{M}_PROFILE_CALLS];
+static uint64_t {m}_profile_start;
+""" if n else "")
+    loop = (f"""  for (i = 0; i < {m}_profile_count; ++i) {{
+    printf("[%3d] %-40s %" PRIu64 " cycles\\n", i, {m}_profile_names[i], {m}_profile_ticks[i]);
+    total += {m}_profile_ticks[i];
+  }}
+""" if n else "")
+    decl = "  int i;\n" if n else ""
+    return f"""#ifdef {M}_PROFILE_LAYERS
+/* ---- per-layer profile: TI's -profile-layers, switched on with -D{M}_PROFILE_LAYERS ----
+ * {m}_run times each of its {n} kernel calls and restarts the count on every run (one
+ * block per inference, as TI's runtime); {m}_print_layer_profile() prints the last run's
+ * block to stdout in the format of TI's TVMPrintLayerProfile (declare it yourself:
+ * void {m}_print_layer_profile(void);). The timer is {M}_PROFILE_NOW(): the C7x's 64-bit
+ * time-stamp counter __TSC (c7x.h, +1 per CPU cycle) under TI's C7000 compiler, else
+ * clock_gettime(CLOCK_MONOTONIC) in nanoseconds. The block says "cycles" either way (one
+ * parser reads both): on a host the numbers are NANOSECONDS of the host build, not DSP
+ * cycles. Define {M}_PROFILE_NOW() yourself for another uint64_t counter. */
+#include <inttypes.h>
+#include <stdio.h>
+#ifndef {M}_PROFILE_NOW
+#if defined(__C7000__)
+#include <c7x.h>
+#define {M}_PROFILE_NOW() ((uint64_t)__TSC)
+#else
+#include <time.h>
+static uint64_t {m}_profile_clock(void) {{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}}
+#define {M}_PROFILE_NOW() {m}_profile_clock()
+#endif
+#endif
+{table}static int {m}_profile_count;
+#define {M}_PROFILE_RESET() ({m}_profile_count = 0)
+#define {M}_PROFILE_START() ({m}_profile_start = {M}_PROFILE_NOW())
+#define {M}_PROFILE_STOP(k) \\
+  do {{ {m}_profile_ticks[k] = {M}_PROFILE_NOW() - {m}_profile_start; {m}_profile_count = (k) + 1; }} while (0)
+
+void {m}_print_layer_profile(void);
+void {m}_print_layer_profile(void) {{
+  uint64_t total = 0;
+{decl}  printf("\\n===== TVM Layer Profile =====\\n");
+{loop}  printf("-----------------------------\\n");
+  printf("Total: %" PRIu64 " cycles (%d layers)\\n", total, {m}_profile_count);
+  printf("=============================\\n");
+}}
+#else
+/* Profiling off (no -D{M}_PROFILE_LAYERS): the {M}_PROFILE_* hooks in {m}_run expand to
+ * nothing, so the object code is that of model.c without any profiling text. */
+#define {M}_PROFILE_RESET()
+#define {M}_PROFILE_START()
+#define {M}_PROFILE_STOP(k)
+#endif"""
+
+
 def _tensor_decls(m: str, tensors: list[Tensor]) -> list[str]:
     """One static shape array and DLTensor per tensor (data set by <m>_run)."""
     out = ["/* ---- tensors ---- */"]
@@ -309,13 +386,15 @@ def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, pref
            f"  if (weights == NULL || input == NULL || output == NULL) return {M}_ERR_NULL;",
            f"  if (((uintptr_t)weights & 63u) != 0) return {M}_ERR_ALIGN;",
            f"  if (!{m}_header_ok(weights)) return {M}_ERR_WEIGHTS;",
-           f"  {m}_ws_top = 0;", f"  {m}_ws_overflow = 0;"]
+           f"  {m}_ws_top = 0;", f"  {m}_ws_overflow = 0;", f"  {M}_PROFILE_RESET();"]
     out += [f"  {m}_{t.name}.data = {offsets[t.home](t)};" for t in tensors]
     for k, (name, args) in enumerate(plan.calls):
         refs = ", ".join(f"&{m}_{t.name}" for t in args)
         out += [f"  {{ /* {k}: {name} */",
                 f"    DLTensor* const a[{len(args)}] = {{{refs}}};",
+                f"    {M}_PROFILE_START();",
                 f"    if ({m}_call(__tvm_ffi_{prefix}{name}, a, {len(args)}) != 0) return {m}_fail({k});",
+                f"    {M}_PROFILE_STOP({k});",
                 "  }"]
     if not plan.output_aliased:
         n = int(np.prod(plan.output.shape))
@@ -331,6 +410,9 @@ def model_source(m: str, plan: Plan, entries: list, prefix: str) -> str:
     max_args = max([len(a) for _, a in plan.calls] + [1])
     kernels = sorted({name for name, _ in plan.calls})
     out = [f"/* model.c: static C entry of model {m}; generated by doit-c7x, do not edit. */",
+           f"#if defined({M}_PROFILE_LAYERS) && !defined(__C7000__) && !defined(_POSIX_C_SOURCE)",
+           "#define _POSIX_C_SOURCE 199309L /* clock_gettime(CLOCK_MONOTONIC) under -std=c99 */",
+           "#endif",
            "#include <stddef.h>", "#include <stdint.h>", "#include <string.h>", "",
            '#include "model.h"', "",
            f"#define TVMBackendAllocWorkspace {m}_TVMBackendAllocWorkspace",
@@ -347,6 +429,7 @@ def model_source(m: str, plan: Plan, entries: list, prefix: str) -> str:
     out.append(_runtime_support(m, M))
     if plan.calls:
         out.append(_call_support(m, M, max_args))
+    out.append(_profile_support(m, M, [f"__tvm_ffi_{prefix}{name}" for name, _ in plan.calls]))
     out += _tensor_decls(m, tensors)
     out += _run_function(m, plan, tensors, entries, prefix)
     return "\n".join(out)

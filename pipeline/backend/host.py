@@ -6,7 +6,9 @@
 into one executable, with ``gcc -std=c99 -O2 -ffp-contract=off``: no FMA
 contraction, so float results match the interpreter's LLVM build of the same
 TIR (:mod:`.interp` checks that LLVM does not contract either).
-:func:`run_host` feeds it a batch of images through files.
+:func:`run_host` feeds it a batch of images through files. With
+:func:`profile_flags` the same build times every kernel call and prints TI's
+per-layer profile block per image on stdout (:mod:`.profile_block` reads it).
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ def _kernel_sources() -> list[Path]:
     return [Path(p) for p in KERNEL_SOURCES]
 
 
+def profile_flags(codegen_dir: Path) -> tuple[str, ...]:
+    """Extra gcc flags of the per-layer profile build: ``-D<M>_PROFILE_LAYERS``
+    for model.c (its timers and ``<m>_print_layer_profile``) and
+    ``-DC7X_PROFILE_LAYERS`` for the harness (print one block after every image)."""
+    return (f"-D{model_info(codegen_dir).c_name.upper()}_PROFILE_LAYERS", "-DC7X_PROFILE_LAYERS")
+
+
 def host_command(codegen_dir: Path, exe: Path, rounding: str = "half_up",
                  extra_flags: tuple[str, ...] = ()) -> list[str]:
     """The gcc command line :func:`build_host` runs (gcc resolved on PATH).
@@ -104,12 +113,14 @@ def build_host(codegen_dir: Path, exe: Path, rounding: str = "half_up",
 
 @dataclass
 class HostRun:
-    """Outputs of :func:`run_host_timed`: ``outputs`` [N, ...] float32 and the
-    harness's CPU time per image in ms."""
+    """Outputs of :func:`run_host_timed`: ``outputs`` [N, ...] float32, the
+    harness's CPU time per image in ms, and its stdout (the per-layer profile
+    blocks of a :func:`profile_flags` build; empty otherwise)."""
 
     outputs: np.ndarray
     ms_per_image: float
     wall_s: float
+    stdout: str = ""
 
 
 def run_host_timed(exe: Path, codegen_dir: Path, inputs: np.ndarray) -> HostRun:
@@ -132,7 +143,7 @@ def run_host_timed(exe: Path, codegen_dir: Path, inputs: np.ndarray) -> HostRun:
             raise ToolchainError(f"host model {exe} failed (exit {done.returncode}): {done.stderr.strip()}")
         out = np.fromfile(dst, dtype=np.float32)
     ms = float(re.search(r"([\d.]+) ms/image", done.stderr).group(1))
-    return HostRun(out.reshape((len(x),) + info.output_shape[1:]), ms, wall)
+    return HostRun(out.reshape((len(x),) + info.output_shape[1:]), ms, wall, done.stdout)
 
 
 def run_host(exe: Path, codegen_dir: Path, inputs: np.ndarray) -> np.ndarray:

@@ -168,6 +168,19 @@ def _mmalib_files(ctx: StageContext) -> list[Path]:
     return [f for f in ctx.layout.codegen_files(ctx.spec) if f.parent == first]
 
 
+def _board_log(ctx: StageContext) -> Path | None:
+    """The C7x profile log of a model: ``[profile] board_log`` (relative to the
+    project root), else ``artifacts/<model>/board_profile.txt`` if it exists."""
+    if ctx.spec.profile.board_log:
+        return ctx.root / ctx.spec.profile.board_log  # an absolute path stays as it is
+    return ctx.layout.board_profile if ctx.layout.board_profile.is_file() else None
+
+
+def _board_log_deps(ctx: StageContext) -> list[Path]:
+    log = _board_log(ctx)
+    return [log] if log is not None and log.is_file() else []  # a missing one fails in the stage
+
+
 def _cross_outputs(ctx: StageContext) -> list[Path]:
     from .cross_compile import outputs  # light: no torch/tvm
     c_sources = [f.name for f in _mmalib_files(ctx) if f.suffix == ".c"]
@@ -296,6 +309,22 @@ STAGES: tuple[Stage, ...] = (
                         "calibration_json": c.layout.calibration_json, "export_json": c.layout.export_json,
                         "images_dir": c.calib_root / c.spec.evaluation_set, "out": c.layout.report},
         task_doc=lambda c: "float vs quantized top-1 on the labeled images",
+    ),
+    Stage(
+        # A board log is a file dep while it exists; whether there is one (and where) is
+        # tracked too, so removing it re-runs the stage, which falls back to host time.
+        name="profile", doc="per-layer time of every kernel call (TI's -profile-layers)",
+        func="pipeline.stages.profile:profile_model",
+        code=("stages/profile.py", "backend/profile_block.py", "backend/host.py", "backend/kernels", "data"),
+        params=("preprocess",),
+        extra=lambda c: {"images": [p.name for p in c.evaluation_images],
+                         "board_log": str(_board_log(c) or ""), "board_log_present": bool(_board_log_deps(c))},
+        deps=lambda c: [*c.layout.codegen_files(c.spec), *c.evaluation_images, *_board_log_deps(c)],
+        outs=lambda c: [c.layout.profile_exe(v) for v in variants(c.spec)] + [c.layout.profile],
+        args=lambda c: {"spec": c.spec, "images_dir": c.calib_root / c.spec.evaluation_set,
+                        "builds": {v: (c.layout.codegen_dir(v), c.layout.profile_exe(v)) for v in variants(c.spec)},
+                        "board_log": _board_log(c), "out": c.layout.profile},
+        task_doc=lambda c: "profile build on the images: time per kernel call and layer (+ board log)",
     ),
     Stage(
         # The page's assets (HTML, CSS, JS, the vendored layout library) are code too:

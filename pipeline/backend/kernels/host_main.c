@@ -13,6 +13,12 @@
  *
  * Build with -DC7X_MODEL=<m> -DC7X_MODEL_UC=<M> (the C name of the model and
  * its upper-case macro prefix, as in model.h). Plain C99.
+ *
+ * Per-layer profile: with -DC7X_PROFILE_LAYERS (and -D<M>_PROFILE_LAYERS for
+ * model.c) the harness calls <m>_print_layer_profile() after every image, so
+ * stdout holds one "===== TVM Layer Profile =====" block per image, as TI's
+ * runtime prints one per inference (also after a failed run: its block ends at
+ * the last call that completed). On the host the counts are nanoseconds.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +34,10 @@
 #define INPUT_SIZE C7X_CAT(C7X_MODEL_UC, _INPUT_SIZE)
 #define OUTPUT_SIZE C7X_CAT(C7X_MODEL_UC, _OUTPUT_SIZE)
 #define WEIGHTS_BYTES C7X_CAT(C7X_MODEL_UC, _WEIGHTS_BYTES)
+#ifdef C7X_PROFILE_LAYERS
+#define PRINT_LAYER_PROFILE C7X_CAT(C7X_MODEL, _print_layer_profile)
+void PRINT_LAYER_PROFILE(void); /* model.c, built with -D<M>_PROFILE_LAYERS */
+#endif
 
 /* Whole file into a 64-byte aligned buffer; *base gets the pointer to free. */
 static uint8_t* read_file(const char* path, size_t* n, void** base) {
@@ -99,6 +109,9 @@ int main(int argc, char** argv) {
   t0 = clock();
   for (i = 0; i < n; ++i) {
     rc = RUN(weights, input + (size_t)i * INPUT_SIZE, output + (size_t)i * OUTPUT_SIZE);
+#ifdef C7X_PROFILE_LAYERS
+    PRINT_LAYER_PROFILE();
+#endif
     if (rc != 0) {
       fprintf(stderr, "c7x-host: run failed on image %ld (%d)\n", i, rc);
       return 4;

@@ -1,0 +1,200 @@
+"""Stage ``profile``: time of every kernel call and layer (TI's ``-profile-layers``).
+
+For every build variant the generated C is built once more with the per-layer
+profile switched on (``-D<M>_PROFILE_LAYERS``, ``host/profile/<variant>.exe``;
+the normal ``host/<variant>.exe`` is untouched), run on the preprocessed
+evaluation images (one run each), and its ``===== TVM Layer Profile =====``
+blocks, one per image, are parsed (:mod:`pipeline.backend.profile_block`).
+Per call the median over the images is kept; these are nanoseconds of the host
+build, i.e. of the host reference kernels on x86, not DSP cycles, and every
+host number carries that label.
+
+A board log (the block(s) the C7x printed for the build that
+``cross_compile`` compiles, MMALIB when enabled) replaces the host time of that
+build: its last block is steady state, its first includes initialisation, and
+the difference per call and layer is reported as ``init_delta``. The log is
+``[profile] board_log`` of the model entry, else
+``artifacts/<model>/board_profile.txt`` when that file exists.
+
+``profile.json``, per variant: every call (index, C symbol, backend, layer id,
+PyTorch module, time, share of the total) in model.c order, every layer (the
+summed time of its calls, share) sorted by time, the total, the unit and the
+label.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..backend.profile_block import ProfileBlock, ProfileLogError, call_symbol, match_calls, parse_blocks, read_blocks
+from ..config import ModelSpec, list_images
+from ..errors import CalibrationDataError
+from ..fsutil import atomic_path, write_json
+
+HOST_LABEL = "host x86 time of the reference kernels, not DSP cycles"
+NO_LAYER = "(before the first layer: the input quantize)"
+
+
+def board_label(path: Path) -> str:
+    """Label of numbers read from a board log."""
+    return f"C7x cycles (board log {path})"
+
+
+def _layer_table(calls: list[dict], times: list, first: list[int]) -> list[dict]:
+    """Per layer: summed time of its calls, share, init_delta, sorted by time (largest first)."""
+    total = sum(times) or 1
+    rows: dict = {}
+    for call, t, f in zip(calls, times, first):
+        row = rows.setdefault(call["layer"], {"layer": call["layer"], "module": call.get("module"),
+                                              "calls": [], "backends": [], "time": 0, "init_delta": 0})
+        row["calls"].append(call["index"])
+        if call["backend"] not in row["backends"]:
+            row["backends"].append(call["backend"])
+        row["time"] += t
+        row["init_delta"] += f - t
+    out = sorted(rows.values(), key=lambda r: (-r["time"], r["calls"][0]))
+    for r in out:
+        r["time"], r["init_delta"] = _num(r["time"]), _num(r["init_delta"])
+        r["share"] = round(r["time"] / total, 6)
+        if r["layer"] is None:
+            r["note"] = NO_LAYER
+    return out
+
+
+def _num(v) -> int | float:
+    """An int when whole, else rounded to 0.1 (JSON-stable)."""
+    v = float(v)
+    return int(v) if v.is_integer() else round(v, 1)
+
+
+def measurement(calls: list[dict], runs: list[ProfileBlock], *, source: str, unit: str, label: str,
+                steady: str) -> dict:
+    """Per-call and per-layer numbers of ``runs`` (blocks matching ``calls``, in
+    order). ``steady``: "median" (host: median over the runs) or "last" (board:
+    the last block). ``init_delta`` = first run - steady value."""
+    counts = np.array([b.counts for b in runs], dtype=np.int64)  # [runs, calls]
+    if steady == "median":  # a median of an even count may end in .5
+        values = [_num(v) for v in np.median(counts, axis=0)]
+        statistic = f"median over {len(runs)} images (one run each)"
+    else:
+        values = [int(v) for v in counts[-1]]
+        statistic = (f"last of {len(runs)} block(s) (steady state); init_delta = first block (with "
+                     f"initialisation) - last")
+    first = [int(v) for v in counts[0]]
+    total = sum(values)
+    out_calls = []
+    for call, v, f in zip(calls, values, first):
+        out_calls.append({"index": call["index"], "func": call["func"], "symbol": call["symbol"],
+                          "kernel": call["kernel"], "backend": call["backend"], "layer": call["layer"],
+                          "module": call.get("module"), "time": v, "share": round(v / (total or 1), 6),
+                          "first": f, "init_delta": _num(f - v)})
+    return {"source": source, "unit": unit, "label": label, "statistic": statistic, "runs": len(runs),
+            "total": _num(total), "total_first": sum(first),
+            "calls": out_calls, "layers": _layer_table(calls, values, first)}
+
+
+def _calls(codegen_dir: Path) -> tuple[str, list[dict]]:
+    """(C name, the manifest's calls with each call's C symbol and PyTorch module)."""
+    from ..backend.host import model_info
+
+    c_name = model_info(codegen_dir).c_name
+    manifest = json.loads((codegen_dir / "manifest.json").read_text())
+    modules = {lay["id"]: lay.get("module") for lay in manifest["layers"]}
+    calls = [{**c, "symbol": call_symbol(c_name, c["func"]), "module": modules.get(c["layer"])}
+             for c in manifest["calls"]]
+    return c_name, calls
+
+
+def _host_variant(codegen_dir: Path, exe: Path, images: np.ndarray) -> dict:
+    from ..backend.host import build_host, host_command, profile_flags, run_host_timed
+
+    flags = profile_flags(codegen_dir)
+    with atomic_path(exe) as tmp:
+        build_host(codegen_dir, tmp, extra_flags=flags)
+    exe.chmod(0o755)
+    c_name, calls = _calls(codegen_dir)
+    run = run_host_timed(exe, codegen_dir, images)
+    source = f"stdout of {exe}"
+    blocks = parse_blocks(run.stdout, source)
+    fix = "the profile build does not match its codegen folder; re-run codegen (please report it)"
+    if len(blocks) != len(images):
+        raise ProfileLogError(f"{source}: {len(blocks)} profile blocks for {len(images)} images; {fix}")
+    for b in blocks:
+        match_calls(b, calls, c_name, source, fix)
+    m = measurement(calls, blocks, source="host", unit="ns", label=HOST_LABEL, steady="median")
+    m["build"] = shlex.join(host_command(codegen_dir, exe, extra_flags=flags))
+    return m
+
+
+def _board_variant(spec: ModelSpec, codegen_dir: Path, board_log: Path) -> dict:
+    c_name, calls = _calls(codegen_dir)
+    where = f"model {spec.name!r}, build {codegen_dir.name}"
+    if not board_log.is_file():
+        raise ProfileLogError(f"{board_log}: board log not found ({where}); fix [profile] board_log in "
+                              f"{spec.source} or remove the key")
+    blocks = read_blocks(board_log)
+    fix = (f"the log is not from this build ({where}, {len(calls)} calls): run the current "
+           f"{codegen_dir}/model.c built with -D{c_name.upper()}_PROFILE_LAYERS on the board and "
+           f"replace the log")
+    for b in blocks:
+        match_calls(b, calls, c_name, str(board_log), fix)
+    return measurement(calls, blocks, source="board", unit="cycles", label=board_label(board_log),
+                       steady="last")
+
+
+def _summary_line(spec: ModelSpec, variant: str, m: dict) -> str:
+    top = m["layers"][:3]
+    tops = ", ".join(f"{r['module'] or r['layer'] or 'input'} {100 * r['share']:.1f}%" for r in top)
+    total = f"{m['total'] / 1e6:.3f} ms" if m["unit"] == "ns" else f"{m['total']:,} cycles"
+    return f"profile {spec.name} [{variant}]: {total} per image, {m['label']}; top layers: {tops}"
+
+
+def profile_model(spec: ModelSpec, images_dir: Path, builds: dict[str, tuple[Path, Path]],
+                  board_log: Path | None, out: Path) -> dict:
+    """Profile every build; write ``profile.json`` (see the module docstring).
+
+    ``builds``: {variant: (codegen folder, profile executable)}, the first being
+    the build a board log belongs to. ``board_log``: the C7x log to use for
+    that build, or None. Raises :class:`~pipeline.backend.profile_block.ProfileLogError`
+    with one line for a missing, empty or foreign board log,
+    :class:`~pipeline.errors.CalibrationDataError` without images,
+    :class:`~pipeline.errors.ToolchainError` when gcc or the run fails.
+    """
+    from ..data.images import load_images
+
+    paths = list_images(images_dir)
+    if not paths:
+        raise CalibrationDataError(f"model {spec.name!r}: no images in {images_dir} to profile on")
+    exes = [exe for _, exe in builds.values()]
+    for parent in {e.parent for e in exes}:  # drop executables of variants no longer built
+        for old in parent.glob("*.exe") if parent.is_dir() else []:
+            if old not in exes:
+                old.unlink()
+    board = None
+    if board_log is not None:  # read it first: a bad log fails before the host builds and runs
+        first_dir = next(iter(builds.values()))[0]
+        board = (next(iter(builds)), _board_variant(spec, first_dir, Path(board_log)))
+    images = load_images(paths, spec.preprocess, desc=f"profile {spec.name}", model=spec.name).numpy()
+    images = images.astype(np.float32)
+    variants = {}
+    for variant, (codegen_dir, exe) in builds.items():
+        host = _host_variant(codegen_dir, exe, images)
+        if board and board[0] == variant:
+            variants[variant] = {**board[1], "host": host}
+        else:
+            variants[variant] = host
+    report = {"model": spec.name, "images": [p.name for p in paths],
+              "board_log": str(board_log) if board_log is not None else None,
+              "note": (f"host numbers: {HOST_LABEL} (nanoseconds of the host build, median over the images); "
+                       f"board numbers: C7x cycles of the last block of the board log (steady state)"),
+              "variants": variants,
+              "summary_lines": [_summary_line(spec, v, m) for v, m in variants.items()]}
+    write_json(out, report)
+    for line in report["summary_lines"]:
+        print(line, file=sys.stderr)  # stderr: doit shows it (as calibrate's line)
+    return report
