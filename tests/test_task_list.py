@@ -22,7 +22,7 @@ def test_list_shows_every_stage_of_every_model_without_torch_or_tvm():
     assert "HEAVY=\n" in proc.stdout, proc.stdout.splitlines()[-1]
     names = {line.split()[0] for line in proc.stdout.splitlines() if line and not line.startswith("HEAVY")}
     stages = ["export", "prepare", "calibrate", "convert", "relax_import", "codegen",
-              "host_build", "verify", "evaluate", "visualize", "cross_compile"]
+              "host_build", "verify", "evaluate", "profile", "visualize", "cross_compile"]
     for model in ("mobilenet_v2", "mobilenet_v2_int16", "resnet18"):
         for stage in stages:
             assert f"{stage}:{model}" in names
