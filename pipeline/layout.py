@@ -39,6 +39,7 @@ class Layout:
         self.relax_layers = self.dir / "relax" / "layers.json"
         self.report = self.dir / "report.json"
         self.verify = self.dir / "verify.json"
+        self.layers_json = self.dir / "layers.json"  # layers: per-layer numerics
         self.host_record = self.dir / "host" / "build.json"
         self.profile = self.dir / "profile.json"
         self.board_profile = self.dir / "board_profile.txt"  # the user's C7x log (no stage writes it)

@@ -194,16 +194,30 @@ class Program:
                 scalar[gv] = tir_c.libm_calls(f).with_attr("global_symbol", gv.name_hint)
         self.lib = tvm.tirx.build(tvm.IRModule(scalar), target=llvm_target()) if scalar else None
 
-    def run(self, image: np.ndarray) -> np.ndarray:
-        """One image: float32 array of the model input shape. Returns the output."""
+    def run(self, image: np.ndarray, observer=None) -> np.ndarray:
+        """One image: float32 array of the model input shape. Returns the output.
+
+        ``observer``: optional ``observer(index, func, output)``, called after
+        each kernel call of ``main`` in order (``index`` counts them from 0, as
+        the manifest's ``calls``; ``func`` is the PrimFunc's name; ``output`` is
+        a read-only view of the array the call wrote, its last argument; copy
+        it to keep it). Without an observer nothing changes, and with one the
+        computation is the same."""
         main = self.mod["main"]
         x = _aligned_zeros(image.shape, np.float32)
         x[...] = image
         env = {main.params[0]: x}
         env.update(zip(main.params[1:], self.weights))
+        calls = 0
         for block in main.body.blocks:
             for b in block.bindings:
                 self._bind(env, b.var, b.value)
+                if observer is not None and isinstance(b.value, relax.Call) \
+                        and isinstance(b.value.op, tvm.ir.GlobalVar):
+                    out = env[b.value.args[-1]].view()
+                    out.flags.writeable = False
+                    observer(calls, b.value.op.name_hint, out)
+                    calls += 1
         out = env[main.body.body]
         out = out if isinstance(out, list) else [out]
         return np.array(out[0])

@@ -12,11 +12,14 @@ import torch  # noqa: E402
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e  # noqa: E402
 
 
-def load_converted(spec: ModelSpec, float_pt2: Path, calibrated_state: Path) -> torch.fx.GraphModule:
+def load_converted(spec: ModelSpec, float_pt2: "Path | torch.export.ExportedProgram",
+                   calibrated_state: Path) -> torch.fx.GraphModule:
     """Rebuild the prepared model, load the calibrated observers, ``convert_pt2e``.
 
     The result computes the Q/DQ model in PyTorch (the numerical reference of
     every later stage). Int8/int16 weights are folded into constants.
+    ``float_pt2``: the float program's file or the loaded ExportedProgram
+    (see :func:`.prepare.build_prepared`).
     """
     gm = build_prepared(spec, float_pt2)
     gm.load_state_dict(torch.load(calibrated_state, map_location="cpu", weights_only=True), strict=True)

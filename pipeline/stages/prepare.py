@@ -11,6 +11,7 @@ prepare. Later stages rebuild the module with :func:`build_prepared`
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from .. import torchenv
@@ -43,10 +44,29 @@ def make_quantizer(spec: ModelSpec, observer: str | None = None):
                            fuse_activations=q.fuse_activations)
 
 
-def build_prepared(spec: ModelSpec, float_pt2: Path, observer: str | None = None) -> torch.fx.GraphModule:
-    """Load ``float_pt2`` and run ``prepare_pt2e`` with the entry's quantizer."""
-    ep = torch.export.load(float_pt2)
-    return prepare_pt2e(ep.module(), make_quantizer(spec, observer))
+def load_program(float_pt2: "Path | torch.export.ExportedProgram") -> torch.export.ExportedProgram:
+    """``float_pt2`` loaded, or itself if it already is an ExportedProgram."""
+    if isinstance(float_pt2, torch.export.ExportedProgram):
+        return float_pt2
+    return torch.export.load(float_pt2)
+
+
+def build_prepared(spec: ModelSpec, float_pt2: "Path | torch.export.ExportedProgram",
+                   observer: str | None = None) -> torch.fx.GraphModule:
+    """Run ``prepare_pt2e`` with the entry's quantizer on ``float_pt2``: a file,
+    or an already loaded ExportedProgram, which stays unchanged.
+
+    Passing the ExportedProgram lets a caller build the float and the
+    quantized model from the same in-memory program, which PT2E's numeric
+    debugger needs to match their nodes (``stages/layers.py``). Its module is
+    then a deep copy (node metadata included): ``ep.module()`` shares the
+    program's parameter tensors, and loading a state into the prepared module
+    would write into them."""
+    if isinstance(float_pt2, torch.export.ExportedProgram):
+        module = copy.deepcopy(float_pt2.module())
+    else:
+        module = torch.export.load(float_pt2).module()
+    return prepare_pt2e(module, make_quantizer(spec, observer))
 
 
 def _observer_names(gm: torch.fx.GraphModule) -> list[str]:

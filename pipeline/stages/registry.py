@@ -341,6 +341,28 @@ STAGES: tuple[Stage, ...] = (
         task_doc=lambda c: "offload.html: kernel-call graph, layer table, details on click (no network)",
     ),
     Stage(
+        # Float and Q/DQ models are rebuilt from float.pt2 + calibrated.pt in one process
+        # (PT2E's numeric debugger matches their nodes by in-memory provenance), so the
+        # record reads what convert reads, plus the deployed build's lowered program.
+        name="layers", doc="per-layer numerics: Q/DQ vs float and C vs Q/DQ (layers.json)",
+        func="pipeline.stages.layers:layers_model",
+        code=("stages/layers.py", "stages/convert.py", "stages/prepare.py", "torchenv.py", "quant", "data",
+              "frontend/provenance.py", "backend"),
+        params=QUANT + ("calibration.observer", "preprocess"), versions=("torchao",),
+        extra=lambda c: {"images": [p.name for p in c.evaluation_images]},
+        deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, c.layout.relax_layers,
+                        *[c.layout.codegen_dir(variants(c.spec)[0]) / f
+                          for f in ("manifest.json", "lowered.py", "weights.bin")],
+                        *c.evaluation_images],
+        outs=lambda c: [c.layout.layers_json],
+        args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2, "calibrated_state": c.layout.calibrated,
+                        "relax_layers": c.layout.relax_layers,
+                        "builds": {variants(c.spec)[0]: c.layout.codegen_dir(variants(c.spec)[0])},
+                        "images_dir": c.calib_root / c.spec.evaluation_set, "out": c.layout.layers_json},
+        task_doc=lambda c: f"SQNR, cosine, max error per layer on calib_data/{c.spec.evaluation_set} "
+                           f"({variants(c.spec)[0]} build)",
+    ),
+    Stage(
         name="cross_compile", doc="TI cl7x cross-compile (needs TI_CGT_C7000_PATH)",
         func="pipeline.stages.cross_compile:cross_compile_model",
         code=("stages/cross_compile.py", "toolchain.py", "backend/kernels"),

@@ -1,8 +1,8 @@
 """The ``summary`` task: print every model's numbers at the end of a run.
 
 Reads the per-model JSON artifacts (``report.json``, ``c/<variant>/manifest.json``,
-``verify.json``), prints one block per model and writes them together as
-``artifacts/summary.json``.
+``verify.json``, ``layers.json``), prints one block per model and writes them
+together as ``artifacts/summary.json``. A missing file leaves out its lines.
 """
 
 from __future__ import annotations
@@ -43,7 +43,26 @@ def _calls_line(m: dict) -> str:
             f"per inference (scalar: {shown or 'none'})")
 
 
-def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[str, dict]) -> list[str]:
+def worst_layers(layers: dict, n: int = 3) -> list[dict]:
+    """The ``n`` layers of ``layers.json`` with the lowest Q/DQ-vs-float SQNR
+    (the file lists them worst first): ``{"id", "module", "sqnr_db"}``."""
+    out = []
+    for lay in layers.get("layers", [])[:n]:
+        a = lay.get("qdq_vs_float") or {}
+        out.append({"id": lay["id"], "module": lay.get("module") or lay["id"], "sqnr_db": a.get("sqnr_db")})
+    return out
+
+
+def _worst_line(layers: dict) -> str:
+    def db(v):
+        return "identical" if v is None else f"{v:.1f} dB"
+    shown = ", ".join(f"{w['module']} ({db(w['sqnr_db'])})" for w in worst_layers(layers))
+    return (f"  worst layers   {shown} (PyTorch Q/DQ vs float SQNR at the layer output, "
+            f"{layers['images']} images; layers.json)")
+
+
+def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[str, dict],
+                layers: dict | None = None) -> list[str]:
     """Human-readable block for one model (see the README for how to read it)."""
     n = report["labeled"]
     lines = [f"{name}: {report['dtype']} activations, {report['weight_dtype']} weights; "
@@ -76,6 +95,8 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
         unit = f"{report['dtype']} LSB" if verify.get("output_lsb") else "output units"
         lines.append(f"  vs Q/DQ ({unit}) " + " | ".join(diffs)
                      + f" | PyTorch vs itself max {noise['max_lsb']:g}, mean {noise['mean_lsb']:.2f}")
+    if layers and layers.get("layers"):
+        lines.append(_worst_line(layers))
     return lines
 
 
@@ -87,7 +108,8 @@ def collect(payload: dict) -> dict:
         d = art / name
         manifests = {v: _load(d / "c" / v / "manifest.json") for v in payload["variants"][name]}
         out[name] = {"report": _load(d / "report.json"), "verify": _load(d / "verify.json"),
-                     "manifests": {k: v for k, v in manifests.items() if v}}
+                     "manifests": {k: v for k, v in manifests.items() if v},
+                     "layers": _load(d / "layers.json")}
     return out
 
 
@@ -105,9 +127,9 @@ def render(payload: dict, failed: dict[str, str] | None = None) -> str:
         elif d["report"] is None:
             lines.append(f"{name}: not built yet")
         else:
-            lines += model_lines(name, d["report"], d["verify"], d["manifests"])
+            lines += model_lines(name, d["report"], d["verify"], d["manifests"], d["layers"])
             lines.append(f"  files          {art / name}/ (C: c/<build>/, numbers: report.json, verify.json, "
-                         f"c/<build>/manifest.json)")
+                         f"layers.json, c/<build>/manifest.json)")
     lines += [f"{name}: FAILED ({why})" for name, why in payload.get("invalid", {}).items()]
     lines += [f"{name}: skipped ({why})" for name, why in payload["skipped"].items()]
     return "\n".join(lines)
@@ -117,7 +139,8 @@ def summarize(payload: dict) -> dict:
     """The summary task: write ``artifacts/summary.json`` (the reporter prints)."""
     data = collect(payload)
     out = {name: {"report": d["report"], "verify": d["verify"],
-                  "codegen": {k: v["summary"] for k, v in d["manifests"].items()}}
+                  "codegen": {k: v["summary"] for k, v in d["manifests"].items()},
+                  "worst_layers": worst_layers(d["layers"]) if d["layers"] else None}
            for name, d in data.items()}
     write_json(Path(payload["artifacts"]) / "summary.json", {"models": out, "skipped": payload["skipped"]})
     return out

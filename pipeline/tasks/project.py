@@ -115,7 +115,7 @@ class Project:
         deps = []
         for spec in self.built():
             L = Layout(self.artifacts, spec.name)
-            deps += [L.report, L.verify] + [L.codegen_dir(v) / "manifest.json" for v in variants(spec)]
+            deps += [L.report, L.verify, L.layers_json] + [L.codegen_dir(v) / "manifest.json" for v in variants(spec)]
         payload = self.summary_payload()
         return {"actions": [(run_summary, [payload])],
                 "file_dep": [str(d) for d in deps] + [str(PKG / "stages" / "summary.py")],

@@ -1,0 +1,457 @@
+"""Stage ``layers``: per-layer numerics of the quantized model (``layers.json``).
+
+For every layer of the deployed build's manifest (conv, depthwise, FC,
+residual add, pool, mean ...) and over the evaluation images, two
+comparisons at the layer's *output point*: the tensor its output quantize
+makes, i.e. in the Q/DQ program the dequantize of the quantize that ends the
+layer (after a fused ReLU/ReLU6; conv-BN folded):
+
+(a) ``qdq_vs_float``: the PyTorch Q/DQ model (that dequantize's value) against
+    the float model (the value of the float node the quantize reads, e.g.
+    ``hardtanh_`` for a conv + ReLU6 layer, ``conv2d_2`` for a conv without
+    activation). Measured with PT2E's own numeric debugger
+    (``prepare_for_propagation_comparison``, ``extract_results_from_loggers``,
+    ``compare_results``): both models are built from ONE in-memory float
+    program in this process, because the debugger matches nodes by their
+    ``from_node`` ancestry (``NodeSourceDebugInfo``: float node name + graph
+    id), and its key, the float node's name, is our layer id scheme
+    (:mod:`pipeline.frontend.provenance`). The float side gets the conv-BN
+    fold PT2E's ``prepare_pt2e`` applies (same torchao functions), otherwise
+    a conv's float output would be the pre-BN value. Each model runs on its
+    own upstream values (propagation), so the error is cumulative: it
+    includes what every earlier layer added.
+(b) ``c_vs_qdq``: the Python integer reference of the deployed C
+    (:mod:`pipeline.backend.interp`, bit-exact with the host C, which verify
+    proves) against the Q/DQ model, at the same point: the output of the
+    layer's last kernel call (the manifest's ``calls``; its output is the
+    layer's quantized result: the clip after an MMALIB conv, the residual-add
+    kernel, ...), dequantized with that tensor's quantization, i.e. the
+    ``(scale, zero_point)`` of the layer's output quantize in the Q/DQ
+    program (which the importer passed to ``R.quantize`` unchanged and codegen
+    folded into the kernels), against the Q/DQ model's dequantize above.
+    Also cumulative. ``max_lsb``: the largest difference in integer steps of
+    that scale. Where a fused kernel already dequantized (a clip feeding a
+    float mean, the model's final slice + dequantize), its float output is
+    compared as it is.
+
+Numbers per comparison, over every element of every image, for a value x
+against its reference ref (x = Q/DQ, ref = float for (a); x = C, ref = Q/DQ
+for (b)): ``sqnr_db`` = ``10 log10(sum x^2 / sum (x - ref)^2)``, the
+debugger's own ``sqnr`` (torchao's ``compute_sqnr(x, ref)``) with the
+images taken together, so for one image it is exactly what
+``compare_results`` reports (null when x == ref everywhere); ``cosine``
+similarity; ``max_abs`` = max |x - ref| in the tensor's units.
+
+Every evaluation image is used for both (one at a time; the Python
+reference costs about 0.15 s per MobileNetV2 image). The PyTorch models run
+with the stages' torch threads (``C7X_TORCH_THREADS``), as verify and
+evaluate run them, because PyTorch's Q/DQ values move with the thread count
+(``docs/numerics.md``); so at the model output ``c_vs_qdq.max_lsb`` is
+verify's LSB distance of the build. Everything else runs on one thread:
+it is exact or Python-bound, and two threads per task only fight under
+``doit -n 2``.
+
+Layers are listed worst first by the Q/DQ-vs-float SQNR: that is the
+quantization error a model owner can act on (observer, int16, a layer left
+in float), and it is the same for every build; (b) is the implementation's
+own error, bounded by design (verify and the README's "vs Q/DQ").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import torchenv  # noqa: F401
+from ..config import ModelSpec, list_images
+from ..data.images import load_images
+from ..errors import CalibrationDataError
+from ..frontend.provenance import KEY
+from ..fsutil import write_json
+from .convert import load_converted
+from .prepare import load_program
+
+import torch  # noqa: E402
+
+_QUANTIZE = ("quantize_per_tensor",)
+_DEQUANTIZE = ("dequantize_per_tensor",)
+
+MEASURES = {
+    "qdq_vs_float": "PyTorch Q/DQ model vs float model at the layer's output (its output quantize's "
+                    "dequantize vs the float node it quantizes; conv-BN folded as PT2E does); PT2E "
+                    "numeric debugger, propagated (each model on its own upstream values)",
+    "c_vs_qdq": "Python integer reference of the C build (bit-exact with the host C) vs the PyTorch "
+                "Q/DQ model at the same point: the layer's last kernel call, dequantized with the "
+                "output quantize's scale and zero point; propagated",
+    "sqnr_db": "10 log10(sum x^2 / sum (x - ref)^2) over all elements of all images, x the first-named "
+               "side: torchao's compute_sqnr as the debugger reports it (null: identical)",
+    "max_lsb": "largest difference in integer steps of the output tensor's scale",
+}
+
+
+def _op_name(node) -> str:
+    return str(getattr(node, "target", ""))
+
+
+def _is(node, names) -> bool:
+    return node.op == "call_function" and any(f"quantized_decomposed.{n}." in _op_name(node) for n in names)
+
+
+def _layer_id(node) -> str | None:
+    return (node.meta.get("custom") or {}).get(KEY, {}).get("id")
+
+
+@dataclass
+class Point:
+    """Where a layer's output is compared: ``node`` is the float node name the
+    output quantize reads (the debugger's key), ``q`` that quantize's node
+    name in the Q/DQ module and ``dq`` the names of its dequantize users,
+    ``qparams`` the dequantize's (scale, zero_point, quant_min, quant_max,
+    dtype)."""
+
+    node: str
+    q: str
+    dq: tuple[str, ...]
+    qparams: tuple
+
+    @property
+    def scale(self) -> float:
+        return float(self.qparams[0])
+
+    @property
+    def zero_point(self) -> int:
+        return int(self.qparams[1])
+
+
+def _walk_to_quantize(node):
+    """From a layer's main op forward through single-user float ops (the fused
+    activation) to the quantize that ends the layer, or None."""
+    for _ in range(8):
+        users = list(node.users)
+        if len(users) != 1:
+            return None
+        node = users[0]
+        if _is(node, _QUANTIZE):
+            return node
+    return None
+
+
+def output_points(q: torch.fx.GraphModule, layer_ids: list[str],
+                  named: dict[str, str] | None = None) -> dict[str, Point]:
+    """Output point of each layer id in the converted Q/DQ module ``q``.
+
+    The quantize ending the layer is found from the main op (the node whose
+    provenance id is the layer id) by :func:`_walk_to_quantize`; ``named``
+    (layer id -> the float node id the C's last call is named after, from
+    ``relax/layers.json``) overrides it where the C names its output.
+    Layers without a point (nothing quantizes them) are left out."""
+    quantizes: dict[str, list] = {}
+    main_op: dict[str, object] = {}
+    for n in q.graph.nodes:
+        if _is(n, _QUANTIZE) and hasattr(n.args[0], "op"):
+            src = _layer_id(n.args[0])
+            if src is not None:
+                quantizes.setdefault(src, []).append(n)
+        elif n.op == "call_function" and _layer_id(n) is not None:
+            main_op.setdefault(_layer_id(n), n)
+    out = {}
+    for lid in layer_ids:
+        qnode = None
+        if named and named.get(lid) in quantizes:
+            qnode = quantizes[named[lid]][0]
+        elif lid in main_op:
+            qnode = quantizes[lid][0] if lid in quantizes else _walk_to_quantize(main_op[lid])
+        if qnode is None:
+            continue
+        dq = [u for u in qnode.users if _is(u, _DEQUANTIZE)]
+        if not dq:
+            continue
+        out[lid] = Point(node=_layer_id(qnode.args[0]), q=qnode.name, dq=tuple(u.name for u in dq),
+                         qparams=tuple(dq[0].args[1:6]))
+    return out
+
+
+class Stats:
+    """Running SQNR / cosine / max |error| of ``x`` against ``ref``, and the
+    largest integer-step difference when integers are given; per-image sums
+    in float32 (BLAS), accumulated over images in float64."""
+
+    def __init__(self):
+        self.ref2 = self.x2 = self.err2 = self.dot = 0.0
+        self.max_abs = 0.0
+        self.max_lsb: int | None = None
+        self.n = 0
+
+    def add(self, ref, x, ref_int=None, x_int=None) -> None:
+        r = torch.as_tensor(ref, dtype=torch.float32).reshape(-1)
+        a = torch.as_tensor(x, dtype=torch.float32).reshape(-1)
+        if r.shape != a.shape:
+            raise ValueError(f"sizes differ: {tuple(np.shape(ref))} vs {tuple(np.shape(x))}")
+        e = r - a
+        self.ref2 += float(torch.dot(r, r))
+        self.x2 += float(torch.dot(a, a))
+        self.err2 += float(torch.dot(e, e))
+        self.dot += float(torch.dot(r, a))
+        self.max_abs = max(self.max_abs, float(e.abs().max()) if e.numel() else 0.0)
+        if ref_int is not None:
+            d = np.abs(np.asarray(ref_int, np.int32).ravel() - np.asarray(x_int, np.int32).ravel())
+            self.max_lsb = max(self.max_lsb or 0, int(d.max(initial=0)))
+        self.n += 1
+
+    def sqnr_db(self) -> float | None:
+        """``10 log10(sum x^2 / sum (x - ref)^2)``: torchao's ``compute_sqnr(x, ref)``
+        (what the debugger's ``QuantizationComparisonResult.sqnr`` reports for one
+        image: the compared value's power over the error's) on all images
+        together. None when ``x`` equals ``ref`` exactly."""
+        if self.err2 == 0.0:
+            return None
+        return 10.0 * math.log10(max(self.x2, 1e-300) / self.err2)
+
+    def result(self) -> dict:
+        sqnr = self.sqnr_db()
+        den = math.sqrt(self.ref2 * self.x2)
+        cos = self.dot / den if den > 0 else (1.0 if self.ref2 == self.x2 else 0.0)
+        out = {"sqnr_db": None if sqnr is None else round(sqnr, 3), "cosine": round(min(cos, 1.0), 6),
+               "max_abs": float(f"{self.max_abs:.6g}")}
+        if self.max_lsb is not None:
+            out["max_lsb"] = self.max_lsb
+        return out
+
+
+def float_reference(ep) -> torch.fx.GraphModule:
+    """A copy of ``ep.module()`` with conv-BN (and linear-BN) folded by the
+    functions ``prepare_pt2e`` uses, so each float node computes what the Q/DQ
+    node of the same name computes before quantization. Deep-copied (node
+    metadata included), so it shares no tensor with ``ep``."""
+    import copy
+
+    from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_
+    m = copy.deepcopy(ep.module())
+    _fuse_conv_bn_(m)
+    _fuse_linear_bn_(m)
+    m.recompile()
+    return m
+
+
+def out_of_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Replace in-place aten ops (``hardtanh_`` of ``ReLU6(inplace=True)``...)
+    by their out-of-place twins, in place; node names and metadata stay.
+
+    The debugger's loggers keep the tensor a node returned, not a copy, so an
+    in-place op after a logged node would overwrite the logged value."""
+    for n in gm.graph.nodes:
+        op = n.target
+        if n.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+            continue
+        name = op._schema.name.split("::")[-1]
+        if not name.endswith("_") or name.startswith("_"):
+            continue
+        twin = getattr(getattr(torch.ops.aten, name[:-1], None), op._overloadname, None)
+        if twin is not None:
+            n.target = twin
+    gm.recompile()
+    return gm
+
+
+def _loggers(model) -> dict:
+    from torchao.quantization.pt2e._numeric_debugger import OutputLogger
+    return {m.node_name: m for _, m in model.named_children() if isinstance(m, OutputLogger)}
+
+
+def dequantize(c_out: np.ndarray, point: Point) -> tuple[np.ndarray, np.ndarray]:
+    """(float value, integer) of a C output tensor at ``point``.
+
+    An integer tensor is dequantized as torch's ``dequantize_per_tensor``
+    computes it, ``(float32(q) - zero_point) * float32(scale)``; a float
+    tensor (a fused kernel already dequantized it) is kept, and its integer
+    recovered as ``rint(x / scale) + zero_point`` (exact: x is (q - zp) * scale
+    rounded to float32)."""
+    scale, zp = point.scale, point.zero_point
+    if c_out.dtype.kind == "f":
+        return c_out, np.rint(c_out.astype(np.float64) / scale).astype(np.int32) + zp
+    return (c_out.astype(np.float32) - np.float32(zp)) * np.float32(scale), c_out
+
+
+def _last_calls(manifest: dict) -> dict[str, dict]:
+    """Layer id -> the last kernel call of that layer (its output is the layer's result)."""
+    out = {}
+    for c in manifest["calls"]:
+        if c["layer"] is not None:
+            out[c["layer"]] = c
+    return out
+
+
+def _named_points(last: dict[str, dict], relax_layers: dict) -> dict[str, str]:
+    """Layer id -> float node id the last call's output binding was named after
+    (``relax/layers.json``), where it has a name there."""
+    out = {}
+    for lid, c in last.items():
+        ids = {relax_layers[v]["id"] for v in c["vars"] if relax_layers.get(v, {}).get("id")}
+        if len(ids) == 1:
+            out[lid] = ids.pop()
+    return out
+
+
+def keep_loggers(model: torch.fx.GraphModule, names: set[str]) -> torch.fx.GraphModule:
+    """Remove the debugger's loggers except those whose source node is in
+    ``names`` (in place): only the compared points are kept, which keeps the
+    logged tensors of one image small and the runs fast."""
+    from torchao.quantization.pt2e._numeric_debugger import OutputLogger
+    for n in list(model.graph.nodes):
+        if n.op != "call_module":
+            continue
+        mod = getattr(model, n.target, None)
+        if isinstance(mod, OutputLogger) and mod.debug_info.name not in names:
+            n.replace_all_uses_with(n.args[0])
+            model.graph.erase_node(n)
+            delattr(model, n.target)
+    model.recompile()
+    return model
+
+
+def _same_layout(c_out: np.ndarray, shape: tuple) -> bool:
+    """A C tensor holds the Q/DQ tensor's elements in the same order (equal
+    shapes, or equal up to size-1 axes, e.g. a mean's [1, C] vs [1, C, 1, 1])."""
+    squeeze = lambda s: tuple(d for d in s if d != 1)  # noqa: E731
+    return tuple(c_out.shape) == tuple(shape) or (c_out.size == int(np.prod(shape))
+                                                 and squeeze(c_out.shape) == squeeze(shape))
+
+
+def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax_layers: Path,
+                 builds: dict[str, Path], images_dir: Path, out: Path) -> dict:
+    """Per-layer numerics on the evaluation images; write ``layers.json``.
+
+    ``builds``: variant -> codegen folder, the deployed build first (its
+    manifest gives the layers; another build adds ``c_vs_qdq_<variant>``).
+    Raises :class:`CalibrationDataError` when the evaluation folder holds no
+    images."""
+    from torchao.quantization.pt2e._numeric_debugger import (compare_results, extract_results_from_loggers,
+                                                             prepare_for_propagation_comparison)
+
+    from ..backend.interp import Program
+
+    paths = list_images(images_dir)
+    if not paths:
+        raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images "
+                                   f"for the per-layer numerics; add images or set [evaluation] set in "
+                                   f"{spec.source}")
+    variants = list(builds)
+    manifests = {v: json.loads((Path(d) / "manifest.json").read_text()) for v, d in builds.items()}
+    layers = manifests[variants[0]]["layers"]
+    last = {v: _last_calls(m) for v, m in manifests.items()}
+
+    # float and Q/DQ models from ONE in-memory program: the debugger matches by from_node
+    ep = load_program(float_pt2)
+    q = load_converted(spec, ep, calibrated_state)
+    named = _named_points(last[variants[0]], json.loads(Path(relax_layers).read_text()))
+    points = output_points(q, [lay["id"] for lay in layers], named)
+    keep = {p.node for p in points.values()}
+    ref_model = keep_loggers(prepare_for_propagation_comparison(out_of_place(float_reference(ep))), keep)
+    qdq_model = keep_loggers(prepare_for_propagation_comparison(out_of_place(q)), keep)
+    qdq_loggers = _loggers(qdq_model)
+    every_logger = list(_loggers(ref_model).values()) + list(qdq_loggers.values())
+
+    programs = {v: Program(d) for v, d in builds.items()}
+    wanted = {v: {last[v][lid]["index"]: lid for lid in points if lid in last[v]} for v in variants}
+    a_stats = {lid: Stats() for lid in points}
+    b_stats = {v: {lid: Stats() for lid in wanted[v].values()} for v in variants}
+    notes: dict[str, list[str]] = {}
+
+    x = load_images(paths, spec.preprocess, desc=f"layers {spec.name}", model=spec.name)
+    threads = torch.get_num_threads()
+    for i in range(len(x)):
+        image = x[i:i + 1]
+        with torch.no_grad():  # the PyTorch models with the stages' threads, as verify and evaluate run them
+            ref_model(image)
+            qdq_model(image)
+        # the rest is exact or Python-bound: 2 torch threads per task only fight under doit -n 2
+        torch.set_num_threads(1)
+        try:
+            compared = {info.name: s for info, s in compare_results(extract_results_from_loggers(ref_model),
+                                                                    extract_results_from_loggers(qdq_model)).items()}
+            qdq_at = {}
+            for lid, p in points.items():
+                s = compared.get(p.node)
+                if s is None:
+                    continue
+                res = s.results[0]
+                # the debugger keys a float node's value to the last Q/DQ node of the same
+                # source, which is the output quantize's dequantize; read that one if not
+                qdq = res.actual if s.actual_node_name in p.dq else qdq_loggers[p.dq[0]].stats[0]
+                a_stats[lid].add(res.ref, qdq)
+                qdq_at[lid] = (qdq.numpy(), qdq_loggers[p.q].stats[0].numpy())
+            for v, prog in programs.items():
+                for lid, c_out in _capture(prog, image.numpy(), manifests[v]["calls"], wanted[v]).items():
+                    if lid not in qdq_at or lid in notes:
+                        continue
+                    value, ints = qdq_at[lid]
+                    if not _same_layout(c_out, value.shape):
+                        notes.setdefault(lid, []).append(f"{v}: not compared, C shape {list(c_out.shape)} "
+                                                         f"vs Q/DQ {list(value.shape)}")
+                        continue
+                    c_value, c_ints = dequantize(c_out, points[lid])
+                    b_stats[v][lid].add(value, c_value, ints, c_ints)
+            for lg in every_logger:
+                lg.stats.clear()
+        finally:
+            torch.set_num_threads(threads)
+
+    report = {"model": spec.name, "dtype": spec.dtype, "images": len(x),
+              "evaluation_set": spec.evaluation_set, "build": variants[0], "builds": variants,
+              "measures": MEASURES, "layers": []}
+    for lay in layers:
+        lid, p = lay["id"], points.get(lay["id"])
+        entry = {"id": lid, "module": lay.get("module"), "op": lay["op"], "backend": lay["backend"],
+                 "qdq_vs_float": None, "c_vs_qdq": None}
+        if p is not None:
+            entry["compared_at"] = {"float_node": p.node, "qdq_node": p.dq[0], "scale": p.scale,
+                                    "zero_point": p.zero_point,
+                                    "c_call": last[variants[0]].get(lid, {}).get("index")}
+            if a_stats[lid].n:
+                entry["qdq_vs_float"] = a_stats[lid].result()
+            for v in variants:
+                st = b_stats[v].get(lid)
+                entry["c_vs_qdq" if v == variants[0] else f"c_vs_qdq_{v}"] = st.result() if st and st.n else None
+        if lid in notes:
+            entry["notes"] = notes[lid]
+        report["layers"].append(entry)
+    report["layers"] = sort_worst_first(report["layers"])
+    report["worst"] = [lay["id"] for lay in report["layers"][:3]]
+    write_json(out, report)
+    return report
+
+
+def _sqnr_key(entry: dict) -> float:
+    a = entry.get("qdq_vs_float")
+    if a is None:
+        return math.inf  # not measured: last
+    return math.inf if a["sqnr_db"] is None else a["sqnr_db"]
+
+
+def sort_worst_first(entries: list[dict]) -> list[dict]:
+    """Lowest Q/DQ-vs-float SQNR first (identical or unmeasured last); ties keep
+    the manifest's (flow) order."""
+    return sorted(entries, key=_sqnr_key)
+
+
+def _capture(prog, image: np.ndarray, calls: list[dict], wanted: dict[int, str]) -> dict[str, np.ndarray]:
+    """Run the Python reference on one image; the outputs of the ``wanted``
+    calls (index -> layer id). Checks that the program's calls are the
+    manifest's, in order."""
+    got, seen = {}, []
+
+    def observe(index, func, output):
+        seen.append(func)
+        if index < len(calls) and calls[index]["func"] != func:
+            raise RuntimeError(f"lowered.py call {index} is {func}, the manifest says {calls[index]['func']}")
+        if index in wanted:
+            got[wanted[index]] = np.array(output)
+
+    prog.run(image, observer=observe)
+    if len(seen) != len(calls):
+        raise RuntimeError(f"lowered.py makes {len(seen)} kernel calls, the manifest lists {len(calls)}")
+    return got
