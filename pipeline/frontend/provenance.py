@@ -25,13 +25,19 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S
 _FRAMEWORK = ("/torch/", "/torchao/", "/tvm/")
 
 
-def _short_path(path: str) -> str:
-    """``.../site-packages/torchvision/models/x.py`` -> ``torchvision/models/x.py``."""
+def _short_path(path: str, root: str | None = None) -> str:
+    """``.../site-packages/torchvision/models/x.py`` -> ``torchvision/models/x.py``;
+    a file of the project (under ``root``) -> its path relative to the project,
+    so the artifacts do not depend on where the project lives."""
     marker = "site-packages/"
-    return path.split(marker, 1)[1] if marker in path else path
+    if marker in path:
+        return path.split(marker, 1)[1]
+    if root and path.startswith(root.rstrip("/") + "/"):
+        return path[len(root.rstrip("/")) + 1:]
+    return path
 
 
-def source_line(stack_trace: str | None) -> tuple[str | None, str | None]:
+def source_line(stack_trace: str | None, root: str | None = None) -> tuple[str | None, str | None]:
     """``("file.py:64", "return self.conv(x)")`` of the innermost frame of
     ``stack_trace`` outside torch itself (the model code that called the op),
     or ``(None, None)``."""
@@ -40,10 +46,10 @@ def source_line(stack_trace: str | None) -> tuple[str | None, str | None]:
     if not user:
         return None, None
     f = user[-1]
-    return f"{_short_path(f['file'])}:{f['line']}", f["code"].strip()
+    return f"{_short_path(f['file'], root)}:{f['line']}", f["code"].strip()
 
 
-def node_provenance(node) -> dict | None:
+def node_provenance(node, root: str | None = None) -> dict | None:
     """Provenance of one FX node of the float program, from its metadata:
     ``{"id", "module", "module_type", "source", "code"}`` (None for nodes
     without ``nn_module_stack``, e.g. placeholders)."""
@@ -52,19 +58,20 @@ def node_provenance(node) -> dict | None:
         return None
     path, mtype = list(stack.values())[-1]
     mtype = mtype if isinstance(mtype, str) else f"{mtype.__module__}.{mtype.__qualname__}"
-    source, code = source_line(node.meta.get("stack_trace"))
+    source, code = source_line(node.meta.get("stack_trace"), root)
     return {"id": node.name, "module": path, "module_type": mtype, "source": source, "code": code}
 
 
-def tag_program(ep) -> int:
+def tag_program(ep, root: str | None = None) -> int:
     """Store :func:`node_provenance` in ``node.meta["custom"][KEY]`` for every
-    ``call_function`` node of the float ExportedProgram ``ep`` (in place).
+    ``call_function`` node of the float ExportedProgram ``ep`` (in place);
+    source files under ``root`` (the project) are named relative to it.
     Returns how many nodes were tagged."""
     n = 0
     for node in ep.graph.nodes:
         if node.op != "call_function":
             continue
-        prov = node_provenance(node)
+        prov = node_provenance(node, root)
         if prov is not None:
             node.meta.setdefault("custom", {})[KEY] = prov
             n += 1

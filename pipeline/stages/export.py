@@ -96,7 +96,7 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
     with torch.no_grad():
         ep = torch.export.export(model, (example,),
                                  dynamic_shapes=({0: Dim("batch", min=1, max=MAX_BATCH)},))
-    info["layers_tagged"] = tag_program(ep)  # module paths survive PT2E and re-export
+    info["layers_tagged"] = tag_program(ep, str(Path(root).resolve()))  # module paths survive PT2E and re-export
     torchenv.save_program(ep, out)
     if out_info is not None:
         write_json(out_info, info)

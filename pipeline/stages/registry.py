@@ -187,12 +187,6 @@ def _cross_outputs(ctx: StageContext) -> list[Path]:
     return [ctx.layout.cross / f for f in outputs(ctx.spec.name, c_sources)]
 
 
-#: Optional inputs of the offload page (``visualize``), as ``Layout`` attribute ->
-#: keyword argument of ``visualize_model``: ``profile.json`` (profile stage) and
-#: ``layers.json`` (layers stage, per-layer numerics). Not wired yet: those stages
-#: are being written. Wiring one is adding its path to the record's ``deps`` and
-#: ``args``; the page gains its tab when the file exists and works without it.
-VISUALIZE_OPTIONAL_INPUTS = (("profile", "profile"), ("layers_json", "numerics"))
 
 
 STAGES: tuple[Stage, ...] = (
@@ -327,20 +321,6 @@ STAGES: tuple[Stage, ...] = (
         task_doc=lambda c: "profile build on the images: time per kernel call and layer (+ board log)",
     ),
     Stage(
-        # The page's assets (HTML, CSS, JS, the vendored layout library) are code too:
-        # editing one re-runs the stage (tests/test_visualize.py keeps this list whole).
-        name="visualize", doc="offload graph of every build as one self-contained HTML page",
-        func="pipeline.stages.visualize:visualize_model",
-        code=("stages/visualize.py", "visualize", "visualize/template.html", "visualize/page.css",
-              "visualize/page.js", "visualize/vendor/dagre.min.js", "visualize/vendor/LICENSE"),
-        params=("name",),
-        deps=lambda c: [c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)],
-        outs=lambda c: [c.layout.offload_html],
-        args=lambda c: {"model": c.spec.name, "out": c.layout.offload_html,
-                        "manifests": {v: c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)}},
-        task_doc=lambda c: "offload.html: kernel-call graph, layer table, details on click (no network)",
-    ),
-    Stage(
         # Float and Q/DQ models are rebuilt from float.pt2 + calibrated.pt in one process
         # (PT2E's numeric debugger matches their nodes by in-memory provenance), so the
         # record reads what convert reads, plus the deployed build's lowered program.
@@ -361,6 +341,22 @@ STAGES: tuple[Stage, ...] = (
                         "images_dir": c.calib_root / c.spec.evaluation_set, "out": c.layout.layers_json},
         task_doc=lambda c: f"SQNR, cosine, max error per layer on calib_data/{c.spec.evaluation_set} "
                            f"({variants(c.spec)[0]} build)",
+    ),
+    Stage(
+        # The page's assets (HTML, CSS, JS, the vendored layout library) are code too:
+        # editing one re-runs the stage (tests/test_visualize.py keeps this list whole).
+        name="visualize", doc="offload graph of every build as one self-contained HTML page",
+        func="pipeline.stages.visualize:visualize_model",
+        code=("stages/visualize.py", "visualize", "visualize/template.html", "visualize/page.css",
+              "visualize/page.js", "visualize/vendor/dagre.min.js", "visualize/vendor/LICENSE"),
+        params=("name",),
+        deps=lambda c: [c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)]
+        + [c.layout.profile, c.layout.layers_json],
+        outs=lambda c: [c.layout.offload_html],
+        args=lambda c: {"model": c.spec.name, "out": c.layout.offload_html,
+                        "manifests": {v: c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)},
+                        "profile": c.layout.profile, "numerics": c.layout.layers_json},
+        task_doc=lambda c: "offload.html: kernel-call graph, layer table, details on click (no network)",
     ),
     Stage(
         name="cross_compile", doc="TI cl7x cross-compile (needs TI_CGT_C7000_PATH)",
