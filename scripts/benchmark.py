@@ -3,7 +3,8 @@
     .venv/bin/python scripts/benchmark.py [--model mobilenet_v2] [--images 5]
 
 Reports: `doit list` wall time and whether it imported torch/tvm; wall time of
-every stage function for one model up to host_build, then of profile (run in a
+every default stage function for one model, the share that profile, layers and
+visualize add, and verify + evaluate against codegen (run in a
 temporary artifacts folder, the repo's own artifacts are not touched); host C
 time per image for each build variant; Python reference time per image; peak
 resident memory of this process.
@@ -56,9 +57,9 @@ def timed(label: str, fn, *args, **kwargs):
 
 
 def bench_stages(model: str, n_images: int) -> None:
-    """Time each stage function of the registry up to host_build, in a temp artifacts folder."""
+    """Time each default stage function of the registry, in a temp artifacts folder."""
     from pipeline.data.images import load_images
-    from pipeline.stages.registry import STAGES, get
+    from pipeline.stages.registry import STAGES
     from pipeline.tasks import Project
 
     project = Project(REPO / "models")
@@ -67,12 +68,19 @@ def bench_stages(model: str, n_images: int) -> None:
         project.artifacts = Path(tmp)
         ctx = project.context(spec)
         print(f"stages of {model} ({spec.dtype}, {len(ctx.calibration_images)} calibration images):")
-        results = {}
-        last = [s.name for s in STAGES].index("host_build")
-        for stage in STAGES[:last + 1]:
+        results, times = {}, {}
+        for stage in STAGES:  # every default stage in registry order (the cold build, serial)
+            if not stage.in_default_run():
+                continue
+            t0 = time.perf_counter()
             results[stage.name] = timed(stage.name, stage.function(), **stage.args(ctx))
-        profile = get("profile")  # after host_build in the registry; needs only codegen's output
-        timed("profile (host, all builds)", profile.function(), **profile.args(ctx))
+            times[stage.name] = time.perf_counter() - t0
+        seeing = sum(times[n] for n in ("profile", "layers", "visualize"))
+        rest = sum(times.values()) - seeing
+        print(f"  profile + layers + visualize: {seeing:.1f} s = {100 * seeing / rest:.0f}% on top of the "
+              f"other stages ({rest:.1f} s; goal: at most 25%)")
+        vv = times["verify"] + times["evaluate"]
+        print(f"  verify + evaluate: {vv:.1f} s = {vv / times['codegen']:.1f}x codegen")
         x = load_images(ctx.calibration_images[:n_images], spec.preprocess, desc="load").numpy()
         bench_runs(spec, ctx.layout, x, results["codegen"])
 

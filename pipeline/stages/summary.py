@@ -128,6 +128,8 @@ def render(payload: dict, failed: dict[str, str] | None = None) -> str:
             lines.append(f"{name}: not built yet")
         else:
             lines += model_lines(name, d["report"], d["verify"], d["manifests"], d["layers"])
+            lines.append(f"  page           {art / name / 'offload.html'} (offload graph, per-layer "
+                         f"profile and numerics: open it in a browser)")
             lines.append(f"  files          {art / name}/ (C: c/<build>/, numbers: report.json, verify.json, "
                          f"layers.json, c/<build>/manifest.json)")
     lines += [f"{name}: FAILED ({why})" for name, why in payload.get("invalid", {}).items()]
