@@ -85,3 +85,19 @@ class Project:
         return Run(executed=re.findall(r"^\.  (\S+)$", proc.stdout, re.M),
                    uptodate=re.findall(r"^-- (\S+)$", proc.stdout, re.M),
                    returncode=proc.returncode, out=out)
+
+
+def build_through(root: Path, last: str = "codegen"):
+    """Run the stage functions of the first model of the project at ``root``,
+    from export through ``last``, without doit; return its StageContext."""
+    from pipeline.stages.registry import STAGES
+    from pipeline.tasks import Project as C7xProject
+
+    project = C7xProject(root / "models")
+    ctx = project.context(project.valid()[0])
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))  # the project's builder module (tinynets.py)
+    names = [s.name for s in STAGES]
+    for stage in STAGES[:names.index(last) + 1]:
+        stage.function()(**stage.args(ctx))
+    return ctx

@@ -14,11 +14,9 @@ import json
 import pytest
 import torch.nn as nn
 
-from doitproj import Project
+from doitproj import Project, build_through
 from tinynets import SmallCNN
 
-from pipeline.stages.registry import STAGES
-from pipeline.tasks import Project as C7xProject
 
 
 @pytest.fixture(scope="module", params=["int8", "int16"])
@@ -26,13 +24,7 @@ def built(request, tmp_path_factory):
     p = Project(tmp_path_factory.mktemp(f"names_{request.param}"))
     p.add_images("setA", 2)
     p.add_model("tiny", "setA", dtype=request.param)
-    project = C7xProject(p.root / "models")
-    ctx = project.context(project.valid()[0])
-    import sys
-    sys.path.insert(0, str(p.root))
-    for stage in STAGES[:[s.name for s in STAGES].index("codegen") + 1]:
-        stage.function()(**stage.args(ctx))
-    return ctx
+    return build_through(p.root)
 
 
 def manifests(ctx):

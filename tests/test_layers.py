@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
 
-from doitproj import Project
+from doitproj import Project, build_through
 
 from pipeline.errors import CalibrationDataError
 from pipeline.stages import layers as L
-from pipeline.stages.registry import STAGES, get
-from pipeline.tasks import Project as C7xProject
+from pipeline.stages.registry import get
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +28,7 @@ def built(tmp_path_factory):
     p = Project(tmp_path_factory.mktemp("layers"))
     p.add_images("setA", 3)
     p.add_model("tiny", "setA", dtype="int8")
-    project = C7xProject(p.root / "models")
-    ctx = project.context(project.valid()[0])
-    sys.path.insert(0, str(p.root))
-    for stage in STAGES[:[s.name for s in STAGES].index("codegen") + 1]:
-        stage.function()(**stage.args(ctx))
+    ctx = build_through(p.root)
     stage = get("layers")
     report = stage.function()(**stage.args(ctx))
     return ctx, report

@@ -19,17 +19,15 @@ import hashlib
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import browser
-from doitproj import Project
+from doitproj import Project, build_through
 
-from pipeline.stages.registry import BY_NAME, STAGES
-from pipeline.tasks import Project as C7xProject
+from pipeline.stages.registry import BY_NAME
 from pipeline.visualize import graph, page, readers
 from pipeline.visualize.readers import read_numerics, read_profile
 
@@ -42,11 +40,7 @@ def built(tmp_path_factory):
     p = Project(tmp_path_factory.mktemp("viz"))
     p.add_images("setA", 2)
     p.add_model("tiny", "setA", dtype="int8")
-    project = C7xProject(p.root / "models")
-    ctx = project.context(project.valid()[0])
-    sys.path.insert(0, str(p.root))
-    for stage in STAGES[:[s.name for s in STAGES].index("codegen") + 1]:
-        stage.function()(**stage.args(ctx))
+    ctx = build_through(p.root)
     stage = BY_NAME["visualize"]
     stage.function()(**stage.args(ctx))
     return ctx
