@@ -31,7 +31,8 @@ from typing import Any
 from .errors import ConfigError
 
 DTYPES = ("int8", "int16")
-OBSERVERS = ("minmax", "histogram", "moving_average")
+OBSERVERS = ("minmax", "histogram", "moving_average", "percentile", "entropy")
+MIXED_PRECISION = ("off", "auto")
 ORDERS = ("sorted", "shuffled")
 CALIB_SOURCES = ("images", "random")
 QUANTIZER_IMPLS = ("c7x", "tvm")
@@ -89,10 +90,16 @@ class CalibrationSpec:
     ``set``: folder name under ``calib_data/``. ``num_images``: 0 = all.
     ``order``: "sorted" (by file name) or "shuffled" (with ``seed``); either is
     deterministic. ``observer``: activation observer, "minmax" (the reference
-    default), "histogram" (L2-optimal range, as ONNX Runtime / TensorRT
-    entropy-style calibration) or "moving_average". ``source = "random"``
-    calibrates on Gaussian noise: for plumbing tests only, the report then says
-    "not for deployment".
+    default), "histogram" (torchao's HistogramObserver: the range that
+    minimises the L2 / mean-squared quantization error), "moving_average",
+    "percentile" (clip the range at the ``percentile``-th percentile of
+    |x|, in percent) or "entropy" (the KL-divergence-optimal threshold,
+    TensorRT's entropy calibration). ``bias_correction``: after calibration,
+    shift each conv/linear bias by the mean per-channel error its quantized
+    weights and input cause on the calibration images (empirical bias
+    correction, Nagel et al. 2019). ``source = "random"`` calibrates on
+    Gaussian noise: for plumbing tests only, the report then says "not for
+    deployment".
     """
 
     set: str = "imagenet20"
@@ -102,6 +109,8 @@ class CalibrationSpec:
     observer: str = "minmax"
     batch_size: int = 1
     source: str = "images"
+    percentile: float = 99.99
+    bias_correction: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,12 +124,27 @@ class QuantizerSpec:
     (the reference code).
     ``fuse_activations``: observe conv/linear/add outputs after a following
     relu/relu6 instead of before it.
+
+    Mixed precision (int8 models only): ``int16_layers`` are glob patterns
+    over PyTorch module paths (``"features.1.*"``, ``"classifier.1"``) whose
+    layers run with int16 activations, as TIDL's 16-bit layer lists;
+    ``mixed_precision = "auto"`` adds the layers a measured sensitivity pass
+    picks, within ``int16_macs`` (the largest share of the model's MACs, in
+    (0, 1], allowed in int16).
     """
 
     implementation: str = "c7x"
     symmetric_activations: bool = True
     weight_dtype: str | None = None
     fuse_activations: bool = True
+    int16_layers: tuple[str, ...] = ()
+    mixed_precision: str = "off"
+    int16_macs: float = 0.10
+
+    @property
+    def mixed(self) -> bool:
+        """Whether some layers are int16 in an int8 model."""
+        return bool(self.int16_layers) or self.mixed_precision == "auto"
 
 
 @dataclass(frozen=True)
@@ -161,6 +185,7 @@ class ModelSpec:
     quantizer: QuantizerSpec = QuantizerSpec()
     codegen: CodegenSpec = CodegenSpec()
     evaluation_set: str = "imagenet20"
+    evaluation_folds: int = 2
     profile: ProfileSpec = ProfileSpec()
 
     def to_dict(self) -> dict[str, Any]:
@@ -184,9 +209,10 @@ class ModelSpec:
             preprocess=PreprocessSpec(**{k: tuple(v) if isinstance(v, list) else v
                                          for k, v in d["preprocess"].items()}),
             calibration=CalibrationSpec(**d["calibration"]),
-            quantizer=QuantizerSpec(**d["quantizer"]),
+            quantizer=QuantizerSpec(**{**d["quantizer"], "int16_layers": tuple(d["quantizer"]["int16_layers"])}),
             codegen=CodegenSpec(**d["codegen"]),
             evaluation_set=d["evaluation_set"],
+            evaluation_folds=d["evaluation_folds"],
             profile=ProfileSpec(**d.get("profile", {})),
         )
 
@@ -295,7 +321,7 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
 
     weights = _section(fail, data, "weights", WeightsSpec)
     calibration = _section(fail, data, "calibration", CalibrationSpec)
-    quantizer = _section(fail, data, "quantizer", QuantizerSpec)
+    quantizer = _quantizer(fail, data, dtype)
     codegen = _section(fail, data, "codegen", CodegenSpec)
     profile = _section(fail, data, "profile", ProfileSpec)
     if profile.board_log is not None and (not isinstance(profile.board_log, str) or not profile.board_log.strip()):
@@ -318,12 +344,18 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         fail("[weights] needs 'file' (torchvision checkpoint name) or 'path', "
              "or 'pretrained = false' for a randomly initialised model")
 
+    if not (0 < calibration.percentile <= 100):
+        fail(f"calibration.percentile must be in (0, 100] (percent of |x| kept), got {calibration.percentile!r}")
+
     evaluation = data.get("evaluation", {})
-    if not isinstance(evaluation, dict) or set(evaluation) - {"set"}:
-        fail("[evaluation] accepts only 'set'")
+    if not isinstance(evaluation, dict) or set(evaluation) - {"set", "folds"}:
+        fail("[evaluation] accepts only 'set' and 'folds'")
     evaluation_set = evaluation.get("set", calibration.set)
     if not isinstance(evaluation_set, str):
         fail(f"evaluation.set must be a folder name under calib_data/, got {evaluation_set!r}")
+    folds = evaluation.get("folds", 2)
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
+        fail(f"evaluation.folds must be an integer >= 2 (k of the k-fold held-out estimate), got {folds!r}")
     preprocess = _preprocess(fail, data.get("preprocess", "imagenet"))
     if shape[1] != 3 or shape[2] != preprocess.crop or shape[3] != preprocess.crop:
         fail(f"input_shape {shape} does not match the preprocessing, which gives RGB images of "
@@ -332,8 +364,30 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         name=name, source=path, builder=builder, input_shape=tuple(shape), dtype=dtype,
         builder_kwargs=dict(kwargs), weights=weights, preprocess=preprocess,
         calibration=calibration, quantizer=quantizer, codegen=codegen, evaluation_set=evaluation_set,
-        profile=profile,
+        evaluation_folds=folds, profile=profile,
     )
+
+
+def _quantizer(fail, data: dict, dtype: str) -> QuantizerSpec:
+    """[quantizer] with the mixed-precision keys checked (one line per mistake)."""
+    table = dict(data.get("quantizer", {})) if isinstance(data.get("quantizer", {}), dict) else None
+    if table is None:
+        fail("[quantizer] must be a table")
+    patterns = table.pop("int16_layers", [])
+    if (not isinstance(patterns, list) or not all(isinstance(p, str) and p.strip() for p in patterns)):
+        fail(f"quantizer.int16_layers must be a list of module-path patterns such as "
+             f"[\"features.1.*\"], got {patterns!r}")
+    q = _section(fail, {"quantizer": table}, "quantizer", QuantizerSpec)
+    q = dataclasses.replace(q, int16_layers=tuple(patterns))
+    _check_choice(fail, "quantizer.mixed_precision", q.mixed_precision, MIXED_PRECISION)
+    if not (0 < q.int16_macs <= 1):
+        fail(f"quantizer.int16_macs must be in (0, 1] (the share of MACs allowed in int16), got {q.int16_macs!r}")
+    if "int16_macs" in table and q.mixed_precision != "auto":
+        fail("quantizer.int16_macs is the budget of mixed_precision = \"auto\"; set that too, or drop it")
+    if q.mixed and dtype != "int8":
+        fail(f"mixed precision (int16_layers / mixed_precision) needs dtype = \"int8\"; "
+             f"dtype = {dtype!r} already makes every layer {dtype}")
+    return q
 
 
 def _section(fail, data: dict, key: str, cls):
@@ -346,6 +400,9 @@ def _section(fail, data: dict, key: str, cls):
         fail(f"unknown key(s) {sorted(unknown)} in [{key}]; allowed: {sorted(fields)}")
     for k, v in table.items():
         default = fields[k].default
+        if isinstance(default, float) and isinstance(v, int) and not isinstance(v, bool):
+            table = {**table, k: float(v)}  # `percentile = 99` means 99.0
+            continue
         if default is not None and not isinstance(v, type(default)):
             fail(f"{key}.{k} must be {type(default).__name__}, got {v!r}")
     return cls(**table)

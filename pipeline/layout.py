@@ -29,6 +29,8 @@ class Layout:
         self.dir = artifacts / name
         self.float_pt2 = self.dir / "float.pt2"
         self.export_json = self.dir / "export.json"
+        self.mixed_precision = self.dir / "mixed_precision.json"  # sensitivity measurements + choice
+        self.int16_selection = self.dir / "int16_layers.json"  # the choice alone: what prepare reads
         self.prepared = self.dir / "prepared.pt"
         self.prepared_table = self.dir / "prepared_observers.txt"
         self.calibrated = self.dir / "calibrated.pt"
@@ -38,6 +40,7 @@ class Layout:
         self.relax_params = self.dir / "relax" / "params.bin"
         self.relax_layers = self.dir / "relax" / "layers.json"
         self.report = self.dir / "report.json"
+        self.holdout = self.dir / "holdout.json"  # k-fold held-out accuracy
         self.verify = self.dir / "verify.json"
         self.layers_json = self.dir / "layers.json"  # layers: per-layer numerics
         self.host_record = self.dir / "host" / "build.json"

@@ -53,6 +53,17 @@ class C7xMMAQuantizer(Quantizer):
             reference's), "histogram" or "moving_average"; else ValueError.
         fuse_activations: observe conv/linear/add outputs after a following
             relu/ReLU6 instead of before it (see module docstring).
+        int16_layers: layer ids (float FX node names, ``conv2d_3``; see
+            :mod:`pipeline.frontend.provenance`) that get int16 activations in an
+            int8 model (mixed precision). Only with ``dtype="int8"``, else ValueError.
+
+    Mixed precision: every annotated node has one activation dtype, int16 if
+    its layer id is listed (a fused activation takes its producer's), else
+    int8; a transparent op takes its source's, so no boundary falls inside a
+    shared-observer group. All inputs of a node are observed in the node's own
+    dtype, so PT2E puts a second observer where an int8 output feeds an int16
+    input (or the reverse) and ``convert_pt2e`` writes ``q(dq(x, int8), int16)``:
+    the requantize the backend turns into one kernel.
 
     Attributes ``activation_spec`` and ``weight_spec`` hold the two
     QuantizationSpecs (see :mod:`pipeline.quant.specs` for ranges and schemes).
@@ -70,15 +81,23 @@ class C7xMMAQuantizer(Quantizer):
 
     def __init__(self, dtype: str = "int8", symmetric_activations: bool = True,
                  weight_dtype: str | None = None, observer: str = "minmax",
-                 fuse_activations: bool = True):
+                 fuse_activations: bool = True, int16_layers=frozenset()):
         super().__init__()
         self.dtype = specs.check_dtype(dtype)
+        self.int16_layers = frozenset(int16_layers)
+        if self.int16_layers and self.dtype != "int8":
+            raise ValueError(f"int16_layers (mixed precision) needs dtype='int8', got {dtype!r}")
         observer_cls = specs.check_observer(observer)
         self.weight_dtype = specs.resolve_weight_dtype(dtype, weight_dtype)
         self.symmetric_activations = specs.resolve_symmetric(dtype, symmetric_activations)
         self.observer = observer
         self.fuse_activations = bool(fuse_activations)
         self.activation_spec = specs.activation_spec(dtype, self.symmetric_activations, observer_cls)
+        # int16 is always symmetric (specs.resolve_symmetric)
+        self._act_specs = {dtype: self.activation_spec,
+                           "int16": (self.activation_spec if dtype == "int16"
+                                     else specs.activation_spec("int16", True, observer_cls))}
+        self._node_dtype: dict[Node, str] = {}
         self.weight_spec = specs.weight_spec(self.weight_dtype)
         self._handlers = {}
         for targets, handler in ((rules.WEIGHTED, self._annotate_weighted),
@@ -91,7 +110,8 @@ class C7xMMAQuantizer(Quantizer):
     def __repr__(self) -> str:
         return (f"C7xMMAQuantizer(dtype={self.dtype!r}, symmetric_activations="
                 f"{self.symmetric_activations}, weight_dtype={self.weight_dtype!r}, "
-                f"observer={self.observer!r}, fuse_activations={self.fuse_activations})")
+                f"observer={self.observer!r}, fuse_activations={self.fuse_activations}"
+                + (f", int16_layers={sorted(self.int16_layers)}" if self.int16_layers else "") + ")")
 
     # ------------------------------------------------------------------ annotate
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -112,32 +132,51 @@ class C7xMMAQuantizer(Quantizer):
         node.meta[Q_ANNOTATION_KEY] = QuantizationAnnotation(
             input_qspec_map=inputs, output_qspec=output, _annotated=True)
 
+    def _act(self, node: Node):
+        """The activation spec of ``node``'s own dtype (mixed precision: int16 when
+        its layer id is in ``int16_layers``)."""
+        return self._act_specs[self._dtype_of(node)]
+
+    def _dtype_of(self, node: Node) -> str:
+        if node not in self._node_dtype:
+            self._node_dtype[node] = "int16" if _layer_id(node) in self.int16_layers else self.dtype
+        return self._node_dtype[node]
+
     def _annotate_weighted(self, node: Node) -> None:
         # No float gating here (docs/reference.md, "Quantizer rules"): conv/linear
         # always take a tensor input.
-        inputs = {node.args[0]: self.activation_spec, node.args[1]: self.weight_spec}
+        inputs = {node.args[0]: self._act(node), node.args[1]: self.weight_spec}
         self._set(node, inputs, self._output_spec(node))
 
     def _annotate_binary(self, node: Node) -> None:
         a, b = node.args[:2]
         if rules.is_float_tensor(a) and rules.is_float_tensor(b):
-            self._set(node, {a: self.activation_spec, b: self.activation_spec}, self._output_spec(node))
+            act = self._act(node)
+            self._set(node, {a: act, b: act}, self._output_spec(node))
 
     def _annotate_addmm(self, node: Node) -> None:
         # args[0] (bias) stays float; the weight operand is per-tensor like an activation.
         _, mat1, mat2 = node.args[:3]
-        self._set(node, {mat1: self.activation_spec, mat2: self.activation_spec}, self.activation_spec)
+        act = self._act(node)
+        self._set(node, {mat1: act, mat2: act}, act)
 
     def _annotate_independent(self, node: Node) -> None:
         src = node.args[0]
         if rules.is_float_tensor(src):
-            self._set(node, {src: self.activation_spec}, self.activation_spec)
+            act = self._act(node)
+            self._set(node, {src: act}, act)
 
     def _annotate_transparent(self, node: Node) -> None:
         src = node.args[0]
         if not rules.is_float_tensor(src) or rules.reaches_topk(node):
             return
-        self._set(node, {src: self.activation_spec}, self._shared_with(src))
+        self._node_dtype[node] = self._output_dtype(src, default=self._dtype_of(node))
+        self._set(node, {src: self._act(node)}, self._shared_with(src))
+
+    def _output_dtype(self, src: Node, default: str) -> str:
+        """The dtype ``src``'s output is observed in (its own, when annotated)."""
+        ann = src.meta.get(Q_ANNOTATION_KEY)
+        return self._node_dtype.get(src, default) if ann is not None else default
 
     def _shared_with(self, src: Node):
         """Share ``src``'s output observer if it has one; otherwise an independent spec
@@ -145,15 +184,17 @@ class C7xMMAQuantizer(Quantizer):
         ann = src.meta.get(Q_ANNOTATION_KEY)
         if ann is not None and ann.output_qspec is not None:
             return SharedQuantizationSpec(src)
-        return self.activation_spec
+        return self._act_specs[self._output_dtype(src, self.dtype)]
 
     def _output_spec(self, node: Node):
         """The output spec of a conv/linear/add/mm: None when fused with its activation
-        (which is then annotated here, with an independent spec), else the act spec."""
+        (which is then annotated here, with an independent spec of the producer's
+        dtype), else the act spec."""
         act = self._fusable_activation(node)
         if act is None:
-            return self.activation_spec
-        self._set(act, {}, self.activation_spec)
+            return self._act(node)
+        self._node_dtype[act] = self._dtype_of(node)
+        self._set(act, {}, self._act(node))
         return None
 
     def _fusable_activation(self, node: Node) -> Node | None:
@@ -168,6 +209,10 @@ class C7xMMAQuantizer(Quantizer):
                 or rules.reaches_topk(act)):
             return None
         return act
+
+    def layer_dtypes(self) -> dict[str, str]:
+        """Layer id -> activation dtype of every node :meth:`annotate` annotated."""
+        return {_layer_id(n): d for n, d in self._node_dtype.items()}
 
     # ------------------------------------------------------------------ validate
     def validate(self, model: torch.fx.GraphModule) -> None:
@@ -184,3 +229,10 @@ class C7xMMAQuantizer(Quantizer):
                               f"({spec.qscheme}); the C7x backend expects per-channel weights",
                               UserWarning, stacklevel=2)
 
+
+
+def _layer_id(node: Node) -> str:
+    """A node's layer id: its float-program name, kept in the provenance tag
+    (pipeline.frontend.provenance), else the node's own name."""
+    prov = node.meta.get("custom", {}).get("c7x_layer")
+    return prov["id"] if prov else node.name

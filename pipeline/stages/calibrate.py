@@ -10,7 +10,7 @@ from .. import torchenv
 from ..config import ModelSpec
 from ..data.images import iter_images, select_images
 from ..fsutil import write_json
-from .prepare import build_prepared, check_prepared
+from .prepare import build_prepared, check_prepared, read_int16_selection
 
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -37,16 +37,18 @@ def calibration_batches(spec: ModelSpec, images: list[Path]):
 
 
 def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepared_table: Path,
-                    calib_dir: Path, out_state: Path, out_info: Path) -> dict:
+                    calib_dir: Path, out_state: Path, out_info: Path,
+                    int16_selection: Path | None = None) -> dict:
     """Run the calibration images through the prepared model; save the full
     state (weights + filled observers) and a JSON record of what was used.
 
     Raises :class:`CalibrationDataError` for a missing/empty folder or an
-    unreadable image (nothing is written then).
+    unreadable image (nothing is written then). ``int16_selection``:
+    ``int16_layers.json`` of a mixed-precision model.
     """
     cal = spec.calibration
     images = select_images(calib_dir, cal, spec.name) if cal.source == "images" else []
-    gm = build_prepared(spec, float_pt2)
+    gm = build_prepared(spec, float_pt2, int16_layers=read_int16_selection(int16_selection))
     check_prepared(gm, prepared_state, prepared_table)
     total = len(images) if images else (cal.num_images or 8)
     t0 = time.perf_counter()

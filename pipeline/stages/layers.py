@@ -73,6 +73,7 @@ from ..errors import CalibrationDataError
 from ..frontend.provenance import KEY
 from ..fsutil import write_json
 from .convert import load_converted
+from .prepare import read_int16_selection
 from .prepare import load_program
 
 import torch  # noqa: E402
@@ -322,8 +323,10 @@ def _same_layout(c_out: np.ndarray, shape: tuple) -> bool:
 
 
 def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax_layers: Path,
-                 builds: dict[str, Path], images_dir: Path, out: Path) -> dict:
+                 builds: dict[str, Path], images_dir: Path, out: Path,
+                 int16_selection: Path | None = None) -> dict:
     """Per-layer numerics on the evaluation images; write ``layers.json``.
+    ``int16_selection``: ``int16_layers.json`` of a mixed-precision model.
 
     ``builds``: variant -> codegen folder, the deployed build first (its
     manifest gives the layers; another build adds ``c_vs_qdq_<variant>``).
@@ -346,7 +349,7 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
 
     # float and Q/DQ models from ONE in-memory program: the debugger matches by from_node
     ep = load_program(float_pt2)
-    q = load_converted(spec, ep, calibrated_state)
+    q = load_converted(spec, ep, calibrated_state, read_int16_selection(int16_selection))
     named = _named_points(last[variants[0]], json.loads(Path(relax_layers).read_text()))
     points = output_points(q, [lay["id"] for lay in layers], named)
     keep = {p.node for p in points.values()}

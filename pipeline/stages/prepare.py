@@ -24,10 +24,21 @@ from torchao.quantization.pt2e import ObserverBase  # noqa: E402
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e  # noqa: E402
 
 
-def make_quantizer(spec: ModelSpec, observer: str | None = None):
+def read_int16_selection(path: Path | None) -> frozenset[str]:
+    """The int16 layer ids of a mixed-precision model: the ``layers`` list of
+    ``int16_layers.json`` (written by the ``mixed_precision`` stage); empty for
+    None (a model without mixed precision)."""
+    if path is None:
+        return frozenset()
+    import json
+    return frozenset(json.loads(Path(path).read_text())["layers"])
+
+
+def make_quantizer(spec: ModelSpec, observer: str | None = None, int16_layers=frozenset()):
     """The quantizer a model entry asks for (ours, or the vendor fork's).
 
-    ``observer`` overrides ``spec.calibration.observer``."""
+    ``observer`` overrides ``spec.calibration.observer``; ``int16_layers``: layer
+    ids with int16 activations (mixed precision, ours only)."""
     q = spec.quantizer
     if q.implementation == "tvm":
         try:
@@ -41,7 +52,7 @@ def make_quantizer(spec: ModelSpec, observer: str | None = None):
     from ..quant import C7xMMAQuantizer
     return C7xMMAQuantizer(dtype=spec.dtype, symmetric_activations=q.symmetric_activations,
                            weight_dtype=q.weight_dtype, observer=observer or spec.calibration.observer,
-                           fuse_activations=q.fuse_activations)
+                           fuse_activations=q.fuse_activations, int16_layers=int16_layers)
 
 
 def load_program(float_pt2: "Path | torch.export.ExportedProgram") -> torch.export.ExportedProgram:
@@ -52,9 +63,10 @@ def load_program(float_pt2: "Path | torch.export.ExportedProgram") -> torch.expo
 
 
 def build_prepared(spec: ModelSpec, float_pt2: "Path | torch.export.ExportedProgram",
-                   observer: str | None = None) -> torch.fx.GraphModule:
+                   observer: str | None = None, int16_layers=frozenset()) -> torch.fx.GraphModule:
     """Run ``prepare_pt2e`` with the entry's quantizer on ``float_pt2``: a file,
     or an already loaded ExportedProgram, which stays unchanged.
+    ``int16_layers``: layer ids with int16 activations (mixed precision).
 
     Passing the ExportedProgram lets a caller build the float and the
     quantized model from the same in-memory program, which PT2E's numeric
@@ -66,7 +78,7 @@ def build_prepared(spec: ModelSpec, float_pt2: "Path | torch.export.ExportedProg
         module = copy.deepcopy(float_pt2.module())
     else:
         module = torch.export.load(float_pt2).module()
-    return prepare_pt2e(module, make_quantizer(spec, observer))
+    return prepare_pt2e(module, make_quantizer(spec, observer, int16_layers))
 
 
 def _observer_names(gm: torch.fx.GraphModule) -> list[str]:
@@ -103,9 +115,12 @@ def check_prepared(gm: torch.fx.GraphModule, prepared_state: Path, table: Path) 
     gm.load_state_dict(weights, strict=False)
 
 
-def prepare_model(spec: ModelSpec, float_pt2: Path, out_state: Path, out_table: Path) -> None:
-    """Write the prepared weights (``torch.save`` of a tensor dict) and the observer table."""
-    gm = build_prepared(spec, float_pt2, observer="minmax")
+def prepare_model(spec: ModelSpec, float_pt2: Path, out_state: Path, out_table: Path,
+                  int16_selection: Path | None = None) -> None:
+    """Write the prepared weights (``torch.save`` of a tensor dict) and the observer table.
+
+    ``int16_selection``: ``int16_layers.json`` of a mixed-precision model."""
+    gm = build_prepared(spec, float_pt2, observer="minmax", int16_layers=read_int16_selection(int16_selection))
     weights, _ = split_state(gm)
     torchenv.save_tensors(weights, out_state)
     write_text(out_table, observer_table(gm))

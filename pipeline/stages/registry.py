@@ -87,6 +87,8 @@ class Stage:
     - ``default``: whether the default run builds it (a callable is asked
       when the task list is loaded).
     - ``task_doc(ctx)``: the per-model line of ``doit list``.
+    - ``applies(ctx)``: whether the model has this stage at all (e.g.
+      ``mixed_precision`` only for mixed-precision entries).
     """
 
     name: str
@@ -101,6 +103,7 @@ class Stage:
     extra: Callable[[StageContext], dict] = _none
     default: bool | Callable[[], bool] = True
     task_doc: Callable[[StageContext], str] | None = None
+    applies: Callable[[StageContext], bool] = lambda ctx: True
 
     def function(self) -> Callable:
         """Import and return the stage function (this imports torch/tvm)."""
@@ -158,6 +161,28 @@ def versions(*dists: str) -> dict[str, str]:
 QUANT = ("dtype", "quantizer")
 
 
+def _mixed(ctx: StageContext) -> bool:
+    return ctx.spec.quantizer.mixed
+
+
+def _selection(ctx: StageContext) -> Path | None:
+    """``int16_layers.json`` of a mixed-precision model (None otherwise): a file dep
+    of every stage that rebuilds the prepared model."""
+    return ctx.layout.int16_selection if _mixed(ctx) else None
+
+
+def _selection_deps(ctx: StageContext) -> list[Path]:
+    return [ctx.layout.int16_selection] if _mixed(ctx) else []
+
+
+def _mixed_doc(ctx: StageContext) -> str:
+    q = ctx.spec.quantizer
+    parts = [f"{len(q.int16_layers)} int16_layers pattern(s)"] if q.int16_layers else []
+    if q.mixed_precision == "auto":
+        parts.append(f"auto, budget {q.int16_macs:.0%} of MACs")
+    return "int8/int16 mixed precision: " + ", ".join(parts) + " -> mixed_precision.json"
+
+
 def _builds(ctx: StageContext) -> dict:
     return ctx.layout.builds(ctx.spec)
 
@@ -203,14 +228,31 @@ STAGES: tuple[Stage, ...] = (
         task_doc=lambda c: f"export {c.spec.builder} -> float.pt2",
     ),
     Stage(
+        # Only for mixed-precision entries. The choice alone goes to int16_layers.json, so
+        # new measurements with the same choice stop the cascade here.
+        name="mixed_precision", doc="choose the int16 layers of an int8 model (patterns, sensitivity pass)",
+        func="pipeline.stages.mixed_precision:mixed_precision_model",
+        code=("stages/mixed_precision.py", "stages/prepare.py", "stages/calibrate.py", "torchenv.py",
+              "quant", "data"),
+        params=QUANT + ("calibration", "preprocess"), versions=("torchao",),
+        extra=lambda c: {"images": [p.name for p in c.calibration_images]},
+        deps=lambda c: [c.layout.float_pt2, *c.calibration_images],
+        outs=lambda c: [c.layout.mixed_precision, c.layout.int16_selection],
+        args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
+                        "calib_dir": c.calib_root / c.spec.calibration.set,
+                        "out": c.layout.mixed_precision, "out_selection": c.layout.int16_selection},
+        applies=_mixed, task_doc=_mixed_doc,
+    ),
+    Stage(
         name="prepare", doc="prepare_pt2e with the C7x quantizer (observer placement)",
         func="pipeline.stages.prepare:prepare_model",
         code=("stages/prepare.py", "torchenv.py", "quant"),
         params=QUANT, versions=("torchao",),
-        deps=lambda c: [c.layout.float_pt2],
+        deps=lambda c: [c.layout.float_pt2, *_selection_deps(c)],
         outs=lambda c: [c.layout.prepared, c.layout.prepared_table],
         args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
-                        "out_state": c.layout.prepared, "out_table": c.layout.prepared_table},
+                        "out_state": c.layout.prepared, "out_table": c.layout.prepared_table,
+                        "int16_selection": _selection(c)},
         task_doc=lambda c: f"prepare_pt2e with C7xMMAQuantizer({c.spec.dtype})",
     ),
     Stage(
@@ -220,12 +262,13 @@ STAGES: tuple[Stage, ...] = (
         params=QUANT + ("calibration", "preprocess"), versions=("torchao",),
         extra=lambda c: {"images": [p.name for p in c.calibration_images]},
         deps=lambda c: [c.layout.float_pt2, c.layout.prepared, c.layout.prepared_table,
-                        *c.calibration_images],
+                        *_selection_deps(c), *c.calibration_images],
         outs=lambda c: [c.layout.calibrated, c.layout.calibration_json],
         args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
                         "prepared_state": c.layout.prepared, "prepared_table": c.layout.prepared_table,
                         "calib_dir": c.calib_root / c.spec.calibration.set,
-                        "out_state": c.layout.calibrated, "out_info": c.layout.calibration_json},
+                        "out_state": c.layout.calibrated, "out_info": c.layout.calibration_json,
+                        "int16_selection": _selection(c)},
         task_doc=lambda c: f"calibrate on calib_data/{c.spec.calibration.set} ({c.spec.calibration.observer})",
     ),
     Stage(
@@ -233,10 +276,11 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.convert:convert_model",
         code=("stages/convert.py", "stages/prepare.py", "torchenv.py", "quant"),
         params=QUANT + ("calibration.observer",), versions=("torchao",),
-        deps=lambda c: [c.layout.float_pt2, c.layout.calibrated],
+        deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, *_selection_deps(c)],
         outs=lambda c: [c.layout.quantized_pt2],
         args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
-                        "calibrated_state": c.layout.calibrated, "out": c.layout.quantized_pt2},
+                        "calibrated_state": c.layout.calibrated, "out": c.layout.quantized_pt2,
+                        "int16_selection": _selection(c)},
         task_doc=lambda c: "convert_pt2e + re-export -> quantized.pt2",
     ),
     Stage(
@@ -330,7 +374,7 @@ STAGES: tuple[Stage, ...] = (
               "frontend/provenance.py", "backend"),
         params=QUANT + ("calibration.observer", "preprocess"), versions=("torchao",),
         extra=lambda c: {"images": [p.name for p in c.evaluation_images]},
-        deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, c.layout.relax_layers,
+        deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, c.layout.relax_layers, *_selection_deps(c),
                         *[c.layout.codegen_dir(variants(c.spec)[0]) / f
                           for f in ("manifest.json", "lowered.py", "weights.bin")],
                         *c.evaluation_images],
@@ -338,7 +382,8 @@ STAGES: tuple[Stage, ...] = (
         args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2, "calibrated_state": c.layout.calibrated,
                         "relax_layers": c.layout.relax_layers,
                         "builds": {variants(c.spec)[0]: c.layout.codegen_dir(variants(c.spec)[0])},
-                        "images_dir": c.calib_root / c.spec.evaluation_set, "out": c.layout.layers_json},
+                        "images_dir": c.calib_root / c.spec.evaluation_set, "out": c.layout.layers_json,
+                        "int16_selection": _selection(c)},
         task_doc=lambda c: f"SQNR, cosine, max error per layer on calib_data/{c.spec.evaluation_set} "
                            f"({variants(c.spec)[0]} build)",
     ),

@@ -107,7 +107,7 @@ class Project:
             if isinstance(entry, InvalidModel):
                 yield {"name": entry.name, "actions": [(fail_config, [str(entry.error)])],
                        "uptodate": [False], "doc": f"invalid entry {entry.source}"}
-            else:
+            elif stage.applies(self.context(entry)):
                 yield self.task(stage, entry)
 
     def summary_task(self) -> dict:
@@ -134,7 +134,7 @@ class Project:
         """What a bare ``doit`` builds: every default stage of every built model, the
         summary, and the export of each invalid entry (so its error is shown)."""
         out = [f"{stage.name}:{spec.name}" for spec in self.built() for stage in STAGES
-               if stage.in_default_run()]
+               if stage.in_default_run() and stage.applies(self.context(spec))]
         return out + ["summary"] + [f"export:{e.name}" for e in self.entries if isinstance(e, InvalidModel)]
 
     def doit_config(self) -> dict:
