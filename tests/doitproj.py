@@ -99,5 +99,6 @@ def build_through(root: Path, last: str = "codegen"):
         sys.path.insert(0, str(root))  # the project's builder module (tinynets.py)
     names = [s.name for s in STAGES]
     for stage in STAGES[:names.index(last) + 1]:
-        stage.function()(**stage.args(ctx))
+        if stage.applies(ctx):
+            stage.function()(**stage.args(ctx))
     return ctx

@@ -349,6 +349,29 @@ STAGES: tuple[Stage, ...] = (
         task_doc=lambda c: "float vs quantized top-1 on the labeled images",
     ),
     Stage(
+        # Re-runs the calibration-dependent flow per fold (module doc), so it tracks what
+        # every stage from mixed_precision to host_build tracks, and their code.
+        name="holdout", doc="held-out accuracy: k-fold re-calibration, Q/DQ and C on unseen images",
+        func="pipeline.stages.holdout:holdout_model",
+        code=("stages/holdout.py", "stages/mixed_precision.py", "stages/prepare.py", "stages/calibrate.py",
+              "stages/convert.py", "stages/evaluate.py", "stages/relax_import.py", "stages/codegen.py",
+              "torchenv.py", "quant", "data", "frontend", "backend"),
+        params=QUANT + ("calibration", "preprocess", "codegen", "evaluation_set", "evaluation_folds", "name"),
+        versions=("torch", "torchao", "apache-tvm"),
+        extra=lambda c: {"images": [p.name for p in c.calibration_images],
+                         "evaluation_images": [p.name for p in c.evaluation_images]},
+        deps=lambda c: [c.layout.float_pt2, c.layout.prepared, c.layout.prepared_table, *_selection_deps(c),
+                        *c.calibration_images, *c.evaluation_images],
+        outs=lambda c: [c.layout.holdout],
+        args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2, "prepared_state": c.layout.prepared,
+                        "prepared_table": c.layout.prepared_table,
+                        "calib_dir": c.calib_root / c.spec.calibration.set,
+                        "images_dir": c.calib_root / c.spec.evaluation_set, "out": c.layout.holdout,
+                        "int16_selection": _selection(c)},
+        task_doc=lambda c: f"held-out top-1: {c.spec.evaluation_folds}-fold on calib_data/{c.spec.evaluation_set} "
+                           f"(or the separate evaluation set), Q/DQ and C",
+    ),
+    Stage(
         # A board log is a file dep while it exists; whether there is one (and where) is
         # tracked too, so removing it re-runs the stage, which falls back to host time.
         name="profile", doc="per-layer time of every kernel call (TI's -profile-layers)",

@@ -61,22 +61,79 @@ def _worst_line(layers: dict) -> str:
             f"{layers['images']} images; layers.json)")
 
 
-def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[str, dict],
-                layers: dict | None = None) -> list[str]:
-    """Human-readable block for one model (see the README for how to read it)."""
+def _holdout_lines(h: dict) -> list[str]:
+    """The k-fold held-out numbers (``holdout.json``): the headline accuracy."""
+    n, k = h["labeled"], h["folds"]
+    c = h["c"]
+    return [f"  held-out       {k}-fold on {h['evaluation_set']} (calibrate on {k - 1} of {k} parts, evaluate "
+            f"on the part left out, rotate): top-1 float {h['float_top1']}/{n} | PyTorch Q/DQ "
+            f"{h['qdq']['top1']}/{n} | C {c['variant']} {c['top1']}/{n}",
+            f"  vs float       (held-out top-1 agreement, mean |logit error|) Q/DQ "
+            f"{h['qdq']['top1_agreement_with_float']}/{h['images']}, {h['qdq']['mean_abs_logit_error_vs_float']:.3f}"
+            f" | C {c['variant']} {c['top1_agreement_with_float']}/{h['images']}, "
+            f"{c['mean_abs_logit_error_vs_float']:.3f}"]
+
+
+def _accuracy_lines(report: dict, builds: dict, holdout: dict | None) -> list[str]:
+    """Held-out numbers first; the deployed build's own numbers after them, as the
+    secondary "in-sample" line when its evaluation images were calibration images."""
     n = report["labeled"]
-    lines = [f"{name}: {report['dtype']} activations, {report['weight_dtype']} weights; "
-             f"{n} labeled images ({report['evaluation_set']})"]
-    for note in report.get("notes", []):
-        lines.append(f"  note           {note}")
-    builds = {r["variant"]: r for r in (verify or {}).get("variants", [])}
     acc = [f"float {report['float_top1']}/{n}", f"PyTorch Q/DQ {report['quant_top1']}/{n}"]
     acc += [f"C {v} {r['accuracy']['top1']}/{n}" for v, r in builds.items()]
-    lines.append("  top-1          " + " | ".join(acc))
     err = [f"Q/DQ {report['top1_agreement']}/{report['images']}, {report['mean_abs_logit_error']:.3f}"]
     err += [f"C {v} {r['accuracy']['top1_agreement_with_float']}/{r['images']}, "
             f"{r['accuracy']['mean_abs_logit_error_vs_float']:.3f}" for v, r in builds.items()]
-    lines.append("  vs float       (top-1 agreement, mean |logit error|) " + " | ".join(err))
+    if holdout and holdout.get("method") == "k-fold":
+        return _holdout_lines(holdout) + [
+            "  in-sample      (deployed build, calibrated on these images: fidelity, not accuracy) top-1 "
+            + " | ".join(acc) + "; vs float " + " | ".join(err)]
+    if holdout:  # method "separate": the deployed build's numbers are the held-out ones
+        lead = "  held-out       (evaluation images not used for calibration) top-1 "
+    else:  # holdout.json not written yet
+        lead = "  top-1          "
+    return [lead + " | ".join(acc), "  vs float       (top-1 agreement, mean |logit error|) " + " | ".join(err)]
+
+
+def mixed_summary(mixed: dict | None) -> dict | None:
+    """The summary fields of ``mixed_precision.json`` (None without one)."""
+    if not mixed:
+        return None
+    return {k: mixed[k] for k in ("int16_layer_count", "layer_count", "int16_macs", "total_macs",
+                                  "budget", "method")}
+
+
+def _mixed_line(mixed: dict, manifests: dict, siblings: dict[str, dict]) -> str:
+    """int16 share of a mixed-precision model and its memory against the int8/int16 builds
+    of the same network (``siblings``: dtype -> MMALIB manifest summary)."""
+    share = 100 * mixed["int16_macs"] / max(mixed["total_macs"], 1)
+    how = (f"auto, budget {100 * mixed['budget']:.0f}%" if mixed.get("method") == "auto" else "int16_layers")
+    line = (f"  mixed          {mixed['int16_layer_count']}/{mixed['layer_count']} layers int16, "
+            f"{share:.1f}% of MACs ({how}; mixed_precision.json)")
+    own = manifests.get("mmalib", {}).get("summary")
+    if own:
+        mem = [f"this {_mb(own['arena_bytes'])} arena, {_mb(own['weights_bytes'])} weights"]
+        mem += [f"{dt} {_mb(s['arena_bytes'])}, {_mb(s['weights_bytes'])}" for dt, s in sorted(siblings.items())]
+        line += "; memory " + " | ".join(mem)
+    return line
+
+
+def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[str, dict],
+                layers: dict | None = None, holdout: dict | None = None, mixed: dict | None = None,
+                siblings: dict[str, dict] | None = None) -> list[str]:
+    """Human-readable block for one model (see the README for how to read it).
+
+    ``holdout``: ``holdout.json``; ``mixed``: the summary of ``mixed_precision.json``
+    (int16_layer_count, layer_count, int16_macs, total_macs, budget, method);
+    ``siblings``: dtype -> MMALIB manifest summary of the same network's int8/int16 builds."""
+    n = report["labeled"]
+    lines = [f"{name}: {report['dtype']} activations{' (int16 where listed)' if mixed else ''}, "
+             f"{report['weight_dtype']} weights; {n} labeled images ({report['evaluation_set']})"]
+    for note in report.get("notes", []):
+        lines.append(f"  note           {note}")
+    builds = {r["variant"]: r for r in (verify or {}).get("variants", [])}
+    lines += _accuracy_lines(report, builds, holdout)
+    if mixed:
+        lines.append(_mixed_line(mixed, manifests, siblings or {}))
     if "mmalib" in manifests:
         lines.append("  offload        " + _offload_line(manifests["mmalib"]))
         lines.append("  kernel calls   " + _calls_line(manifests["mmalib"]))
@@ -109,7 +166,20 @@ def collect(payload: dict) -> dict:
         manifests = {v: _load(d / "c" / v / "manifest.json") for v in payload["variants"][name]}
         out[name] = {"report": _load(d / "report.json"), "verify": _load(d / "verify.json"),
                      "manifests": {k: v for k, v in manifests.items() if v},
-                     "layers": _load(d / "layers.json")}
+                     "layers": _load(d / "layers.json"), "holdout": _load(d / "holdout.json"),
+                     "mixed": _load(d / "mixed_precision.json")}
+    return out
+
+
+def siblings(payload: dict, data: dict, name: str) -> dict[str, dict]:
+    """dtype -> MMALIB manifest summary of the plain int8/int16 builds of ``name``'s network
+    (same ``payload['networks']`` key), for the mixed-precision memory comparison."""
+    nets, kinds = payload.get("networks", {}), payload.get("kinds", {})
+    out = {}
+    for other, d in data.items():
+        m = d["manifests"].get("mmalib")
+        if other != name and m and nets.get(other) == nets.get(name) and kinds.get(other) in ("int8", "int16"):
+            out.setdefault(kinds[other], m["summary"])
     return out
 
 
@@ -121,13 +191,15 @@ def render(payload: dict, failed: dict[str, str] | None = None) -> str:
     failed = failed or {}
     art = Path(payload["artifacts"])
     lines = ["", "== doit-c7x summary =="]
-    for name, d in collect(payload).items():
+    data = collect(payload)
+    for name, d in data.items():
         if name in failed:
             lines.append(f"{name}: FAILED at {failed[name]}")
         elif d["report"] is None:
             lines.append(f"{name}: not built yet")
         else:
-            lines += model_lines(name, d["report"], d["verify"], d["manifests"], d["layers"])
+            lines += model_lines(name, d["report"], d["verify"], d["manifests"], d["layers"], d["holdout"],
+                                 mixed_summary(d["mixed"]), siblings(payload, data, name))
             lines.append(f"  page           {art / name / 'offload.html'} (offload graph, per-layer "
                          f"profile and numerics: open it in a browser)")
             lines.append(f"  files          {art / name}/ (C: c/<build>/, numbers: report.json, verify.json, "
@@ -142,7 +214,8 @@ def summarize(payload: dict) -> dict:
     data = collect(payload)
     out = {name: {"report": d["report"], "verify": d["verify"],
                   "codegen": {k: v["summary"] for k, v in d["manifests"].items()},
-                  "worst_layers": worst_layers(d["layers"]) if d["layers"] else None}
+                  "worst_layers": worst_layers(d["layers"]) if d["layers"] else None,
+                  "holdout": d["holdout"], "mixed_precision": mixed_summary(d["mixed"])}
            for name, d in data.items()}
     write_json(Path(payload["artifacts"]) / "summary.json", {"models": out, "skipped": payload["skipped"]})
     return out

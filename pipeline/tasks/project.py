@@ -115,7 +115,9 @@ class Project:
         deps = []
         for spec in self.built():
             L = Layout(self.artifacts, spec.name)
-            deps += [L.report, L.verify, L.layers_json] + [L.codegen_dir(v) / "manifest.json" for v in variants(spec)]
+            deps += [L.report, L.verify, L.layers_json, L.holdout] + [L.codegen_dir(v) / "manifest.json"
+                                                                      for v in variants(spec)]
+            deps += [L.mixed_precision] if spec.quantizer.mixed else []
         payload = self.summary_payload()
         return {"actions": [(run_summary, [payload])],
                 "file_dep": [str(d) for d in deps] + [str(PKG / "stages" / "summary.py")],
@@ -128,6 +130,10 @@ class Project:
         built = self.built()
         return {"models": [s.name for s in built], "artifacts": str(self.artifacts),
                 "skipped": self.skipped, "variants": {s.name: variants(s) for s in built},
+                # same network (for the mixed-precision memory comparison) and its kind
+                "networks": {s.name: repr((s.builder, sorted(s.builder_kwargs.items()), s.weights.file,
+                                           s.weights.path, s.input_shape)) for s in built},
+                "kinds": {s.name: "mixed" if s.quantizer.mixed else s.dtype for s in built},
                 "invalid": {e.name: str(e.error) for e in self.entries if isinstance(e, InvalidModel)}}
 
     def default_tasks(self) -> list[str]:

@@ -1,0 +1,184 @@
+"""Stage ``holdout``: accuracy on images the calibration did not see (``holdout.json``).
+
+The deployed build is calibrated on the whole calibration set, so when the
+evaluation set is that same set its numbers (``report.json``, ``verify.json``)
+are in-sample: they measure fidelity on data the observers saw. This stage
+gives the held-out estimate a user will see on new photos:
+
+* **k-fold** (evaluation set == calibration set): the images are split into
+  ``[evaluation] folds`` folds by position in file-name order (image ``i`` in
+  fold ``i % k``). For each fold the whole calibration-dependent flow is
+  re-run on the other folds with the entry's own options (automatic
+  int16-layer choice, calibrate, bias correction, convert), then the fold's
+  images go through the PyTorch Q/DQ model and through the deployed build's
+  generated C (relax import, codegen, gcc host build), and are compared with
+  the float model. Every image is held out exactly once.
+* **separate set** (the evaluation set shares no image with the calibration
+  images, or calibration uses random tensors): the deployed build's own
+  numbers are already held out; the stage records that and measures nothing.
+
+Fold artifacts live in a temporary folder under ``artifacts/<model>/`` and are
+removed afterwards, whatever happens; only ``holdout.json`` is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import torchenv  # noqa: F401
+from ..config import ModelSpec, list_images
+from ..data.images import label_of, load_images, select_images
+from ..errors import CalibrationDataError
+from ..fsutil import write_json
+
+import torch  # noqa: E402
+
+
+def folds_of(images: list[Path], k: int) -> list[list[Path]]:
+    """``images`` split into ``k`` folds by position: image ``i`` goes to fold ``i % k``.
+
+    Raises ValueError when there are fewer images than folds."""
+    if len(images) < k:
+        raise ValueError(f"{len(images)} images cannot make {k} folds")
+    return [images[f::k] for f in range(k)]
+
+
+def method_of(spec: ModelSpec, calib_images: list[Path], eval_images: list[Path]) -> str:
+    """"k-fold" when some evaluation image is also a calibration image, else "separate"."""
+    if spec.calibration.source != "images":
+        return "separate"
+    shared = {p.resolve() for p in calib_images} & {p.resolve() for p in eval_images}
+    return "k-fold" if shared else "separate"
+
+
+def _link_set(images: list[Path], folder: Path) -> Path:
+    """A calibration folder holding symlinks to ``images`` (the stage functions read folders)."""
+    folder.mkdir(parents=True)
+    for p in images:
+        os.symlink(p.resolve(), folder / p.name)
+    return folder
+
+
+def _fold_spec(spec: ModelSpec) -> ModelSpec:
+    """The entry as a fold calibrates it: every image of the fold's training part, in
+    the entry's order (``num_images`` was applied when the pool was chosen)."""
+    return dataclasses.replace(spec, calibration=dataclasses.replace(spec.calibration, num_images=0))
+
+
+def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], train: list[Path],
+             test: torch.Tensor, work: Path, int16_selection: Path | None) -> dict[str, np.ndarray]:
+    """Calibrate on ``train`` and run ``test`` [N, 3, H, W] float32 through the Q/DQ model
+    and the deployed build's host C. Returns {"qdq": [N, K], "c": [N, K]} float32 logits."""
+    from ..backend.host import build_host, run_host
+    from ..layout import variants
+    from .calibrate import calibrate_model
+    from .codegen import codegen_model
+    from .convert import convert_model
+    from .evaluate import run_program
+    from .prepare import prepare_model
+    from .relax_import import import_model
+
+    fspec = _fold_spec(spec)
+    calib_dir = _link_set(train, work / "calib")
+    state, table = prepared
+    if spec.quantizer.mixed_precision == "auto":  # the choice is data-driven: redo it on the fold
+        from .mixed_precision import mixed_precision_model
+        int16_selection = work / "int16_layers.json"
+        mixed_precision_model(fspec, float_pt2, calib_dir, work / "mixed_precision.json", int16_selection)
+        state, table = work / "prepared.pt", work / "prepared_observers.txt"
+        prepare_model(fspec, float_pt2, state, table, int16_selection)
+    calibrate_model(fspec, float_pt2, state, table, calib_dir, work / "calibrated.pt",
+                    work / "calibration.json", int16_selection)
+    convert_model(fspec, float_pt2, work / "calibrated.pt", work / "quantized.pt2", int16_selection)
+    qdq = run_program(work / "quantized.pt2", test, spec.name).numpy()
+    import_model(work / "quantized.pt2", work / "module.py", work / "params.bin", work / "layers.json")
+    variant = variants(spec)[0]
+    codegen_model(fspec, work / "module.py", work / "params.bin", {variant: work / "c" / variant},
+                  work / "layers.json")
+    exe = work / f"{variant}.exe"
+    build_host(work / "c" / variant, exe)
+    c_out = run_host(exe, work / "c" / variant, test.numpy().astype(np.float32))
+    return {"qdq": qdq.astype(np.float32), "c": np.asarray(c_out, dtype=np.float32)}
+
+
+def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
+    """Top-1 against labels and the float model, and mean |logit - float logit| (logit units)."""
+    top1 = logits.argmax(1)
+    lab = [(i, y) for i, y in enumerate(labels) if y is not None]
+    return {"top1": sum(int(top1[i]) == y for i, y in lab),
+            "top1_agreement_with_float": int((top1 == float_logits.argmax(1)).sum()),
+            "mean_abs_logit_error_vs_float": round(float(np.abs(logits - float_logits).mean()), 6)}
+
+
+def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepared_table: Path,
+                  calib_dir: Path, images_dir: Path, out: Path, int16_selection: Path | None = None) -> dict:
+    """Write ``holdout.json``: the held-out accuracy of the Q/DQ model and of the
+    deployed build's C, by k-fold cross-validation or from a separate set (module doc).
+
+    Raises :class:`CalibrationDataError` when the evaluation folder is empty or holds
+    fewer images than ``[evaluation] folds``."""
+    from ..layout import variants
+    from .evaluate import run_program
+
+    eval_images = list_images(images_dir)
+    if not eval_images:
+        raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images; "
+                                   f"add images or set [evaluation] set in {spec.source}")
+    calib_images = select_images(calib_dir, spec.calibration, spec.name) if spec.calibration.source == "images" else []
+    method = method_of(spec, calib_images, eval_images)
+    record = {"model": spec.name, "method": method, "evaluation_set": spec.evaluation_set,
+              "calibration_set": spec.calibration.set if spec.calibration.source == "images" else None}
+    if method == "separate":
+        record["note"] = ("the evaluation images are not calibration images: the deployed build's "
+                          "numbers (report.json, verify.json) are held out")
+        write_json(out, record)
+        return record
+    k = spec.evaluation_folds
+    if len(eval_images) < k:
+        raise CalibrationDataError(f"model {spec.name!r}: {len(eval_images)} evaluation images in {images_dir} "
+                                   f"cannot make {k} folds; add images or lower [evaluation] folds in {spec.source}")
+    t0 = time.perf_counter()
+    x = load_images(eval_images, spec.preprocess, desc=f"holdout {spec.name}", model=spec.name)
+    float_logits = run_program(float_pt2, x, spec.name).numpy()
+    index = {p: i for i, p in enumerate(eval_images)}
+    qdq = np.zeros_like(float_logits)
+    c_out = np.zeros_like(float_logits)
+    folds = folds_of(eval_images, k)
+    fold_records = []
+    work_root = Path(tempfile.mkdtemp(prefix=".holdout-", dir=out.parent))
+    try:
+        for f, test_paths in enumerate(folds):
+            held = {p.resolve() for p in test_paths}
+            train = [p for p in calib_images if p.resolve() not in held]
+            rows = [index[p] for p in test_paths]
+            got = run_fold(spec, float_pt2, (prepared_state, prepared_table), train, x[rows],
+                           work_root / f"fold{f}", int16_selection)
+            qdq[rows], c_out[rows] = got["qdq"], got["c"]
+            fold_records.append({"fold": f, "calibrated_on": len(train), "held_out": [p.name for p in test_paths]})
+            shutil.rmtree(work_root / f"fold{f}")
+            print(f"holdout {spec.name}: fold {f + 1}/{k} done (calibrated on {len(train)}, "
+                  f"held out {len(test_paths)})", file=sys.stderr)
+    finally:
+        shutil.rmtree(work_root, ignore_errors=True)
+    labels = [label_of(p) for p in eval_images]
+    lab = [(i, y) for i, y in enumerate(labels) if y is not None]
+    record.update({
+        "folds": k, "images": len(eval_images), "labeled": len(lab), "folds_detail": fold_records,
+        "float_top1": sum(int(float_logits[i].argmax()) == y for i, y in lab),
+        "qdq": scores(qdq, float_logits, labels),
+        "c": {"variant": variants(spec)[0], **scores(c_out, float_logits, labels)},
+        "per_image": [{"image": p.name, "label": labels[i], "float": int(float_logits[i].argmax()),
+                       "qdq": int(qdq[i].argmax()), "c": int(c_out[i].argmax())}
+                      for i, p in enumerate(eval_images)],
+        "seconds": round(time.perf_counter() - t0, 1),
+    })
+    write_json(out, record)
+    return record

@@ -1,0 +1,102 @@
+"""The held-out estimate (stage ``holdout``): k-fold re-calibration on a tiny net.
+
+Proves that every evaluation image is held out exactly once, that a fold's
+calibration never sees its own held-out images, that a separate evaluation
+set is recognised as already held out, and how the summary shows both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from doitproj import Project, build_through
+from pipeline.errors import CalibrationDataError
+from pipeline.stages import holdout
+from pipeline.stages.registry import get
+
+
+def test_folds_split_by_position_and_cover_every_image_once():
+    imgs = [Path(f"i{n}.jpg") for n in range(7)]
+    folds = holdout.folds_of(imgs, 3)
+    assert folds == [imgs[0::3], imgs[1::3], imgs[2::3]]
+    assert sorted(p for f in folds for p in f) == sorted(imgs)
+    with pytest.raises(ValueError, match="2 images cannot make 3 folds"):
+        holdout.folds_of(imgs[:2], 3)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("holdout")
+    p = Project(root)
+    p.add_model("tiny")
+    p.add_images("setA", 6)
+    return build_through(root, last="evaluate")
+
+
+def _run(ctx, **over):
+    args = {**get("holdout").args(ctx), **over}
+    return holdout.holdout_model(**args)
+
+
+def test_kfold_holds_every_image_out_once_and_never_calibrates_on_it(built, monkeypatch):
+    import pipeline.stages.calibrate as calibrate
+    seen = []
+    real = calibrate.calibrate_model
+
+    def spy(spec, float_pt2, prepared_state, prepared_table, calib_dir, *a, **k):
+        seen.append(sorted(p.name for p in Path(calib_dir).iterdir()))
+        return real(spec, float_pt2, prepared_state, prepared_table, calib_dir, *a, **k)
+
+    monkeypatch.setattr(calibrate, "calibrate_model", spy)
+    rec = _run(built)
+    assert rec["method"] == "k-fold" and rec["folds"] == 2 and rec["images"] == 6
+    held = [set(f["held_out"]) for f in rec["folds_detail"]]
+    names = {p.name for p in built.evaluation_images}
+    assert held[0] | held[1] == names and not held[0] & held[1]
+    assert [set(s) for s in seen] == [names - h for h in held]  # fold f calibrated on the rest only
+    assert [f["calibrated_on"] for f in rec["folds_detail"]] == [3, 3]
+    for key in ("qdq", "c"):
+        assert 0 <= rec[key]["top1_agreement_with_float"] <= 6
+        assert rec[key]["mean_abs_logit_error_vs_float"] >= 0
+    assert rec["c"]["variant"] == "mmalib"
+    per = rec["per_image"]
+    assert sum(r["c"] == r["float"] for r in per) == rec["c"]["top1_agreement_with_float"]
+    assert sum(r["qdq"] == r["float"] for r in per) == rec["qdq"]["top1_agreement_with_float"]
+    saved = json.loads(built.layout.holdout.read_text())
+    assert saved == json.loads(json.dumps(rec))
+    assert not list(built.layout.dir.glob(".holdout-*")), "fold folders must be removed"
+
+
+def test_separate_evaluation_set_is_already_held_out(built, tmp_path):
+    other = tmp_path / "setB"
+    other.mkdir()
+    (other / "x_1.jpg").write_bytes(built.evaluation_images[0].read_bytes())
+    rec = _run(built, images_dir=other, out=tmp_path / "h.json")
+    assert rec["method"] == "separate" and "folds" not in rec
+
+
+def test_fewer_images_than_folds_is_one_clear_error(built, tmp_path):
+    import dataclasses
+    spec = dataclasses.replace(built.spec, evaluation_folds=7)
+    with pytest.raises(CalibrationDataError, match=r"6 evaluation images .* cannot make 7 folds"):
+        _run(built, spec=spec, out=tmp_path / "h.json")
+    assert not (tmp_path / "h.json").exists()
+
+
+def test_summary_leads_with_held_out_and_keeps_in_sample_second():
+    from pipeline.stages.summary import model_lines
+    report = {"labeled": 4, "dtype": "int8", "weight_dtype": "int8", "evaluation_set": "s", "notes": [],
+              "float_top1": 3, "quant_top1": 3, "top1_agreement": 4, "images": 4, "mean_abs_logit_error": 0.1}
+    h = {"method": "k-fold", "folds": 2, "labeled": 4, "images": 4, "evaluation_set": "s", "float_top1": 3,
+         "qdq": {"top1": 2, "top1_agreement_with_float": 3, "mean_abs_logit_error_vs_float": 0.25},
+         "c": {"variant": "mmalib", "top1": 2, "top1_agreement_with_float": 3,
+               "mean_abs_logit_error_vs_float": 0.26}}
+    lines = model_lines("m", report, None, {}, None, h)
+    assert lines[1].startswith("  held-out       2-fold on s") and "PyTorch Q/DQ 2/4 | C mmalib 2/4" in lines[1]
+    assert "Q/DQ 3/4, 0.250 | C mmalib 3/4, 0.260" in lines[2]
+    assert lines[3].startswith("  in-sample") and "PyTorch Q/DQ 3/4" in lines[3]
+    sep = model_lines("m", report, None, {}, None, {"method": "separate"})
+    assert sep[1].startswith("  held-out       (evaluation images not used for calibration) top-1 float 3/4")
