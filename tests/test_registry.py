@@ -63,7 +63,7 @@ def test_stage_order_is_a_dataflow_order(ctx):
 
 
 def test_unknown_stage_names_the_known_ones():
-    with pytest.raises(KeyError, match="known: export, prepare"):
+    with pytest.raises(KeyError, match="known: export, mixed_precision, prepare"):
         registry.get("exprt")
 
 
