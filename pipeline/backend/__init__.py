@@ -35,7 +35,8 @@ Module map (one concept each):
 Offload PrimFunc convention (the contract between passes, emitter and interp):
 a ``tirx.PrimFunc`` whose parameters are the tensors of the extern call in
 order (inputs, constants, then the single output buffer last), whose body is
-one ``T.call_extern("int32", <kernel name>, <buf>.data ..., <int32 scalars>...)``
-with the arguments of ``c7x_kernels.h``, and whose attributes are
+one ``T.call_extern("int32", <kernel name>, <buf>.data ..., <scalars>...)``
+with the arguments of ``c7x_kernels.h`` (scalars int32, or float32 for a
+``float`` parameter), and whose attributes are
 ``{"c7x_kernel": <kernel name>, "c7x_offload_backend": "mmalib" | "c7x"}``.
 """

@@ -89,11 +89,17 @@ PROVENANCE_KEYS = ("id", "module", "module_type", "source", "code")
 def name_layers(layers: list[dict], provenance: dict[str, dict] | None) -> None:
     """Give each manifest layer its id, PyTorch module path and source line from
     ``provenance`` (binding name -> :mod:`pipeline.frontend.provenance` record),
-    in place. Without one, the id is the binding name and the rest None."""
+    in place. Without one, the id is the binding name and the rest None.
+
+    A requantize has no node of its own in the float program (PT2E inserted
+    it; its provenance is that of the tensor it converts, so its module and
+    source say where that tensor comes from): its id is its binding name,
+    which keeps ids unique."""
     for layer in layers:
         prov = (provenance or {}).get(layer["name"], {})
         layer.update({k: prov.get(k) for k in PROVENANCE_KEYS})
-        layer["id"] = layer["id"] or layer["name"]
+        own = layer["op"] != "requantize" and layer["id"]
+        layer["id"] = own or layer["name"]
 
 
 def binding_order(mod: tvm.IRModule) -> dict[str, int]:

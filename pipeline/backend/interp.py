@@ -12,7 +12,8 @@ with the semantics of ``<model>_run``, but independently of the C:
 - offload PrimFuncs (attribute ``c7x_kernel``) run the numpy twin
   ``kernels.reference.KERNELS[name]`` on the arguments of the body's
   ``T.call_extern``: buffer data pointers -> the parameters' arrays, int
-  immediates -> ints (contract in :mod:`pipeline.backend`);
+  immediates -> ints, float32 immediates -> floats (contract in
+  :mod:`pipeline.backend`);
 - every other PrimFunc runs TVM's own LLVM build of the same TIR that
   ``tvm_kernels.c`` was printed from. LLVM is checked not to contract
   a*b+c into an FMA (gcc is run with ``-ffp-contract=off``), see
@@ -131,7 +132,8 @@ def _shape(ty) -> tuple[int, ...]:
 
 @dataclass
 class _Extern:
-    """How to call an offload kernel: ``args`` items are ("buf", param index) or ("int", value)."""
+    """How to call an offload kernel: ``args`` items are ("buf", param index),
+    ("int", value) or ("float", float32 value)."""
 
     kernel: str
     args: list
@@ -163,8 +165,10 @@ def _extern_call(func: tirx.PrimFunc) -> _Extern:
             args.append(("buf", index))
         elif isinstance(a, tirx.IntImm):
             args.append(("int", int(a.value)))
+        elif isinstance(a, tirx.FloatImm) and str(a.ty) == "float32":
+            args.append(("float", float(a.value)))
         else:
-            raise ValueError(f"{kernel}: argument {a} is neither a parameter buffer nor an int")
+            raise ValueError(f"{kernel}: argument {a} is neither a parameter buffer nor an int / float32")
     return _Extern(kernel, args)
 
 

@@ -18,10 +18,13 @@ fc / matmul         ``matmul`` (fc: right operand ``permute_dims(dq(W))`` or a c
 residual_add        ``add`` of two computed tensors
 max_pool2d, avg_pool2d, adaptive_avg_pool2d, mean
 relu, clip          only when not fused into one of the above
+requantize          ``quantize(dequantize(x))`` changing the dtype (an int8 <->
+                    int16 boundary of a mixed-precision graph); ``dtype`` is
+                    x's, ``out_dtype`` the quantize's
 (other)             any other computing op, by its short name (``sigmoid``...)
 ==================  ===========================================================
 
-Not layers: quantize / dequantize, data movement (reshape, permute_dims,
+Not layers: other quantize / dequantize, data movement (reshape, permute_dims,
 squeeze, expand_dims, flatten, concat, split, strided_slice, astype...), tuples.
 
 ``macs`` counts multiply-accumulates of conv and matmul layers
@@ -52,7 +55,7 @@ _POOLS = {"relax.nn.max_pool2d": "max_pool2d", "relax.nn.avg_pool2d": "avg_pool2
 _WRAPPERS = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.astype",
              "relax.permute_dims", "relax.dequantize")
 _KERNEL_OPS = {"conv2d", "grouped_conv2d", "depthwise_conv2d", "fc", "residual_add", "max_pool2d",
-               "relu", "clip"}
+               "relu", "clip", "requantize"}
 
 
 def _is_constant_derived(graph: Graph, expr) -> bool:
@@ -97,9 +100,19 @@ def _layer_dtype(graph: Graph, expr) -> str:
     return str(source.ty.dtype) if isinstance(source.ty, relax.TensorType) else "unknown"
 
 
+def _is_requantize(graph: Graph, call) -> bool:
+    """``call`` is ``quantize(dequantize(x))`` of a computed ``x`` into another dtype."""
+    dq = graph.call(call.args[0], "relax.dequantize")
+    if dq is None or const_array(dq.args[0]) is not None:
+        return False
+    return str(dq.args[0].ty.dtype) != str(call.attrs.out_dtype)
+
+
 def _classify(graph: Graph, var, call) -> str | None:
     """Layer kind of one binding, or ``None`` if it is not a layer on its own."""
     name = _op_name(call)
+    if name == "relax.quantize" and _is_requantize(graph, call):
+        return "requantize"
     if name == "relax.nn.conv2d":
         return _conv_kind(call)
     if name == "relax.matmul":
@@ -180,6 +193,8 @@ def _entry(graph: Graph, var, call, op: str, log: OffloadLog, funcs: dict) -> di
              "output_shape": list(out_shape) if out_shape else None,
              "activation": None, "macs": _macs(op, call, out_shape),
              "backend": SCALAR, "kernel": None, "func": None}
+    if op == "requantize":
+        entry["out_dtype"] = str(call.attrs.out_dtype)
     decision = log.for_anchor(var.name)
     if decision is not None and decision.status == OFFLOADED:
         if decision.func not in funcs:
@@ -222,8 +237,8 @@ def build_manifest(mod_before: tvm.IRModule, mod_after: tvm.IRModule, log: Offlo
     ``weight_shape`` (OIHW conv / ``[N, K]`` FC / None), ``output_shape``
     (NCHW for conv), ``activation`` (fused relu / clip), ``macs``, ``backend``
     ("mmalib" | "c7x" | "scalar"), ``kernel``, ``func`` (offload PrimFunc),
-    ``reason`` when on the scalar path and ``note`` when the pass left one
-    (e.g. a padded FC width). The summary has ``layers``, ``layers_offloaded``,
+    ``reason`` when on the scalar path, ``note`` when the pass left one
+    (e.g. a padded FC width) and, for a requantize, ``out_dtype``. The summary has ``layers``, ``layers_offloaded``,
     ``macs_total``, ``macs_offloaded``, ``by_backend`` {layers, macs}, ``by_op``
     {layers, offloaded}, ``offload_funcs`` and ``cleanups``.
     Raises ValueError if the log names a PrimFunc that ``mod_after`` lacks.

@@ -37,7 +37,8 @@
  *   C7X_ERR_NULL  a required pointer is NULL;
  *   C7X_ERR_SHAPE a size, stride, padding or group count is out of range or
  *                 inconsistent (a size <= 0 included);
- *   C7X_ERR_PARAM a numeric parameter is out of range (scale, shift, lo > hi).
+ *   C7X_ERR_PARAM a numeric parameter is out of range (scale, shift, lo > hi,
+ *                 a zero point or float scale of the requantize kernels).
  * Buffer lengths themselves cannot be checked in C: the caller passes buffers
  * of exactly the sizes the scalar arguments imply.
  */
@@ -145,6 +146,23 @@ int32_t c7x_int8_relu(const int8_t* in, int8_t* out, int32_t n, int32_t zp);
 /* out[i] = saturate(min(max(in[i], lo), hi)), lo <= hi (else C7X_ERR_PARAM)
  * (ReLU6 / clip with equal in/out quantization). */
 int32_t c7x_int8_clamp(const int8_t* in, int8_t* out, int32_t n, int32_t lo, int32_t hi);
+
+/* Requantize between int8 and int16 (ours: TI names no such kernel; the style is that of
+ * its float-scale c7x_int8_requantize_clamp / c7x_int8_rescale, docs/reference.md,
+ * "Requantize"). What torch's Q/DQ model computes at an int8 <-> int16 boundary,
+ * quantize_per_tensor(dequantize_per_tensor(x, in_scale, in_zp), s_out, out_zp),
+ * in float32 (docs/numerics.md, "torch's quantize"):
+ *   d = (float)(in[i] - in_zp) * in_scale;  v = d * out_inv_scale;
+ *   out[i] = saturate(round_half_even(v) + out_zp)
+ * out_inv_scale is float32(1.0 / (double)s_out), the reciprocal torch multiplies by
+ * (computed by the caller). Bit-exact with torch when float32 products are rounded
+ * to nearest (no FMA, no wider intermediates). n elements, in / out must not overlap.
+ * Requires in_zp / out_zp inside the in / out dtype and both scales finite and > 0
+ * (else C7X_ERR_PARAM). */
+int32_t c7x_requantize_i8_i16(const int8_t* in, int16_t* out, int32_t n, int32_t in_zp,
+                              float in_scale, int32_t out_zp, float out_inv_scale);
+int32_t c7x_requantize_i16_i8(const int16_t* in, int8_t* out, int32_t n, int32_t in_zp,
+                              float in_scale, int32_t out_zp, float out_inv_scale);
 
 #ifdef __cplusplus
 }

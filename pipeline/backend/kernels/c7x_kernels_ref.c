@@ -4,7 +4,8 @@
  * On the DSP these names resolve to TI's MMALIB wrappers and C7x kernels; on the
  * host this file stands in for them, so that the generated C can be compiled by
  * gcc and proven bit-exact against pipeline/backend/kernels/reference.py.
- * The semantics (requantization, residual add, max pool, ReLU, clamp) are those
+ * The semantics (requantization, residual add, max pool, ReLU, clamp, int8 <-> int16
+ * requantize) are those
  * of docs/reference.md as pinned down in c7x_kernels.h; read the header first,
  * this file only adds how each is computed.
  *
@@ -12,6 +13,7 @@
  * behaviour (right shifts of negative numbers and narrowing conversions are
  * written out), so the same file builds with gcc and TI's cl7x.
  */
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -671,4 +673,82 @@ int32_t c7x_int8_relu(const int8_t* in, int8_t* out, int32_t n, int32_t zp)
         store_saturated(out, i, in[i] > zp ? in[i] : zp, ELEM_I8);
     }
     return C7X_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* int8 <-> int16 requantize (float32, as torch's Q/DQ)                       */
+/* ------------------------------------------------------------------------- */
+
+/* Beyond this magnitude every float32 is an integer and every result saturates. */
+#define ROUND_LIMIT 16777216.0f /* 2^24 */
+
+/* round-half-to-even of a float32, as torch.round / nearbyintf in the default
+ * rounding mode, without libm and independent of the FPU rounding mode: for
+ * |v| < 2^24 the truncation t and the fraction v - t are exact. Larger values
+ * (and infinities) are clamped to +-2^24, which saturates int8 and int16 alike. */
+static int64_t round_half_even(float v)
+{
+    int64_t t;
+    float frac;
+    if (v >= ROUND_LIMIT) {
+        return (int64_t)ROUND_LIMIT;
+    }
+    if (v <= -ROUND_LIMIT) {
+        return -(int64_t)ROUND_LIMIT;
+    }
+    t = (int64_t)v; /* truncates toward zero (C99 6.3.1.4) */
+    frac = v - (float)t;
+    if (frac > 0.5f || (frac == 0.5f && t % 2 != 0)) {
+        t += 1;
+    } else if (frac < -0.5f || (frac == -0.5f && t % 2 != 0)) {
+        t -= 1;
+    }
+    return t;
+}
+
+/* Nonzero when s is a finite float32 > 0 (NaN fails both comparisons). */
+static int positive_finite(float s)
+{
+    return s > 0.0f && s <= FLT_MAX;
+}
+
+static int zp_fits(int32_t zp, elem_type t)
+{
+    return t == ELEM_I8 ? (zp >= INT8_MIN && zp <= INT8_MAX) : (zp >= INT16_MIN && zp <= INT16_MAX);
+}
+
+static int32_t requantize_run(const void* in, void* out, int32_t n, int32_t in_zp, float in_scale,
+                              int32_t out_zp, float out_inv_scale, elem_type tin, elem_type tout)
+{
+    int32_t i;
+    if (in == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (n <= 0) {
+        return C7X_ERR_SHAPE;
+    }
+    if (!zp_fits(in_zp, tin) || !zp_fits(out_zp, tout) || !positive_finite(in_scale) ||
+        !positive_finite(out_inv_scale)) {
+        return C7X_ERR_PARAM;
+    }
+    for (i = 0; i < n; ++i) {
+        /* Two float32 products, each rounded, as torch's dequantize then quantize;
+         * in - zp is an exact integer below 2^17, so its float is exact. */
+        const float d = (float)(load_elem(in, i, tin) - in_zp) * in_scale;
+        const float v = d * out_inv_scale;
+        store_saturated(out, i, round_half_even(v) + out_zp, tout);
+    }
+    return C7X_OK;
+}
+
+int32_t c7x_requantize_i8_i16(const int8_t* in, int16_t* out, int32_t n, int32_t in_zp,
+                              float in_scale, int32_t out_zp, float out_inv_scale)
+{
+    return requantize_run(in, out, n, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I8, ELEM_I16);
+}
+
+int32_t c7x_requantize_i16_i8(const int16_t* in, int8_t* out, int32_t n, int32_t in_zp,
+                              float in_scale, int32_t out_zp, float out_inv_scale)
+{
+    return requantize_run(in, out, n, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I16, ELEM_I8);
 }

@@ -30,8 +30,8 @@ from pipeline.fsutil import atomic_path
 HEADER_NAME = "c7x_kernels.h"
 ROUNDINGS = ("half_up", "floor")
 
-# Host flags (issue 4): C99, no FMA contraction (none of the kernels use floats,
-# but the generated code linked with them does, and must match numpy).
+# Host flags (issue 4): C99, no FMA contraction (the requantize kernels and the
+# generated code linked with the kernels use float32, and must match numpy).
 HOST_CFLAGS = ("-std=c99", "-O2", "-fPIC", "-shared", "-ffp-contract=off")
 # What the "compiles cleanly" test and a strict host build add.
 WARNING_FLAGS = ("-std=c99", "-Wall", "-Wextra", "-Wpedantic", "-Werror")
@@ -46,6 +46,10 @@ _POINTER_DTYPES = {
     "int32_t": np.dtype(np.int32),
     "int64_t": np.dtype(np.int64),
 }
+
+
+# C type of a scalar argument -> ctypes type (the requantize kernels take float scales).
+_SCALAR_CTYPES = {"int32_t": ctypes.c_int32, "float": ctypes.c_float}
 
 
 def kernel_source_dir() -> Path:
@@ -197,7 +201,7 @@ def load_kernels(rounding: str = "half_up") -> ctypes.CDLL:
         for name, params in kernel_signatures().items():
             fn = getattr(lib, name)
             fn.restype = ctypes.c_int32
-            fn.argtypes = [ctypes.c_void_p if p.pointer else ctypes.c_int32 for p in params]
+            fn.argtypes = [ctypes.c_void_p if p.pointer else _SCALAR_CTYPES[p.ctype] for p in params]
         _LIBS[rounding] = lib
     return _LIBS[rounding]
 
@@ -230,12 +234,22 @@ def _int32_arg(kernel: str, p: Param, value) -> int:
     return int(value)
 
 
+def _float_arg(kernel: str, p: Param, value) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{kernel}: {p.name} must be a float, got {type(value)}")
+    return float(value)
+
+
+def _scalar_arg(kernel: str, p: Param, value):
+    return _float_arg(kernel, p, value) if p.ctype == "float" else _int32_arg(kernel, p, value)
+
+
 def call_kernel(name: str, *args, rounding: str = "half_up") -> int:
     """Call host kernel ``name`` exactly like ``reference.KERNELS[name](*args)``.
 
     ``args`` follow the C argument list of ``c7x_kernels.h``: numpy arrays (any
     shape, C-contiguous, exact dtype) or None (= NULL) for pointers, Python ints
-    for ``int32_t`` scalars. Output arrays are written in place. Returns the
+    for ``int32_t`` scalars, Python floats for ``float`` ones (passed as float32). Output arrays are written in place. Returns the
     kernel's status (``C7X_OK`` = 0 or a ``C7X_ERR_*`` code). Raises ``KeyError``
     for an unknown kernel and ``TypeError`` / ``ValueError`` for arguments the C
     call could not take safely (wrong count, dtype, layout, int32 range).
@@ -243,7 +257,7 @@ def call_kernel(name: str, *args, rounding: str = "half_up") -> int:
     params = kernel_signatures()[name]
     if len(args) != len(params):
         raise TypeError(f"{name} takes {len(params)} arguments, got {len(args)}")
-    c_args = [_pointer_arg(name, p, v) if p.pointer else _int32_arg(name, p, v)
+    c_args = [_pointer_arg(name, p, v) if p.pointer else _scalar_arg(name, p, v)
               for p, v in zip(params, args)]
     _check_buffer_sizes(name, params, args)
     return int(getattr(load_kernels(rounding), name)(*c_args))

@@ -2,7 +2,8 @@
 
 One function per extern name, with the C argument list (``in`` is spelled
 ``in_``): numpy arrays where C takes pointers (flat or shaped, exact dtype,
-C-contiguous; None = NULL), Python ints for ``int32_t`` scalars. Each writes its
+C-contiguous; None = NULL), Python ints for ``int32_t`` scalars and Python
+floats for ``float`` ones (taken as float32, as the C call does). Each writes its
 result into ``out`` in place and returns the C status code (``C7X_OK`` = 0, or
 the ``C7X_ERR_*`` code the C returns for the same arguments, checked in the same
 order: NULL, shape, parameter). Problems C cannot detect (a buffer of the wrong
@@ -18,6 +19,9 @@ Arithmetic is exact: products and sums in int64, convolutions in float64 via
 integer of magnitude <= K * 2^30 <= 2^53 (int16 products are <= 2^30, int8 ones
 <= 2^14, and the reduction length K is limited to ``MAX_REDUCTION`` = 2^23, the
 header's ``C7X_MAX_REDUCTION``), and every such integer is a float64.
+The exception is the int8 <-> int16 requantize, which is float32 by definition
+(torch's dequantize then quantize) and computed with numpy float32 operations,
+each rounded like the C's.
 """
 
 from __future__ import annotations
@@ -281,7 +285,7 @@ class MatmulGeometry(_Geometry):
 
 @dataclass(frozen=True)
 class ElementwiseGeometry(_Geometry):
-    """n elements (residual add, ReLU, clamp); params is the 16-byte blob."""
+    """n elements (residual add, ReLU, clamp, requantize); params is the 16-byte blob."""
 
     n: int
 
@@ -585,13 +589,65 @@ def c7x_int8_clamp(in_, out, n, lo, hi, rounding=None) -> int:
     return _elementwise(in_, out, n, lambda x: np.minimum(np.maximum(x, lo), hi))
 
 
+def _float32(name: str, value) -> np.float32:
+    """A ``float`` scalar argument as the C call receives it (float32)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a float, got {type(value)}")
+    with np.errstate(over="ignore"):
+        return np.float32(value)
+
+
+def _requantize(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, src: np.dtype,
+                dst: np.dtype) -> int:
+    """torch's ``quantize_per_tensor(dequantize_per_tensor(in))`` in float32 (see
+    :func:`c7x_requantize_i8_i16`); statuses in the order of the C."""
+    in_zp, out_zp = _int32("in_zp", in_zp), _int32("out_zp", out_zp)
+    in_scale, out_inv_scale = _float32("in_scale", in_scale), _float32("out_inv_scale", out_inv_scale)
+    if in_ is None or out is None:
+        return C7X_ERR_NULL
+    status = ElementwiseGeometry(n).status()
+    if status != C7X_OK:
+        return status
+    finite = lambda s: bool(np.isfinite(s) and s > 0)  # noqa: E731
+    fits = lambda z, t: np.iinfo(t).min <= z <= np.iinfo(t).max  # noqa: E731
+    if not (fits(in_zp, src) and fits(out_zp, dst) and finite(in_scale) and finite(out_inv_scale)):
+        return C7X_ERR_PARAM
+    sh = ElementwiseGeometry(n).shapes()
+    x = _array("in", in_, sh["in"], src)
+    y = _array("out", out, sh["out"], dst, output=True)
+    with np.errstate(over="ignore"):  # a huge scale overflows to inf, which saturates as in C
+        d = (x.astype(np.float32) - np.float32(in_zp)) * in_scale
+        v = d * out_inv_scale
+    # rint: half to even, like torch.round; the clip before the cast keeps inf finite
+    r = np.clip(np.rint(v), -2.0**24, 2.0**24).astype(np.int64) + out_zp
+    y[...] = saturate(r, dst)
+    return C7X_OK
+
+
+def c7x_requantize_i8_i16(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, rounding=None) -> int:
+    """int8 -> int16 requantize (ours; docs/reference.md, "Requantize"): in int8 [n], out
+    int16 [n], ``out = saturate(rint(float32(in - in_zp) * in_scale * out_inv_scale) + out_zp)``
+    with both products rounded to float32, i.e. torch's
+    ``quantize_per_tensor(dequantize_per_tensor(in, in_scale, in_zp), s, out_zp)`` for
+    ``out_inv_scale = float32(1 / s)`` (docs/numerics.md, "torch's quantize"). Zero points
+    outside the dtypes or a scale that is not a finite float32 > 0 give C7X_ERR_PARAM.
+    ``rounding`` is unused (the rounding is torch's)."""
+    return _requantize(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, _I8, _I16)
+
+
+def c7x_requantize_i16_i8(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, rounding=None) -> int:
+    """int16 -> int8 requantize: as :func:`c7x_requantize_i8_i16` with in int16, out int8."""
+    return _requantize(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, _I16, _I8)
+
+
 KERNELS: dict[str, Callable[..., int]] = {
     f.__name__: f for f in (
         mmalib_conv2d_i8, mmalib_conv2d_i16, mmalib_conv2d_i8_grouped_loop,
         mmalib_depthwise_conv2d_i8, mmalib_depthwise_conv2d_i16,
         mmalib_matmul_bias_i8, mmalib_matmul_bias_i16,
         c7x_int8_residual_add_relu, c7x_int16_residual_add_relu,
-        c7x_int8_max_pool, c7x_int8_max_pool_tidl, c7x_int8_relu, c7x_int8_clamp)
+        c7x_int8_max_pool, c7x_int8_max_pool_tidl, c7x_int8_relu, c7x_int8_clamp,
+        c7x_requantize_i8_i16, c7x_requantize_i16_i8)
 }
 
 _GEOMETRY = {
@@ -604,6 +660,7 @@ _GEOMETRY = {
     "c7x_int16_residual_add_relu": ElementwiseGeometry,
     "c7x_int8_max_pool": PoolGeometry, "c7x_int8_max_pool_tidl": PoolGeometry,
     "c7x_int8_relu": ElementwiseGeometry, "c7x_int8_clamp": ElementwiseGeometry,
+    "c7x_requantize_i8_i16": ElementwiseGeometry, "c7x_requantize_i16_i8": ElementwiseGeometry,
 }
 
 

@@ -77,9 +77,11 @@ class OffloadCall:
         return order
 
     @property
-    def scalars(self) -> list[int]:
-        """The int32 scalar arguments of the extern, in order."""
-        return [int(a.value) for a in self.extern.args[1:] if isinstance(a, tirx.IntImm)]
+    def scalars(self) -> list:
+        """The scalar arguments of the extern, in order: ints (int32) and floats
+        (the float32 scales of the requantize kernels)."""
+        return [int(a.value) if isinstance(a, tirx.IntImm) else float(a.value)
+                for a in self.extern.args[1:] if isinstance(a, (tirx.IntImm, tirx.FloatImm))]
 
     def const(self, i: int) -> np.ndarray | None:
         """numpy value of Relax argument ``i`` if it is a constant."""

@@ -1,11 +1,18 @@
 """The offload pass pipeline: every family in the reference's order, then cleanups.
 
 Order (``docs/reference.md``, "Pass order": step 1, then the max-pool / ReLU
-fusions, then the Q/DQ cleanups): i8 conv, i8 depthwise, i8 FC, i8 residual
-add, i16 conv, i16 FC, i16 residual add, i16 depthwise, i8 max pool, i8
-relu/clip, transparent Q/DQ elimination, Q/DQ pair elimination, then
-CanonicalizeBindings and DeadCodeElimination (the float weights' dequantize
-bindings die here).
+fusions, the int8 <-> int16 requantize, then the Q/DQ cleanups): i8 conv, i8
+depthwise, i8 FC, i8 residual add, i16 conv, i16 FC, i16 residual add, i16
+depthwise, i8 max pool, i8 relu/clip, requantize, transparent Q/DQ
+elimination, Q/DQ pair elimination, then CanonicalizeBindings and
+DeadCodeElimination (the float weights' dequantize bindings die here).
+
+The requantize pass matches only ``q(dq(x))`` whose two dtypes differ, the
+pair cleanup only equal dtypes and parameters, so the two never compete for a
+binding; it runs after the layer passes, whose patterns start at a
+dequantize it leaves in place (the layer after a boundary reads the
+requantized tensor through its own ``dq``), like the reference's remaining
+C7x fusions (its step 4).
 
 Run it on the imported module with all parameters bound as constants and
 *before* ``FoldConstant``: folding first would turn ``dq(int8 W)`` into a
@@ -27,6 +34,7 @@ from .fc import offload_fc_i8, offload_fc_i16
 from .log import OffloadLog
 from .pool import offload_max_pool2d_i8
 from .relu import offload_relu_i8
+from .requantize import offload_requantize
 from .residual import offload_residual_add_i8, offload_residual_add_i16
 
 OFFLOAD_PASSES = (
@@ -55,7 +63,7 @@ def run_offload(mod: tvm.IRModule, log: OffloadLog | None = None, *,
     """
     log = log if log is not None else OffloadLog()
     passes = (*OFFLOAD_PASSES, partial(offload_max_pool2d_i8, tidl_kernels=tidl_kernels),
-              offload_relu_i8, *CLEANUP_PASSES)
+              offload_relu_i8, offload_requantize, *CLEANUP_PASSES)
     for p in passes:
         mod = p(mod, log)
     mod = relax.transform.CanonicalizeBindings()(mod)
