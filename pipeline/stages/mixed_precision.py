@@ -1,0 +1,174 @@
+"""Stage ``mixed_precision``: float program + calibration images -> the int16 layers of an int8 model.
+
+Runs only for mixed-precision entries (``[quantizer] int16_layers`` and/or
+``mixed_precision = "auto"``). The ``int16_layers`` patterns are resolved to
+layer ids (:mod:`pipeline.quant.mixed`); with ``"auto"`` a sensitivity pass on
+the calibration images adds the layers with the most gain per MAC within
+``int16_macs``. The pass and every error recorded come from
+:class:`~pipeline.quant.mixed_sim.MixedSimulator`: all-int8 and all-int16
+prepared models, calibrated once each, stand in for a prepare/calibrate/convert
+per assignment. Bias correction (``[calibration] bias_correction``) is not part
+of the simulation (it corrects the final model's biases afterwards).
+
+Metric: mean squared logit error vs the float program over the images (logit
+units squared; lower is better), with the output SQNR in dB beside it.
+
+Outputs: ``mixed_precision.json`` (every measurement, the choice, timings) and
+``int16_layers.json`` (``{"layers": [...], "modules": [...]}``, the choice
+alone: new measurements with the same choice write the same bytes, so
+``prepare`` does not re-run).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+from .. import torchenv  # noqa: F401  (quiet torch, Q/DQ ops registered)
+from ..config import ModelSpec
+from ..data.images import select_images
+from ..errors import ConfigError
+from ..fsutil import write_json
+from ..quant import mixed
+from .calibrate import calibration_batches
+from .prepare import build_prepared, load_program, make_quantizer
+
+import torch  # noqa: E402
+
+#: the sensitivity pass and the recorded errors use at most this many calibration
+#: images (all of them for the shipped 20-image set), in batches of ``BATCH``.
+MAX_IMAGES = 64
+BATCH = 32
+
+
+def mixed_precision_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, out: Path,
+                          out_selection: Path) -> dict:
+    """Choose the int16 layers of ``spec`` and write ``out`` (mixed_precision.json)
+    and ``out_selection`` (int16_layers.json), both atomically; return the record.
+
+    Raises :class:`ConfigError` for a pattern that matches no layer, manual
+    patterns over the ``int16_macs`` budget, or a quantizer other than ours;
+    :class:`CalibrationDataError` for a missing/empty calibration folder."""
+    t0 = time.perf_counter()
+    q = spec.quantizer
+    if q.implementation != "c7x":
+        raise ConfigError(f"{spec.source}: mixed precision needs quantizer.implementation = 'c7x' "
+                          f"(the int16_layers option of our quantizer); got {q.implementation!r}")
+    ep = load_program(float_pt2)
+    layers = mixed.program_layers(ep.graph)
+    manual = mixed.resolve_patterns(q.int16_layers, layers, spec.source)
+    if q.mixed_precision == "auto" and mixed.mac_share(manual, layers) > q.int16_macs + 1e-12:
+        raise ConfigError(f"{spec.source}: the int16_layers patterns alone take "
+                          f"{mixed.mac_share(manual, layers):.1%} of the MACs, over int16_macs = "
+                          f"{q.int16_macs:g}; raise int16_macs or list fewer layers")
+    cal = spec.calibration
+    images = select_images(calib_dir, cal, spec.name) if cal.source == "images" else []
+    batches = list(calibration_batches(spec, images))
+    sim = _simulator(spec, ep, batches)
+    x = torch.cat(batches)[:MAX_IMAGES]
+    with torch.no_grad():
+        reference = [ep.module()(b) for b in x.split(BATCH)]
+    metric = _Metric(reference)
+    ids = [layer.id for layer in layers]
+    errors = {"all_int8": metric.of(sim, x, frozenset()), "all_int16": metric.of(sim, x, frozenset(ids))}
+    candidates, chosen = [], manual
+    if q.mixed_precision == "auto":
+        candidates = _sensitivity(sim, x, metric, ids, errors["all_int16"]["mse"])
+        gap = errors["all_int8"]["mse"] - errors["all_int16"]["mse"]
+        chosen = mixed.choose(candidates, layers, q.int16_macs, fixed=manual, min_gain=mixed.MIN_GAIN * gap)
+    errors["chosen"] = metric.of(sim, x, frozenset(chosen))
+    record = _record(spec, layers, manual, chosen, candidates, errors, images, len(x), t0)
+    by_id = {layer.id: layer for layer in layers}
+    write_json(out_selection, {"layers": sorted(chosen), "modules": [by_id[i].module for i in sorted(chosen)]})
+    write_json(out, record)
+    print(f"mixed_precision {spec.name}: {len(chosen)}/{len(layers)} layers int16 "
+          f"({record['int16_share']:.1%} of MACs, {record['method']}), logit MSE int8 "
+          f"{errors['all_int8']['mse']:.4g} -> chosen {errors['chosen']['mse']:.4g} (int16 "
+          f"{errors['all_int16']['mse']:.4g}), {record['seconds']} s", file=sys.stderr)
+    return record
+
+
+def _simulator(spec: ModelSpec, ep, batches: list[torch.Tensor]):
+    """All-int8 and all-int16 prepared models, calibrated on ``batches`` as the
+    calibrate stage does, wrapped in a MixedSimulator."""
+    from ..quant.mixed_sim import MixedSimulator
+    every = frozenset(mixed.layer_id(n) for n in ep.graph.nodes if n.op == "call_function")
+    prepared = []
+    for int16 in (frozenset(), every):
+        gm = build_prepared(spec, ep, int16_layers=int16)
+        with torch.no_grad():
+            for b in batches:
+                gm(b)
+        prepared.append(gm)
+    return MixedSimulator(ep, *prepared, lambda s: make_quantizer(spec, int16_layers=s))
+
+
+class _Metric:
+    """Mean squared logit error vs the float outputs ``reference`` (one per batch), and SQNR."""
+
+    def __init__(self, reference: list[torch.Tensor]):
+        self.reference = reference
+        self.power = sum(float((r.double() ** 2).sum()) for r in reference)
+        self.count = sum(r.numel() for r in reference)
+
+    def squared(self, out: torch.Tensor, k: int) -> float:
+        return float(((out.double() - self.reference[k].double()) ** 2).sum())
+
+    def summary(self, squared: float) -> dict:
+        mse = squared / self.count
+        sqnr = 10 * math.log10(self.power / squared) if squared > 0 else math.inf
+        return {"mse": round(mse, 8), "sqnr_db": round(sqnr, 3)}
+
+    def of(self, sim, x: torch.Tensor, int16) -> dict:
+        sim.select(int16)
+        return self.summary(sum(self.squared(sim.run(b), k) for k, b in enumerate(x.split(BATCH))))
+
+
+def _sensitivity(sim, x, metric: _Metric, ids: list[str], int16_mse: float) -> list:
+    """Every tensor edge some selection makes int16, measured int8 in the all-int16 model."""
+    needs = sim.requirements(ids)
+    edges = sorted(needs)
+    sim.select(frozenset(ids))
+    totals = [0.0] * len(edges)
+    for k, b in enumerate(x.split(BATCH)):
+        _, sq = sim.run_variants(b, [(e, ("int8",)) for e in edges], lambda out: metric.squared(out, k))
+        totals = [t + s for t, s in zip(totals, sq)]
+    out = []
+    for e, total in zip(edges, totals):
+        err = metric.summary(total)["mse"]
+        edge = sim.edges[e]
+        out.append(mixed.TensorCandidate(edge.producer, edge.consumer, needs[e], err, round(err - int16_mse, 8)))
+    return out
+
+
+def _record(spec, layers, manual, chosen, candidates, errors, images, n_used, t0) -> dict:
+    q = spec.quantizer
+    int16_macs = sum(layer.macs for layer in layers if layer.id in set(chosen))
+    return {
+        "model": spec.name,
+        "method": "auto" if q.mixed_precision == "auto" else "manual",
+        "metric": "mean squared logit error vs float (mse; lower is better) and output SQNR in dB",
+        "measure": ("tensor edge int8 in the all-int16 model, simulated from all-int8 and all-int16 "
+                    "calibrated models (pipeline/quant/mixed.py)"),
+        "budget": q.int16_macs if q.mixed_precision == "auto" else None,
+        "min_gain": mixed.MIN_GAIN if q.mixed_precision == "auto" else None,
+        "patterns": list(q.int16_layers),
+        "manual": manual,
+        "layers": [{**layer.to_dict(), "int16": layer.id in set(chosen)} for layer in layers],
+        "candidates": [{"producer": c.producer, "consumer": c.consumer, "layers": list(c.layers),
+                        "macs": sum(layer.macs for layer in layers if layer.id in c.layers),
+                        "error": c.error, "gain": c.gain} for c in candidates],
+        "chosen": chosen,
+        "int16_layer_count": len(chosen),
+        "layer_count": len(layers),
+        "int16_macs": int16_macs,
+        "total_macs": mixed.total_macs(layers),
+        "int16_share": round(mixed.mac_share(chosen, layers), 6),
+        "errors": errors,
+        "bias_correction_simulated": False,
+        "images": [p.name for p in images][:n_used],
+        "num_images": n_used,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
