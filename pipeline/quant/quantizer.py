@@ -50,7 +50,11 @@ class C7xMMAQuantizer(Quantizer):
         weight_dtype: None / "int8" (int8 weights, the user's examples) or
             "int16" (only with ``dtype="int16"``, the reference code); else ValueError.
         observer: activation observer, "minmax" (torchao MinMaxObserver, the
-            reference's), "histogram" or "moving_average"; else ValueError.
+            reference's), "histogram" (the MSE-optimal range), "moving_average",
+            "percentile" or "entropy" (:mod:`pipeline.quant.observers`); else ValueError.
+        observer_kwargs: the observer's options, e.g. ``{"percentile": 99.9}``
+            for "percentile" (:data:`pipeline.quant.specs.OBSERVER_OPTIONS`);
+            an option the observer does not take: ValueError.
         fuse_activations: observe conv/linear/add outputs after a following
             relu/ReLU6 instead of before it (see module docstring).
         int16_layers: layer ids (float FX node names, ``conv2d_3``; see
@@ -81,22 +85,26 @@ class C7xMMAQuantizer(Quantizer):
 
     def __init__(self, dtype: str = "int8", symmetric_activations: bool = True,
                  weight_dtype: str | None = None, observer: str = "minmax",
-                 fuse_activations: bool = True, int16_layers=frozenset()):
+                 fuse_activations: bool = True, int16_layers=frozenset(),
+                 observer_kwargs: dict | None = None):
         super().__init__()
         self.dtype = specs.check_dtype(dtype)
         self.int16_layers = frozenset(int16_layers)
         if self.int16_layers and self.dtype != "int8":
             raise ValueError(f"int16_layers (mixed precision) needs dtype='int8', got {dtype!r}")
         observer_cls = specs.check_observer(observer)
+        self.observer_kwargs = specs.check_observer_kwargs(observer, observer_kwargs)
         self.weight_dtype = specs.resolve_weight_dtype(dtype, weight_dtype)
         self.symmetric_activations = specs.resolve_symmetric(dtype, symmetric_activations)
         self.observer = observer
         self.fuse_activations = bool(fuse_activations)
-        self.activation_spec = specs.activation_spec(dtype, self.symmetric_activations, observer_cls)
+        self.activation_spec = specs.activation_spec(dtype, self.symmetric_activations, observer_cls,
+                                                     self.observer_kwargs)
         # int16 is always symmetric (specs.resolve_symmetric)
         self._act_specs = {dtype: self.activation_spec,
                            "int16": (self.activation_spec if dtype == "int16"
-                                     else specs.activation_spec("int16", True, observer_cls))}
+                                     else specs.activation_spec("int16", True, observer_cls,
+                                                                self.observer_kwargs))}
         self._node_dtype: dict[Node, str] = {}
         self.weight_spec = specs.weight_spec(self.weight_dtype)
         self._handlers = {}
@@ -110,7 +118,9 @@ class C7xMMAQuantizer(Quantizer):
     def __repr__(self) -> str:
         return (f"C7xMMAQuantizer(dtype={self.dtype!r}, symmetric_activations="
                 f"{self.symmetric_activations}, weight_dtype={self.weight_dtype!r}, "
-                f"observer={self.observer!r}, fuse_activations={self.fuse_activations}"
+                f"observer={self.observer!r}, "
+                + (f"observer_kwargs={self.observer_kwargs}, " if self.observer_kwargs else "")
+                + f"fuse_activations={self.fuse_activations}"
                 + (f", int16_layers={sorted(self.int16_layers)}" if self.int16_layers else "") + ")")
 
     # ------------------------------------------------------------------ annotate

@@ -6,8 +6,12 @@ are not converted by torchao's ``convert_pt2e``; docs/reference.md, "Quantizer r
 * **activation spec**: per-tensor, dtype int8 [-128, 127] or int16
   [-32768, 32767]; ``per_tensor_symmetric`` (zero point 0), or
   ``per_tensor_affine`` for int8 with ``symmetric_activations=False``.
-  Observer: ``MinMaxObserver`` (the reference's), ``HistogramObserver`` or
-  ``MovingAverageMinMaxObserver``.
+  Observer (:data:`OBSERVERS`): ``MinMaxObserver`` (the reference's),
+  ``HistogramObserver`` (torchao's L2 search: the range minimising the
+  mean-squared quantization error, i.e. the MSE-optimal method),
+  ``MovingAverageMinMaxObserver``, or the clipping observers of
+  :mod:`pipeline.quant.observers`: ``PercentileObserver`` (takes the option
+  ``percentile``) and ``EntropyObserver`` (TensorRT's KL calibration).
 * **weight spec**: ``PerChannelMinMaxObserver``, ``per_channel_symmetric``,
   ``ch_axis=0`` (output channels of OIHW conv / [out, in] linear weights),
   zero point 0. dtype int8 [-128, 127] by default for both activation dtypes
@@ -27,6 +31,8 @@ from torchao.quantization.pt2e import (HistogramObserver, MinMaxObserver,
                                        MovingAverageMinMaxObserver, PerChannelMinMaxObserver)
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
+from .observers import EntropyObserver, PercentileObserver
+
 #: dtype name -> (torch dtype, quant_min, quant_max); the full range of the type
 #: (docs/reference.md, "Quantizer rules").
 DTYPES: dict[str, tuple[torch.dtype, int, int]] = {
@@ -34,12 +40,18 @@ DTYPES: dict[str, tuple[torch.dtype, int, int]] = {
     "int16": (torch.int16, -32768, 32767),
 }
 
-#: observer option -> torchao activation observer class ("minmax" is the reference's).
+#: observer option -> torchao activation observer class ("minmax" is the reference's;
+#: "histogram" is the MSE-optimal range, see the module docstring).
 OBSERVERS = {
     "minmax": MinMaxObserver,
     "histogram": HistogramObserver,
     "moving_average": MovingAverageMinMaxObserver,
+    "percentile": PercentileObserver,
+    "entropy": EntropyObserver,
 }
+
+#: observer option -> the keyword arguments it accepts (its calibration options).
+OBSERVER_OPTIONS: dict[str, tuple[str, ...]] = {"percentile": ("percentile",)}
 
 #: accepted ``weight_dtype`` values; None means "int8" (the user's examples, docs/reference.md).
 WEIGHT_DTYPES = (None, "int8", "int16")
@@ -58,6 +70,18 @@ def check_observer(observer: str) -> type:
     if observer not in OBSERVERS:
         raise ValueError(f"observer must be one of {sorted(OBSERVERS)}, got {observer!r}")
     return OBSERVERS[observer]
+
+
+def check_observer_kwargs(observer: str, kwargs: dict | None) -> dict:
+    """``kwargs`` (None -> {}) if every key is an option of ``observer``
+    (:data:`OBSERVER_OPTIONS`, e.g. ``{"percentile": 99.9}`` for "percentile");
+    ValueError naming the accepted ones otherwise."""
+    kwargs = dict(kwargs or {})
+    allowed = OBSERVER_OPTIONS.get(observer, ())
+    extra = sorted(set(kwargs) - set(allowed))
+    if extra:
+        raise ValueError(f"observer {observer!r} takes the options {list(allowed)}, got {extra}")
+    return kwargs
 
 
 def resolve_symmetric(dtype: str, symmetric_activations: bool) -> bool:
@@ -83,13 +107,15 @@ def resolve_weight_dtype(dtype: str, weight_dtype: str | None) -> str:
     return weight_dtype or "int8"
 
 
-def activation_spec(dtype: str, symmetric: bool, observer_cls: type) -> QuantizationSpec:
-    """Per-tensor activation spec (see module docstring); zero point 0 when ``symmetric``."""
+def activation_spec(dtype: str, symmetric: bool, observer_cls: type,
+                    observer_kwargs: dict | None = None) -> QuantizationSpec:
+    """Per-tensor activation spec (see module docstring); zero point 0 when ``symmetric``.
+    ``observer_kwargs``: extra constructor arguments of ``observer_cls`` (its options)."""
     qdtype, qmin, qmax = DTYPES[dtype]
     return QuantizationSpec(
         dtype=qdtype, quant_min=qmin, quant_max=qmax,
         qscheme=torch.per_tensor_symmetric if symmetric else torch.per_tensor_affine,
-        observer_or_fake_quant_ctr=observer_cls.with_args())
+        observer_or_fake_quant_ctr=observer_cls.with_args(**(observer_kwargs or {})))
 
 
 def weight_spec(weight_dtype: str) -> QuantizationSpec:

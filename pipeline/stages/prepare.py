@@ -34,11 +34,18 @@ def read_int16_selection(path: Path | None) -> frozenset[str]:
     return frozenset(json.loads(Path(path).read_text())["layers"])
 
 
+def observer_kwargs(spec: ModelSpec, observer: str) -> dict:
+    """The observer options of a model entry for ``observer``: ``[calibration]
+    percentile`` for "percentile", nothing for the others."""
+    return {"percentile": spec.calibration.percentile} if observer == "percentile" else {}
+
+
 def make_quantizer(spec: ModelSpec, observer: str | None = None, int16_layers=frozenset()):
     """The quantizer a model entry asks for (ours, or the vendor fork's).
 
-    ``observer`` overrides ``spec.calibration.observer``; ``int16_layers``: layer
-    ids with int16 activations (mixed precision, ours only)."""
+    ``observer`` overrides ``spec.calibration.observer`` (its options come from the
+    entry, :func:`observer_kwargs`); ``int16_layers``: layer ids with int16
+    activations (mixed precision, ours only)."""
     q = spec.quantizer
     if q.implementation == "tvm":
         try:
@@ -50,8 +57,10 @@ def make_quantizer(spec: ModelSpec, observer: str | None = None, int16_layers=fr
                 f"Use implementation = 'c7x'") from None
         return Vendor(dtype=spec.dtype, symmetric_activations=q.symmetric_activations)
     from ..quant import C7xMMAQuantizer
+    name = observer or spec.calibration.observer
     return C7xMMAQuantizer(dtype=spec.dtype, symmetric_activations=q.symmetric_activations,
-                           weight_dtype=q.weight_dtype, observer=observer or spec.calibration.observer,
+                           weight_dtype=q.weight_dtype, observer=name,
+                           observer_kwargs=observer_kwargs(spec, name),
                            fuse_activations=q.fuse_activations, int16_layers=int16_layers)
 
 
@@ -63,10 +72,15 @@ def load_program(float_pt2: "Path | torch.export.ExportedProgram") -> torch.expo
 
 
 def build_prepared(spec: ModelSpec, float_pt2: "Path | torch.export.ExportedProgram",
-                   observer: str | None = None, int16_layers=frozenset()) -> torch.fx.GraphModule:
+                   observer: str | None = None, int16_layers=frozenset(),
+                   bias_slots: bool | None = None) -> torch.fx.GraphModule:
     """Run ``prepare_pt2e`` with the entry's quantizer on ``float_pt2``: a file,
     or an already loaded ExportedProgram, which stays unchanged.
     ``int16_layers``: layer ids with int16 activations (mixed precision).
+    ``bias_slots`` (default: ``[calibration] bias_correction``): give bias-less
+    conv/linear layers a zero bias for bias correction to adjust
+    (:func:`pipeline.quant.bias_correction.add_bias_slots`); the prepare stage
+    stores the model without them (:func:`check_prepared` ignores them).
 
     Passing the ExportedProgram lets a caller build the float and the
     quantized model from the same in-memory program, which PT2E's numeric
@@ -78,7 +92,11 @@ def build_prepared(spec: ModelSpec, float_pt2: "Path | torch.export.ExportedProg
         module = copy.deepcopy(float_pt2.module())
     else:
         module = torch.export.load(float_pt2).module()
-    return prepare_pt2e(module, make_quantizer(spec, observer, int16_layers))
+    gm = prepare_pt2e(module, make_quantizer(spec, observer, int16_layers))
+    if spec.calibration.bias_correction if bias_slots is None else bias_slots:
+        from ..quant.bias_correction import add_bias_slots
+        add_bias_slots(gm)
+    return gm
 
 
 def _observer_names(gm: torch.fx.GraphModule) -> list[str]:
@@ -107,8 +125,10 @@ def observer_table(gm: torch.fx.GraphModule) -> str:
 def check_prepared(gm: torch.fx.GraphModule, prepared_state: Path, table: Path) -> None:
     """Check that a rebuilt prepared module equals the stored one (weights and
     observer placement); load the stored weights into it. Raises RuntimeError."""
+    from ..quant.bias_correction import SLOT_PREFIX
     weights = torch.load(prepared_state, map_location="cpu", weights_only=True)
     own, _ = split_state(gm)
+    own = {k: v for k, v in own.items() if not k.startswith(SLOT_PREFIX)}  # zero biases, not stored
     same = set(own) == set(weights) and all(torch.equal(own[k], weights[k]) for k in own)
     if not same or observer_table(gm) != table.read_text():
         raise RuntimeError(f"rebuilt prepared model differs from {prepared_state}; re-run prepare")
@@ -120,7 +140,8 @@ def prepare_model(spec: ModelSpec, float_pt2: Path, out_state: Path, out_table: 
     """Write the prepared weights (``torch.save`` of a tensor dict) and the observer table.
 
     ``int16_selection``: ``int16_layers.json`` of a mixed-precision model."""
-    gm = build_prepared(spec, float_pt2, observer="minmax", int16_layers=read_int16_selection(int16_selection))
+    gm = build_prepared(spec, float_pt2, observer="minmax", int16_layers=read_int16_selection(int16_selection),
+                        bias_slots=False)
     weights, _ = split_state(gm)
     torchenv.save_tensors(weights, out_state)
     write_text(out_table, observer_table(gm))
