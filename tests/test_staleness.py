@@ -100,6 +100,16 @@ def test_calibration_option_reruns_calibrate_onward_only(proj):
     assert_nothing_runs(proj)
 
 
+def test_bias_correction_and_percentile_rerun_calibrate_onward_only(proj):
+    """Both are calibration options: calibrate re-runs, and its changed state (corrected
+    biases; the percentile is an observer buffer) re-runs convert and what follows."""
+    proj.add_model("tiny_b", "setB", extra='observer = "percentile"\nbias_correction = true\n')
+    assert_ran(proj.doit(), {s: {"tiny_b"} for s in FROM_CALIBRATE})
+    proj.add_model("tiny_b", "setB", extra='observer = "percentile"\npercentile = 99.0\nbias_correction = true\n')
+    assert_ran(proj.doit(), {s: {"tiny_b"} for s in FROM_CALIBRATE})
+    assert_nothing_runs(proj)
+
+
 def test_codegen_option_reruns_codegen_onward_only(proj):
     proj.add_model("tiny_a", "setA", dtype="int16", extra="[codegen]\nmmalib = false\n")
     run = proj.doit()
