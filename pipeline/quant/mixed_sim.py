@@ -8,10 +8,11 @@ observer placement, checked). Prepared-model observers are identities, so
 both saw exactly the float tensors, and an observer of a real mixed model at
 the same place would compute the same qparams as one of the two.
 
-The simulation replaces every observer of the all-int8 model by Q/DQ
-(``quantize_per_tensor`` then ``dequantize_per_tensor``, the ops
-``convert_pt2e`` writes) per (observer, consumer) edge, with the rule the real
-mixed graph follows (:mod:`pipeline.quant.quantizer`, "Mixed precision"):
+The simulation replaces every observer of the all-int8 model by Q/DQ per
+(observer, consumer) edge (``torch.fake_quantize_per_tensor_affine``: the
+rounding and clamping of ``convert_pt2e``'s ``quantize_per_tensor`` +
+``dequantize_per_tensor`` in one kernel, half their time), with the rule the
+real mixed graph follows (:mod:`pipeline.quant.quantizer`, "Mixed precision"):
 
 * the producer's output is quantized in the producer's dtype, when its
   annotation has an output spec (shared specs follow their source);
@@ -26,10 +27,16 @@ quantizer itself: it annotates a scratch copy of the float program (conv-BN
 folded as ``prepare_pt2e`` does) with that assignment's ``int16_layers``.
 Weights are per-channel int8 in both models (checked) and are quantized once.
 
+:meth:`MixedSimulator.run_variants` measures many one-edge changes in one pass
+(it forks the run at each changed edge), which is what makes a sensitivity pass
+over every tensor of MobileNetV2 take seconds, not minutes.
+
 Shapes: inputs float32 NCHW batches (any batch size the program allows);
-outputs whatever the program returns (logits [N, classes] for classifiers).
+outputs the program's first output (logits [N, classes] for classifiers).
 tests/quant/test_mixed_precision.py compares the simulation with a real
-``convert_pt2e`` of a mixed assignment.
+``convert_pt2e`` of several mixed assignments (equal to 1e-5 of the output
+range) and, on MobileNetV2, the simulated logit error of the chosen layers
+with the real model's (0.298 vs 0.304).
 """
 
 from __future__ import annotations

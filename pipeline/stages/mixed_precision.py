@@ -65,21 +65,9 @@ def mixed_precision_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, out
                           f"{q.int16_macs:g}; raise int16_macs or list fewer layers")
     cal = spec.calibration
     images = select_images(calib_dir, cal, spec.name) if cal.source == "images" else []
-    batches = list(calibration_batches(spec, images))
-    sim = _simulator(spec, ep, batches)
-    x = torch.cat(batches)[:MAX_IMAGES]
-    with torch.no_grad():
-        reference = [ep.module()(b) for b in x.split(BATCH)]
-    metric = _Metric(reference)
-    ids = [layer.id for layer in layers]
-    errors = {"all_int8": metric.of(sim, x, frozenset()), "all_int16": metric.of(sim, x, frozenset(ids))}
-    candidates, chosen = [], manual
-    if q.mixed_precision == "auto":
-        candidates = _sensitivity(sim, x, metric, ids, errors["all_int16"]["mse"])
-        gap = errors["all_int8"]["mse"] - errors["all_int16"]["mse"]
-        chosen = mixed.choose(candidates, layers, q.int16_macs, fixed=manual, min_gain=mixed.MIN_GAIN * gap)
-    errors["chosen"] = metric.of(sim, x, frozenset(chosen))
-    record = _record(spec, layers, manual, chosen, candidates, errors, images, len(x), t0)
+    chosen, candidates, errors, n_used, t_sens = _measure_and_choose(spec, ep, layers, manual, images)
+    record = _record(spec, layers, manual, chosen, candidates, errors, images, n_used, t0)
+    record["seconds_sensitivity"] = t_sens  # the pass over every tensor edge and the choice
     by_id = {layer.id: layer for layer in layers}
     write_json(out_selection, {"layers": sorted(chosen), "modules": [by_id[i].module for i in sorted(chosen)]})
     write_json(out, record)
@@ -88,6 +76,28 @@ def mixed_precision_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, out
           f"{errors['all_int8']['mse']:.4g} -> chosen {errors['chosen']['mse']:.4g} (int16 "
           f"{errors['all_int16']['mse']:.4g}), {record['seconds']} s", file=sys.stderr)
     return record
+
+
+def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: list[Path]):
+    """(chosen ids, candidates, errors, images used, seconds of the sensitivity pass)."""
+    q = spec.quantizer
+    batches = list(calibration_batches(spec, images))
+    sim = _simulator(spec, ep, batches)
+    x = torch.cat(batches)[:MAX_IMAGES]
+    float_module = ep.module()
+    with torch.no_grad():
+        metric = _Metric([float_module(b) for b in x.split(BATCH)])
+    ids = [layer.id for layer in layers]
+    errors = {"all_int8": metric.of(sim, x, frozenset()), "all_int16": metric.of(sim, x, frozenset(ids))}
+    candidates, chosen = [], manual
+    t0 = time.perf_counter()
+    if q.mixed_precision == "auto":
+        candidates = _sensitivity(sim, x, metric, ids, errors["all_int16"]["mse"])
+        gap = errors["all_int8"]["mse"] - errors["all_int16"]["mse"]
+        chosen = mixed.choose(candidates, layers, q.int16_macs, fixed=manual, min_gain=mixed.MIN_GAIN * gap)
+    seconds = round(time.perf_counter() - t0, 2)
+    errors["chosen"] = metric.of(sim, x, frozenset(chosen))
+    return chosen, candidates, errors, len(x), seconds
 
 
 def _simulator(spec: ModelSpec, ep, batches: list[torch.Tensor]):
