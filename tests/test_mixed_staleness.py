@@ -92,6 +92,15 @@ def test_new_image_remeasures_but_prepare_stays(proj):
     assert selection(proj) == before
 
 
+def test_budget_change_with_the_same_choice_stops_at_mixed_precision(proj):
+    """prepare onward track [quantizer] minus the choice keys: the choice reaches them
+    as int16_layers.json, which comes out byte-identical here."""
+    before = selection(proj)
+    set_entry(proj, [], 0.45)
+    assert_ran(proj.doit(TARGET), ("mixed_precision",))
+    assert selection(proj) == before
+
+
 def test_budget_change_reruns_prepare_onward_but_not_export(proj):
     set_entry(proj, [], 0.30)
     assert_ran(proj.doit(TARGET), FROM_PREPARE)

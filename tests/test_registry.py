@@ -123,3 +123,16 @@ def test_no_module_imports_from_a_higher_layer():
             if target != "pipeline" and _layer(target) > _layer(module):
                 bad.append(f"{module} -> {target}")
     assert bad == []
+
+
+def test_quant_opts_cover_every_quantizer_field_but_the_int16_choice():
+    """Stages after mixed_precision track [quantizer] minus the keys whose effect reaches
+    them as int16_layers.json; a new QuantizerSpec field must be added to one of the two."""
+    import dataclasses
+
+    from pipeline.config import QuantizerSpec
+    from pipeline.stages import registry
+    choice = {"int16_layers", "mixed_precision", "int16_macs"}
+    tracked = {p.split(".", 1)[1] for p in registry.QUANT_OPTS if p.startswith("quantizer.")}
+    assert tracked | choice == {f.name for f in dataclasses.fields(QuantizerSpec)}
+    assert not tracked & choice

@@ -159,6 +159,11 @@ def versions(*dists: str) -> dict[str, str]:
 # ----------------------------------------------------------------------------- the stages
 
 QUANT = ("dtype", "quantizer")
+# What the stages after mixed_precision track of [quantizer]: the int16 choice reaches
+# them as int16_layers.json, so a budget or pattern change that picks the same layers
+# stops at that byte-identical file.
+QUANT_OPTS = ("dtype", "quantizer.implementation", "quantizer.symmetric_activations",
+              "quantizer.weight_dtype", "quantizer.fuse_activations")
 
 
 def _mixed(ctx: StageContext) -> bool:
@@ -247,7 +252,7 @@ STAGES: tuple[Stage, ...] = (
         name="prepare", doc="prepare_pt2e with the C7x quantizer (observer placement)",
         func="pipeline.stages.prepare:prepare_model",
         code=("stages/prepare.py", "torchenv.py", "quant"),
-        params=QUANT, versions=("torchao",),
+        params=QUANT_OPTS, versions=("torchao",),
         deps=lambda c: [c.layout.float_pt2, *_selection_deps(c)],
         outs=lambda c: [c.layout.prepared, c.layout.prepared_table],
         args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
@@ -259,7 +264,7 @@ STAGES: tuple[Stage, ...] = (
         name="calibrate", doc="run the calibration JPEGs through the observers",
         func="pipeline.stages.calibrate:calibrate_model",
         code=("stages/calibrate.py", "stages/prepare.py", "torchenv.py", "quant", "data"),
-        params=QUANT + ("calibration", "preprocess"), versions=("torchao",),
+        params=QUANT_OPTS + ("calibration", "preprocess"), versions=("torchao",),
         extra=lambda c: {"images": [p.name for p in c.calibration_images]},
         deps=lambda c: [c.layout.float_pt2, c.layout.prepared, c.layout.prepared_table,
                         *_selection_deps(c), *c.calibration_images],
@@ -275,7 +280,7 @@ STAGES: tuple[Stage, ...] = (
         name="convert", doc="convert_pt2e to the Q/DQ program (quantized.pt2)",
         func="pipeline.stages.convert:convert_model",
         code=("stages/convert.py", "stages/prepare.py", "torchenv.py", "quant"),
-        params=QUANT + ("calibration.observer",), versions=("torchao",),
+        params=QUANT_OPTS + ("calibration.observer",), versions=("torchao",),
         deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, *_selection_deps(c)],
         outs=lambda c: [c.layout.quantized_pt2],
         args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
@@ -395,7 +400,7 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.layers:layers_model",
         code=("stages/layers.py", "stages/convert.py", "stages/prepare.py", "torchenv.py", "quant", "data",
               "frontend/provenance.py", "backend"),
-        params=QUANT + ("calibration.observer", "preprocess"), versions=("torchao",),
+        params=QUANT_OPTS + ("calibration.observer", "preprocess"), versions=("torchao",),
         extra=lambda c: {"images": [p.name for p in c.evaluation_images]},
         deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, c.layout.relax_layers, *_selection_deps(c),
                         *[c.layout.codegen_dir(variants(c.spec)[0]) / f
