@@ -141,15 +141,29 @@ def _walk_to_quantize(node):
     return None
 
 
+def _requantize_of(qnode, dtype: str):
+    """The quantize into ``dtype`` reading a dequantize of ``qnode`` (an int8 <->
+    int16 boundary of a mixed-precision program), or None."""
+    for dq in (u for u in qnode.users if _is(u, _DEQUANTIZE)):
+        for w in dq.users:
+            if _is(w, _QUANTIZE) and str(w.args[5]).removeprefix("torch.") == dtype:
+                return w
+    return None
+
+
 def output_points(q: torch.fx.GraphModule, layer_ids: list[str],
-                  named: dict[str, str] | None = None) -> dict[str, Point]:
+                  named: dict[str, str] | None = None,
+                  requantize: dict[str, str] | None = None) -> dict[str, Point]:
     """Output point of each layer id in the converted Q/DQ module ``q``.
 
     The quantize ending the layer is found from the main op (the node whose
     provenance id is the layer id) by :func:`_walk_to_quantize`; ``named``
     (layer id -> the float node id the C's last call is named after, from
     ``relax/layers.json``) overrides it where the C names its output.
-    Layers without a point (nothing quantizes them) are left out."""
+    ``requantize`` (layer id -> output dtype of the manifest's requantize
+    layers): such a layer is compared at the quantize into that dtype that
+    re-quantizes its named node's output. Layers without a point (nothing
+    quantizes them) are left out."""
     quantizes: dict[str, list] = {}
     main_op: dict[str, object] = {}
     for n in q.graph.nodes:
@@ -161,9 +175,11 @@ def output_points(q: torch.fx.GraphModule, layer_ids: list[str],
             main_op.setdefault(_layer_id(n), n)
     out = {}
     for lid in layer_ids:
-        qnode = None
+        qnode = base = None
         if named and named.get(lid) in quantizes:
-            qnode = quantizes[named[lid]][0]
+            qnode = base = quantizes[named[lid]][0]
+            if lid in (requantize or {}):  # compared with the float value it re-quantizes
+                qnode = _requantize_of(base, requantize[lid])
         elif lid in main_op:
             qnode = quantizes[lid][0] if lid in quantizes else _walk_to_quantize(main_op[lid])
         if qnode is None:
@@ -171,7 +187,7 @@ def output_points(q: torch.fx.GraphModule, layer_ids: list[str],
         dq = [u for u in qnode.users if _is(u, _DEQUANTIZE)]
         if not dq:
             continue
-        out[lid] = Point(node=_layer_id(qnode.args[0]), q=qnode.name, dq=tuple(u.name for u in dq),
+        out[lid] = Point(node=_layer_id((base or qnode).args[0]), q=qnode.name, dq=tuple(u.name for u in dq),
                          qparams=tuple(dq[0].args[1:6]))
     return out
 
@@ -351,10 +367,15 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
     ep = load_program(float_pt2)
     q = load_converted(spec, ep, calibrated_state, read_int16_selection(int16_selection))
     named = _named_points(last[variants[0]], json.loads(Path(relax_layers).read_text()))
-    points = output_points(q, [lay["id"] for lay in layers], named)
+    requantize = {lay["id"]: lay["out_dtype"] for lay in layers if lay["op"] == "requantize"}
+    points = output_points(q, [lay["id"] for lay in layers], named, requantize)
     keep = {p.node for p in points.values()}
     ref_model = keep_loggers(prepare_for_propagation_comparison(out_of_place(float_reference(ep))), keep)
-    qdq_model = keep_loggers(prepare_for_propagation_comparison(out_of_place(q)), keep)
+    qdq_model = prepare_for_propagation_comparison(out_of_place(q))
+    # a requantize's Q/DQ nodes log under their own debug name (no float node of their own)
+    read = {p.q for p in points.values()} | {d for p in points.values() for d in p.dq}
+    keep_qdq = keep | {lg.debug_info.name for name, lg in _loggers(qdq_model).items() if name in read}
+    qdq_model = keep_loggers(qdq_model, keep_qdq)
     qdq_loggers = _loggers(qdq_model)
     every_logger = list(_loggers(ref_model).values()) + list(qdq_loggers.values())
 
