@@ -8,8 +8,8 @@ EXP = {"pretrained": True}
 
 def test_overlap_between_calibration_and_evaluation_is_counted():
     notes = report_notes(CAL, EXP, ["a_1.jpg", "b_2.jpg", "c_3.jpg"], [1, 2, 3], classes=10)
-    assert notes == ["2 of the 3 evaluation images were also calibration images: the numbers "
-                     "measure quantization fidelity, not held-out accuracy"]
+    assert notes == ["2 of the 3 evaluation images were also calibration images: their numbers (in-sample) "
+                     "measure quantization fidelity, not held-out accuracy; holdout.json has the k-fold estimate"]
     assert report_notes(CAL, EXP, ["x_1.jpg"], [1], classes=10) == []
 
 

@@ -64,7 +64,8 @@ def report_notes(calib: dict, export: dict, eval_images: list[str], labels: list
     shared = len(set(calib["images"]) & set(eval_images)) if calib["source"] == "images" else 0
     if shared:
         notes.append(f"{shared} of the {len(eval_images)} evaluation images were also calibration images: "
-                     f"the numbers measure quantization fidelity, not held-out accuracy")
+                     f"their numbers (in-sample) measure quantization fidelity, not held-out accuracy; "
+                     f"holdout.json has the k-fold estimate")
     outside = sum(1 for y in labels if y is not None and y >= classes)
     if outside:
         notes.append(f"{outside} labels are outside the model's {classes} classes: top-1 is not meaningful")

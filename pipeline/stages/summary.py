@@ -49,14 +49,17 @@ def worst_layers(layers: dict, n: int = 3) -> list[dict]:
     out = []
     for lay in layers.get("layers", [])[:n]:
         a = lay.get("qdq_vs_float") or {}
-        out.append({"id": lay["id"], "module": lay.get("module") or lay["id"], "sqnr_db": a.get("sqnr_db")})
+        out.append({"id": lay["id"], "module": lay.get("module") or lay["id"], "sqnr_db": a.get("sqnr_db"),
+                    "op": lay.get("op")})
     return out
 
 
 def _worst_line(layers: dict) -> str:
     def db(v):
         return "identical" if v is None else f"{v:.1f} dB"
-    shown = ", ".join(f"{w['module']} ({db(w['sqnr_db'])})" for w in worst_layers(layers))
+    def name(w):  # a requantize boundary carries its producer's module path
+        return f"{w['module']} requantize" if w.get("op") == "requantize" else w["module"]
+    shown = ", ".join(f"{name(w)} ({db(w['sqnr_db'])})" for w in worst_layers(layers))
     return (f"  worst layers   {shown} (PyTorch Q/DQ vs float SQNR at the layer output, "
             f"{layers['images']} images; layers.json)")
 
