@@ -215,6 +215,21 @@ def test_readers_tolerate_missing_files_and_key_variants(tmp_path):
     assert table["layers"][1]["c_vs_qdq"] == {"sqnr_db": 3} and table["layers"][0]["c_vs_qdq"] == {"sqnr_db": None}
 
 
+def test_mixed_precision_nodes_show_their_dtype(built):
+    """In a build with int8 and int16 layers each layer's node names its dtype, and a
+    requantize boundary both of its dtypes; a single-dtype build keeps plain op names."""
+    m = manifests(built)["mmalib"]
+    conv = next(lay for lay in m["layers"] if lay["id"] == "conv2d")
+    conv["dtype"] = "int16"
+    m["layers"].append({"id": "rq", "op": "requantize", "dtype": "int16", "out_dtype": "int8"})
+    m["calls"].append({**m["calls"][-1], "index": len(m["calls"]), "layer": "rq",
+                       "inputs": [m["calls"][-1]["output"]], "output": "t_rq"})
+    nodes = {n["layer"]: n for n in graph.build_graph(m)["nodes"] if n.get("primary")}
+    assert nodes["conv2d"]["label"][0] == "conv2d int16"
+    assert nodes["rq"]["label"][0] == "requantize int16>int8"
+    assert any(n["label"][0].endswith(" int8") for n in nodes.values())
+
+
 def test_node_labels():
     assert graph.short_kernel("fused_matmul_cast19_multiply19_add24_quantize65") == "matmul_cast_multiply_add_…"
     assert graph.short_kernel("tir_clip11") == "clip" and graph.short_kernel("quantize") == "quantize"

@@ -33,7 +33,7 @@ KIND_NAMES = {"mmalib": "MMALIB", "c7x": "C7x kernel", "tvm": "TVM scalar", "io"
 #: Layer fields the page shows (everything else in a manifest layer is dropped).
 LAYER_FIELDS = ("id", "name", "op", "dtype", "input_shape", "weight_shape", "output_shape", "activation",
                 "macs", "backend", "kernel", "func", "reason", "note", "module", "module_type", "source",
-                "code")
+                "code", "out_dtype")
 
 _MAX_LABEL = 26
 
@@ -66,6 +66,14 @@ def _primary_calls(calls: list[dict], layers: dict[str, dict]) -> set[int]:
     return out
 
 
+def _layer_title(lay: dict) -> str:
+    """A layer's node title in a mixed-precision build: its op and dtype
+    (``conv2d int16``; ``requantize int8>int16`` for a boundary)."""
+    if lay.get("out_dtype"):
+        return f"{lay['op']} {lay['dtype']}>{lay['out_dtype']}"
+    return f"{lay['op']} {lay['dtype']}"
+
+
 def build_graph(manifest: dict) -> dict:
     """Page data of one build: ``layers``, ``calls``, ``nodes``, ``edges``, ``summary``.
 
@@ -78,6 +86,7 @@ def build_graph(manifest: dict) -> dict:
     for lay in layers:
         lay["calls"] = [c["index"] for c in calls if c.get("layer") == lay["id"]]
     primary = _primary_calls(calls, by_id)
+    mixed = len({lay["dtype"] for lay in layers if lay.get("dtype") in ("int8", "int16")}) > 1
 
     first_shape = calls[0].get("shape") if calls else None
     nodes = [{"id": "input", "kind": "io", "label": ["input", shape_text(first_shape)],
@@ -88,7 +97,7 @@ def build_graph(manifest: dict) -> dict:
         nid = f"c{c['index']}"
         lay = by_id.get(c.get("layer"))
         if lay is not None and c["index"] in primary:
-            title = lay["op"]
+            title = _layer_title(lay) if mixed else lay["op"]
         else:
             title = short_kernel(c.get("kernel") or c.get("func") or "?")
         nodes.append({"id": nid, "kind": c["backend"] if c["backend"] in COLOURS else "tvm",
