@@ -10,9 +10,10 @@ They share one statistic: a histogram of |x| with a fixed number of bins over
 [0, ``hist_max``]. The first non-zero batch sets ``hist_max`` to its max |x|;
 a later batch with a larger max doubles ``hist_max`` as often as needed,
 merging bin pairs each time (exact: no re-binning error, except that the
-first batch's max, counted in the last bin of the old range, stays just below
-its edge; memory bounded by ``bins``; the growth scheme NVIDIA describes for its TensorRT calibration in
-MLPerf Inference v0.5). At least half the bins then cover [0, max |x|].
+first batch's max, counted in the last bin of the old range, stays just
+below its edge; memory bounded by ``bins``; the growth scheme NVIDIA
+describes for its TensorRT calibration in MLPerf Inference v0.5). At least
+half the bins then cover [0, max |x|].
 
 * :class:`PercentileObserver`: threshold t = the ``percentile``-th percentile
   of |x| (linear interpolation inside the bin).
@@ -39,8 +40,9 @@ from torchao.quantization.pt2e import UniformQuantizationObserverBase
 class AbsHistogramObserver(UniformQuantizationObserverBase):
     """Base: running histogram of |x| plus the running min/max of x (see module doc).
 
-    Buffers (all in the state dict): ``histogram`` [bins] float32 counts of |x|
-    (exact zeros included, in bin 0), ``zeros`` (count of exact zeros),
+    Buffers (all in the state dict): ``histogram`` [bins] float64 counts of |x|
+    (exact zeros included, in bin 0; float64 keeps counts exact past 2^24),
+    ``zeros`` (count of exact zeros),
     ``hist_max`` (upper edge of the last bin; 0 until a non-zero value is seen),
     ``min_val`` / ``max_val`` (running min/max of x, +inf/-inf until observed).
 
@@ -60,8 +62,8 @@ class AbsHistogramObserver(UniformQuantizationObserverBase):
                          quant_max=quant_max, factory_kwargs=factory_kwargs, eps=eps,
                          is_dynamic=is_dynamic, **kwargs)
         self.bins = bins
-        self.register_buffer("histogram", torch.zeros(bins))
-        self.register_buffer("zeros", torch.tensor(0.0))
+        self.register_buffer("histogram", torch.zeros(bins, dtype=torch.float64))
+        self.register_buffer("zeros", torch.tensor(0.0, dtype=torch.float64))
         self.register_buffer("hist_max", torch.tensor(0.0))
         self.register_buffer("min_val", torch.tensor(float("inf")))
         self.register_buffer("max_val", torch.tensor(float("-inf")))
@@ -88,7 +90,7 @@ class AbsHistogramObserver(UniformQuantizationObserverBase):
             self.hist_max.fill_(amax)
         while amax > float(self.hist_max):
             self._double_range()
-        self.histogram += torch.histc(a, self.bins, 0.0, float(self.hist_max))
+        self.histogram += torch.histc(a, self.bins, 0.0, float(self.hist_max)).double()
         return x_orig
 
     def _double_range(self) -> None:

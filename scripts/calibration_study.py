@@ -1,0 +1,168 @@
+"""Compare calibration methods on a real model with held-out images (k-fold): prints a table.
+
+    .venv/bin/python scripts/calibration_study.py [--model mobilenet_v2] [--folds 5] [--methods NAME,...]
+
+For every method (activation observer, percentile, bias correction, symmetric
+or affine int8) and every fold, the stage functions calibrate on the other
+folds' images (prepare -> calibrate -> convert's ``load_converted``, exactly
+what the pipeline builds), and the fold's images go through the PyTorch Q/DQ
+model. Image ``i`` of the calibration set (file-name order) is in fold
+``i % k``, so no image is ever used to calibrate the model that is scored on
+it. Columns, over all images (each held out once): top-1 agreement with the
+float model, top-1 against the file-name labels, mean |logit - float logit|,
+and the mean calibrate-stage seconds per fold (observers, bias correction).
+
+Also prints the bias-correction time of one calibration on all images. Works
+in a temporary folder; the repo's artifacts are not touched. Needs the
+model's weights (``scripts/setup.sh``) and ``calib_data/<set>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pipeline import torchenv  # noqa: E402,F401
+from pipeline.config import ModelSpec, list_images, load_models  # noqa: E402
+from pipeline.data.images import label_of, load_images  # noqa: E402
+from pipeline.stages.calibrate import calibrate_model  # noqa: E402
+from pipeline.stages.convert import load_converted  # noqa: E402
+from pipeline.stages.evaluate import run_program, single_output  # noqa: E402
+from pipeline.stages.export import export_model  # noqa: E402
+from pipeline.stages.prepare import prepare_model  # noqa: E402
+from pipeline.weights import resolve_weights  # noqa: E402
+
+import torch  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One row: the calibration and quantizer options it sets."""
+
+    name: str
+    observer: str
+    percentile: float = 99.99
+    bias_correction: bool = False
+    symmetric: bool = True
+
+    def apply(self, spec: ModelSpec) -> ModelSpec:
+        cal = dataclasses.replace(spec.calibration, observer=self.observer, percentile=self.percentile,
+                                  bias_correction=self.bias_correction, num_images=0)
+        q = dataclasses.replace(spec.quantizer, symmetric_activations=self.symmetric)
+        return dataclasses.replace(spec, calibration=cal, quantizer=q)
+
+
+def methods() -> list[Method]:
+    base = [Method("minmax", "minmax"), Method("moving_average", "moving_average"),
+            Method("histogram (MSE)", "histogram")]
+    base += [Method(f"percentile {p}", "percentile", percentile=p) for p in (99.9, 99.99, 99.999)]
+    base.append(Method("entropy (KL)", "entropy"))
+    rows = []
+    for m in base:
+        rows += [m, dataclasses.replace(m, name=m.name + " + BC", bias_correction=True)]
+    rows += [Method("minmax, affine int8", "minmax", symmetric=False),
+             Method("minmax, affine int8 + BC", "minmax", symmetric=False, bias_correction=True)]
+    return rows
+
+
+def fold_dir(images: list[Path], folder: Path) -> Path:
+    """A calibration folder of symlinks (the calibrate stage reads a folder)."""
+    folder.mkdir(parents=True)
+    for p in images:
+        os.symlink(p.resolve(), folder / p.name)
+    return folder
+
+
+def qdq_logits(spec: ModelSpec, float_pt2: Path, state: Path, x: torch.Tensor) -> torch.Tensor:
+    """Logits [N, classes] of the convert stage's Q/DQ model, one image at a time."""
+    q = load_converted(spec, float_pt2, state)
+    with torch.no_grad():
+        return torch.cat([single_output(q(x[i:i + 1]), spec.name) for i in range(len(x))])
+
+
+def run_method(m: Method, spec: ModelSpec, work: Path, float_pt2: Path, prepared: dict,
+               folds: list[list[int]], images: list[Path], x: torch.Tensor, classes: int) -> dict:
+    mspec = m.apply(spec)
+    state, table = prepared[m.symmetric]
+    logits = torch.zeros(len(images), classes)
+    seconds = []
+    for f, test in enumerate(folds):
+        d = work / f"{m.name.replace(' ', '_')}_{f}"
+        train = [images[i] for i in range(len(images)) if i not in test]
+        calib = fold_dir(train, d / "calib")
+        t0 = time.perf_counter()
+        calibrate_model(mspec, float_pt2, state, table, calib, d / "calibrated.pt", d / "calibration.json")
+        seconds.append(time.perf_counter() - t0)
+        logits[test] = qdq_logits(mspec, float_pt2, d / "calibrated.pt", x[test])
+    return {"logits": logits, "seconds": sum(seconds) / len(seconds)}
+
+
+def bias_correction_seconds(spec: ModelSpec, work: Path, float_pt2: Path, prepared: dict, calib: Path) -> float:
+    """The bias-correction time of one calibration on every image of ``calib``."""
+    m = Method("minmax + BC", "minmax", bias_correction=True)
+    info = calibrate_model(m.apply(spec), float_pt2, *prepared[True], calib, work / "all.pt", work / "all.json")
+    return info["bias_correction"]["seconds"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="mobilenet_v2")
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--methods", default="", help="comma-separated row names (default: all)")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    args = ap.parse_args()
+    spec = next(s for s in load_models(REPO / "models") if getattr(s, "name", None) == args.model)
+    if spec.dtype != "int8" or spec.quantizer.mixed:
+        sys.exit(f"model {args.model!r}: the study compares int8 calibrations; pick an int8 entry")
+    calib = REPO / "calib_data" / spec.calibration.set
+    images = list_images(calib)
+    if len(images) < args.folds:
+        sys.exit(f"{calib}: {len(images)} images cannot make {args.folds} folds; run scripts/setup.sh")
+    folds = [list(range(f, len(images), args.folds)) for f in range(args.folds)]
+    wanted = [m for m in methods() if not args.methods or m.name in args.methods.split(",")]
+    labels = [label_of(p) for p in images]
+    with tempfile.TemporaryDirectory(prefix="calibration_study-") as tmp:
+        work = Path(tmp)
+        float_pt2 = work / "float.pt2"
+        export_model(spec, resolve_weights(spec, REPO), float_pt2, REPO)
+        prepared = {}
+        for sym in sorted({m.symmetric for m in wanted} | {True}):
+            mspec = dataclasses.replace(spec, quantizer=dataclasses.replace(spec.quantizer, symmetric_activations=sym))
+            prepared[sym] = (work / f"prepared_{sym}.pt", work / f"prepared_{sym}.txt")
+            prepare_model(mspec, float_pt2, *prepared[sym])
+        x = load_images(images, spec.preprocess, desc="images", model=spec.name)
+        ref = run_program(float_pt2, x, spec.name)
+        f1 = ref.argmax(1)
+        float_top1 = sum(int(f1[i]) == y for i, y in enumerate(labels) if y is not None)
+        rows = []
+        for m in wanted:
+            r = run_method(m, spec, work, float_pt2, prepared, folds, images, x, ref.shape[1])
+            q1 = r["logits"].argmax(1)
+            rows.append({"method": m.name, "agree": int((q1 == f1).sum()),
+                         "top1": sum(int(q1[i]) == y for i, y in enumerate(labels) if y is not None),
+                         "logit_err": float((r["logits"] - ref).abs().mean()), "seconds": r["seconds"]})
+            print(f"{m.name}: {rows[-1]}", file=sys.stderr, flush=True)
+        bc = bias_correction_seconds(spec, work, float_pt2, prepared, calib)
+    n, k = len(images), args.folds
+    print(f"\n{spec.name} int8, calib_data/{spec.calibration.set}: {k}-fold held-out ({n} images, each "
+          f"calibrated on the other {n - n // k}); float top-1 {float_top1}/{n}\n")
+    print("| method | top-1 agreement with float | top-1 vs labels | mean abs logit error | calibrate s / fold |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['method']} | {r['agree']}/{n} | {r['top1']}/{n} | {r['logit_err']:.3f} | {r['seconds']:.1f} |")
+    print(f"\nbias correction on all {n} images: {bc:.2f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "float_top1": float_top1, "bias_correction_s": bc}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
