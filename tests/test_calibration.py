@@ -45,8 +45,8 @@ def observer_ranges(state):
 
 def test_minmax_ranges_do_not_depend_on_batch_size(exported):
     import torch
-    _, s1 = calibrate(exported, "b1", batch_size=1)
-    info, s3 = calibrate(exported, "b3", batch_size=3)
+    _, s1 = calibrate(exported, "b1", batch_size=1, observer="minmax")
+    info, s3 = calibrate(exported, "b3", batch_size=3, observer="minmax")
     assert info["batch_size"] == 3 and info["num_images"] == 5
     r1, r3 = observer_ranges(s1), observer_ranges(s3)
     assert r1 and r1.keys() == r3.keys()

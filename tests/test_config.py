@@ -31,7 +31,7 @@ def test_shipped_entries_are_valid():
 
 def test_defaults_and_roundtrip(tmp_path):
     (spec,) = load_models(write(tmp_path, "m", BASE))
-    assert spec.calibration.set == "imagenet20" and spec.calibration.observer == "minmax"
+    assert spec.calibration.set == "imagenet20" and spec.calibration.observer == "percentile"
     assert spec.preprocess.crop == 224 and spec.codegen.mmalib
     assert ModelSpec.from_dict(spec.to_dict()) == spec
 
