@@ -152,7 +152,9 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
         noise = verify["pytorch_qdq"]["self_noise_1_thread_no_mkldnn"]
         diffs = [f"{v} max {r['vs_pytorch_qdq']['max_lsb']:g}, mean {r['vs_pytorch_qdq']['mean_lsb']:.2f}"
                  for v, r in builds.items()]
-        unit = f"{report['dtype']} LSB" if verify.get("output_lsb") else "output units"
+        # a mixed model's output may be int16 (its classifier chosen int16): say "output LSB"
+        unit = ((f"{report['dtype']} LSB" if not mixed else "output LSB") if verify.get("output_lsb")
+                else "output units")
         lines.append(f"  vs Q/DQ ({unit}) " + " | ".join(diffs)
                      + f" | PyTorch vs itself max {noise['max_lsb']:g}, mean {noise['mean_lsb']:.2f}")
     if layers and layers.get("layers"):

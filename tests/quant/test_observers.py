@@ -228,3 +228,15 @@ def test_clipping_observer_gives_a_smaller_input_scale_than_minmax(observer, kwa
     minmax = first(convert(net, X, calib_with_outlier()))
     clipped = first(convert(net, X, calib_with_outlier(), observer=observer, observer_kwargs=kwargs))
     assert minmax == pytest.approx(40 / 127.5, rel=1e-6) and clipped < 0.2 * minmax
+
+
+def test_percentile_keeps_the_whole_range_at_int16():
+    """int16 has more levels than bins: clipping would be the only error, so t = max |x|."""
+    from pipeline.quant.observers import PercentileObserver
+    x = torch.cat([torch.randn(10000), torch.tensor([50.0])])
+    o16 = PercentileObserver(percentile=99.0, dtype=torch.int16, qscheme=torch.per_tensor_symmetric,
+                             quant_min=-32768, quant_max=32767)
+    o8 = PercentileObserver(percentile=99.0, dtype=torch.int8, qscheme=torch.per_tensor_symmetric,
+                            quant_min=-128, quant_max=127)
+    o16(x), o8(x)
+    assert o16.threshold() == pytest.approx(50.0) and o8.threshold() < 5.0
