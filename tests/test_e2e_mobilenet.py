@@ -42,8 +42,9 @@ def test_report_float_and_quantized_accuracy(built):
     assert r8["quant_top1"] >= 17 and r8["top1_agreement"] >= 19
     assert any("20 of the 20 evaluation images were also calibration images" in n for n in r8["notes"])
     assert r8["for_deployment"] and r8["weights"]["sha256"].startswith("b0353104")
-    # int16 activations keep the logits much closer to float than int8 (measured: 0.21 vs 0.72)
-    assert r16["mean_abs_logit_error"] < 0.5 * r8["mean_abs_logit_error"]
+    # int16 activations keep the logits much closer to float than int8 (measured: 0.21 vs 0.39
+    # with the default percentile observer, 0.21 vs 0.72 with minmax)
+    assert r16["mean_abs_logit_error"] < 0.7 * r8["mean_abs_logit_error"]
     assert "== doit-c7x summary ==" in run.out and "float 18/20" in run.out
 
 
