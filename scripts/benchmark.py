@@ -70,7 +70,7 @@ def bench_stages(model: str, n_images: int) -> None:
         print(f"stages of {model} ({spec.dtype}, {len(ctx.calibration_images)} calibration images):")
         results, times = {}, {}
         for stage in STAGES:  # every default stage in registry order (the cold build, serial)
-            if not stage.in_default_run():
+            if not stage.in_default_run() or not stage.applies(ctx):
                 continue
             t0 = time.perf_counter()
             results[stage.name] = timed(stage.name, stage.function(), **stage.args(ctx))
