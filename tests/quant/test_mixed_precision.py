@@ -162,23 +162,16 @@ def test_forked_variants_equal_full_runs(sim):
 
 # ----------------------------------------------------------------------------- the stage
 
-ENTRY = '''builder = "tinynets:small_cnn"
-input_shape = [1, 3, 32, 32]
-dtype = "int8"
-preprocess = {{ resize = 36, crop = 32 }}
-[weights]
-pretrained = false
-[calibration]
-set = "cal"
-[quantizer]
-{quantizer}
-'''
+def entry(quantizer: str) -> str:
+    """The tiny test project's int8 entry (tests/doitproj.py TINY) with a [quantizer] table."""
+    from doitproj import TINY
+    return TINY.format(dtype="int8", set="cal") + "[quantizer]\n" + quantizer + "\n"
 
 
 def stage_setup(tmp_path, model: nn.Module, quantizer: str):
     from pipeline.stages.mixed_precision import mixed_precision_model
     (tmp_path / "models").mkdir(exist_ok=True)
-    (tmp_path / "models" / "tiny_mixed.toml").write_text(ENTRY.format(quantizer=quantizer))
+    (tmp_path / "models" / "tiny_mixed.toml").write_text(entry(quantizer))
     spec = load_models(tmp_path / "models")[0]
     cal = tmp_path / "calib_data" / "cal"
     cal.mkdir(parents=True, exist_ok=True)
