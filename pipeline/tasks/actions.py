@@ -9,6 +9,7 @@ other exception also fails in one line, with its traceback kept in
 
 from __future__ import annotations
 
+import os
 import traceback
 from pathlib import Path
 
@@ -26,11 +27,10 @@ def run_stage(stage: str, model: str, args: dict, stamp: dict | None = None, log
     where an unexpected exception's traceback goes. Returns None on success or
     a :class:`doit.exceptions.TaskFailed` with one line.
     """
-    from ..stages import registry
     if stamp:
         stamps.invalidate(stamp["path"])
     try:
-        registry.get(stage).function()(**args)
+        _execute(stage, model, args)
     except PipelineError as e:
         return TaskFailed(f"{stage}: {e}")
     except Exception as e:  # a bug, or bad input we do not recognise yet: keep the traceback
@@ -41,6 +41,18 @@ def run_stage(stage: str, model: str, args: dict, stamp: dict | None = None, log
     if stamp:
         stamps.write_stamp(stamp["path"], stamp["digest"], stamp["deps"])
     return None
+
+
+def _execute(stage: str, model: str, args: dict) -> None:
+    """Run the stage function here, or on a Dask worker when ``DOIT_C7X_EXECUTOR``
+    is set (:mod:`pipeline.executor`; doit and the stamps stay in this process)."""
+    target = os.environ.get("DOIT_C7X_EXECUTOR", "").strip()
+    if target:
+        from ..executor import run_on_executor
+        run_on_executor(target, stage, model, args)
+    else:
+        from ..stages import registry
+        registry.get(stage).function()(**args)
 
 
 def _save_traceback(log: Path) -> Path:
