@@ -27,3 +27,8 @@ class UnsupportedOpError(PipelineError):
 
 class ToolchainError(PipelineError):
     """An external tool (TI cl7x, gcc) is missing or failed."""
+
+
+class ExecutorError(PipelineError):
+    """The Dask executor (``DOIT_C7X_EXECUTOR``) is misconfigured or unreachable, or
+    lost a stage's worker; nothing the stage wrote is trusted (see :mod:`pipeline.executor`)."""
