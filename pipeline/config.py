@@ -10,7 +10,8 @@ Schema (every key but ``builder`` and ``input_shape`` has a default)::
     builder_kwargs = {}                            # passed to the builder
     input_shape = [1, 3, 224, 224]                 # NCHW, float32; batch must be 1
     dtype = "int8"                                 # "int8" | "int16" (activations)
-    preprocess = "imagenet"                        # preset, or a table (see PreprocessSpec)
+    preprocess = "imagenet"                        # preset ("imagenet", "yolo"), or a table (see PreprocessSpec)
+    default_run = true                             # false: built only when named (doit verify:<model>)
     [weights]      see WeightsSpec
     [calibration]  see CalibrationSpec
     [quantizer]    see QuantizerSpec
@@ -46,6 +47,10 @@ IMAGENET_PREPROCESS = {
     "mean": [0.485, 0.456, 0.406],
     "std": [0.229, 0.224, 0.225],
 }
+# Ultralytics' detection input (the user's YOLO26 example): plain resize to
+# 320x320 (no aspect-preserving letterbox), RGB / 255, NCHW, no mean/std.
+YOLO_PREPROCESS = {"resize": [320, 320], "crop": 320, "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]}
+PREPROCESS_PRESETS = {"imagenet": IMAGENET_PREPROCESS, "yolo": YOLO_PREPROCESS}
 
 
 @dataclass(frozen=True)
@@ -72,12 +77,15 @@ class WeightsSpec:
 
 @dataclass(frozen=True)
 class PreprocessSpec:
-    """Image -> NCHW float32 tensor: resize shorter side, center-crop, normalize.
+    """Image -> NCHW float32 tensor: resize, center-crop, normalize.
 
-    ``resize``/``crop`` are pixels; ``mean``/``std`` apply to RGB in [0, 1].
+    ``resize``/``crop`` are pixels: ``resize`` an int scales the shorter side
+    to it (aspect kept, torchvision's ``Resize(int)``), a pair ``(H, W)``
+    scales to exactly that size (``Resize([H, W])``, the "yolo" preset);
+    ``mean``/``std`` apply to RGB in [0, 1].
     """
 
-    resize: int = 256
+    resize: int | tuple[int, int] = 256
     crop: int = 224
     mean: tuple[float, ...] = tuple(IMAGENET_PREPROCESS["mean"])
     std: tuple[float, ...] = tuple(IMAGENET_PREPROCESS["std"])
@@ -100,7 +108,12 @@ class CalibrationSpec:
     weights and input cause on the calibration images (empirical bias
     correction, Nagel et al. 2019). ``source = "random"`` calibrates on
     Gaussian noise: for plumbing tests only, the report then says "not for
-    deployment".
+    deployment". ``shards``: split the images into this many contiguous
+    slices, calibrated in parallel (local processes, or Dask tasks when
+    calibrate runs on a Dask worker) and merged (:mod:`pipeline.quant.merge`):
+    minmax is bit for bit a single-process run, the histogram observers within
+    the bound of docs/numerics.md "Sharded calibration"; "moving_average"
+    needs ``shards = 1`` (its average depends on the order of all batches).
     """
 
     set: str = "imagenet20"
@@ -112,6 +125,7 @@ class CalibrationSpec:
     source: str = "images"
     percentile: float = 99.99
     bias_correction: bool = False
+    shards: int = 1
 
 
 @dataclass(frozen=True)
@@ -188,6 +202,7 @@ class ModelSpec:
     evaluation_set: str = "imagenet20"
     evaluation_folds: int = 2
     profile: ProfileSpec = ProfileSpec()
+    default_run: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (paths as strings): handed to stage functions."""
@@ -215,6 +230,7 @@ class ModelSpec:
             evaluation_set=d["evaluation_set"],
             evaluation_folds=d["evaluation_folds"],
             profile=ProfileSpec(**d.get("profile", {})),
+            default_run=d.get("default_run", True),
         )
 
 
@@ -293,7 +309,8 @@ def _deep_merge(base: dict, over: dict) -> dict:
 
 
 _TOP_KEYS = {"builder", "builder_kwargs", "input_shape", "dtype", "preprocess", "weights",
-             "calibration", "quantizer", "codegen", "evaluation", "profile", "description", "extends"}
+             "calibration", "quantizer", "codegen", "evaluation", "profile", "description", "extends",
+             "default_run"}
 
 
 def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
@@ -316,6 +333,9 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     dtype = data.get("dtype", "int8")
     if dtype not in DTYPES:
         fail(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    default_run = data.get("default_run", True)
+    if not isinstance(default_run, bool):
+        fail(f"'default_run' must be true or false, got {default_run!r}")
     kwargs = data.get("builder_kwargs", {})
     if not isinstance(kwargs, dict):
         fail(f"'builder_kwargs' must be a table, e.g. {{ num_classes = 10 }}, got {kwargs!r}")
@@ -345,6 +365,11 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         fail("[weights] needs 'file' (torchvision checkpoint name) or 'path', "
              "or 'pretrained = false' for a randomly initialised model")
 
+    if isinstance(calibration.shards, bool) or calibration.shards < 1:
+        fail(f"calibration.shards must be an integer >= 1 (1 = one process), got {calibration.shards!r}")
+    if calibration.shards > 1 and calibration.observer == "moving_average":
+        fail("calibration.shards > 1 cannot be used with observer 'moving_average': its running average "
+             "depends on the order of all batches; set shards = 1 or use observer 'minmax'")
     if not (0 < calibration.percentile <= 100):
         fail(f"calibration.percentile must be in (0, 100] (percent of |x| kept), got {calibration.percentile!r}")
 
@@ -365,7 +390,7 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         name=name, source=path, builder=builder, input_shape=tuple(shape), dtype=dtype,
         builder_kwargs=dict(kwargs), weights=weights, preprocess=preprocess,
         calibration=calibration, quantizer=quantizer, codegen=codegen, evaluation_set=evaluation_set,
-        evaluation_folds=folds, profile=profile,
+        evaluation_folds=folds, profile=profile, default_run=default_run,
     )
 
 
@@ -415,28 +440,39 @@ def _check_choice(fail, key: str, value, allowed):
 
 
 def _preprocess(fail, value) -> PreprocessSpec:
-    if value == "imagenet":
-        value = IMAGENET_PREPROCESS
+    if isinstance(value, str) and value in PREPROCESS_PRESETS:
+        value = PREPROCESS_PRESETS[value]
     if not isinstance(value, dict):
-        fail(f"preprocess must be \"imagenet\" or a table {{resize, crop, mean, std}}, got {value!r}")
+        fail(f"preprocess must be one of {', '.join(map(repr, PREPROCESS_PRESETS))} or a table "
+             f"{{resize, crop, mean, std}}, got {value!r}")
     unknown = set(value) - {"resize", "crop", "mean", "std"}
     if unknown:
         fail(f"unknown key(s) {sorted(unknown)} in preprocess")
     merged = {**IMAGENET_PREPROCESS, **value}
-    for key in ("resize", "crop"):
-        if not isinstance(merged[key], int) or merged[key] <= 0:
-            fail(f"preprocess.{key} must be a positive number of pixels, got {merged[key]!r}")
-    if merged["crop"] > merged["resize"]:
-        fail(f"preprocess.crop ({merged['crop']}) cannot exceed preprocess.resize ({merged['resize']})")
+    if not _pixels(merged["crop"]):
+        fail(f"preprocess.crop must be a positive number of pixels, got {merged['crop']!r}")
+    resize = merged["resize"]
+    if isinstance(resize, list) and len(resize) == 2 and all(_pixels(v) for v in resize):
+        resize = (resize[0], resize[1])
+        if merged["crop"] > min(resize):
+            fail(f"preprocess.crop ({merged['crop']}) cannot exceed the resized size {list(resize)}")
+    elif not _pixels(resize):
+        fail(f"preprocess.resize must be a positive number of pixels (shorter side) or [H, W], got {resize!r}")
+    elif merged["crop"] > resize:
+        fail(f"preprocess.crop ({merged['crop']}) cannot exceed preprocess.resize ({resize})")
     for key in ("mean", "std"):
         v = merged[key]
         if not (isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) for x in v)):
             fail(f"preprocess.{key} needs 3 numbers (R, G, B), got {v!r}")
     if any(x <= 0 for x in merged["std"]):
         fail(f"preprocess.std must be positive, got {merged['std']}")
-    return PreprocessSpec(resize=int(merged["resize"]), crop=int(merged["crop"]),
+    return PreprocessSpec(resize=resize, crop=int(merged["crop"]),
                           mean=tuple(float(v) for v in merged["mean"]),
                           std=tuple(float(v) for v in merged["std"]))
+
+
+def _pixels(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def list_images(folder: str | Path) -> list[Path]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .. import torchenv
 from ..config import ModelSpec
+from ..errors import ConfigError
 from ..data.images import iter_images, select_images
 from ..fsutil import write_json
 from .prepare import build_prepared, check_prepared, observer_kwargs, read_int16_selection
@@ -48,26 +49,44 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     :mod:`pipeline.quant.bias_correction`); the record lists each layer's
     correction (``bias_correction.layers``).
 
+    With ``[calibration] shards = k > 1`` (and images as the source) the images
+    are calibrated in k contiguous slices on workers and their observers merged
+    into this process's prepared model (:mod:`pipeline.quant.shards`,
+    :mod:`pipeline.quant.merge`); bias correction then runs here on the whole
+    set. The record gains ``shards`` {requested, used, images per shard,
+    merge method per observer class}; with shards = 1 it is unchanged.
+
     Raises :class:`CalibrationDataError` for a missing/empty folder or an
     unreadable image (nothing is written then). ``int16_selection``:
-    ``int16_layers.json`` of a mixed-precision model.
+    ``int16_layers.json`` of a mixed-precision model. Raises ConfigError for
+    shards > 1 with an observer that cannot be merged (moving_average).
     """
     cal = spec.calibration
     images = select_images(calib_dir, cal, spec.name) if cal.source == "images" else []
-    gm = build_prepared(spec, float_pt2, int16_layers=read_int16_selection(int16_selection))
+    int16_layers = read_int16_selection(int16_selection)
+    gm = build_prepared(spec, float_pt2, int16_layers=int16_layers)
     check_prepared(gm, prepared_state, prepared_table)
     total = len(images) if images else (cal.num_images or 8)
+    slices = _shard_slices(spec, gm, images)
+    merge = None
     t0 = time.perf_counter()
     # disable=None: a live img/s bar on a terminal, nothing in logs (the line below stays)
     seen = []  # the batches again, for bias correction (20 MobileNetV2 images: 12 MB)
     with torch.no_grad(), tqdm(total=total, desc=f"calibrate {spec.name}", unit="img", leave=False,
                                disable=None) as bar:
-        for batch in calibration_batches(spec, images):
-            gm(batch)
-            bar.update(len(batch))
-            if cal.bias_correction:
-                seen.append(batch)
+        if len(slices) > 1:
+            from ..quant.shards import calibrate_sharded
+            merge = calibrate_sharded(gm, slices, bar, spec, float_pt2, prepared_state, prepared_table,
+                                      int16_layers)
+        else:
+            for batch in calibration_batches(spec, images):
+                gm(batch)
+                bar.update(len(batch))
+                if cal.bias_correction:
+                    seen.append(batch)
     seconds = time.perf_counter() - t0
+    if merge is not None and cal.bias_correction:  # the whole set, as one process sees it
+        seen = list(calibration_batches(spec, images))
     bias = _correct_biases(gm, seen) if cal.bias_correction else None
     torchenv.save_tensors(gm.state_dict(), out_state)
     info = {
@@ -83,12 +102,33 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
         "order": cal.order,
         "for_deployment": cal.source == "images",
     }
+    if cal.shards > 1:  # (absent with shards = 1: the record stays as before sharding existed)
+        info["shards"] = {"requested": cal.shards, "used": len(slices),
+                          "images": [len(s) for s in slices], "merge": merge or {}}
     write_json(out_info, info)
     print(f"calibrate {spec.name}: {total} {'images' if images else 'random tensors'}, observer "
           f"{cal.observer}, {total / max(seconds, 1e-9):.1f} img/s"
-          + (f", bias correction of {len(bias['layers'])} layers in {bias['seconds']} s" if bias else ""),
+          + (f", bias correction of {len(bias['layers'])} layers in {bias['seconds']} s" if bias else "")
+          + (f", {len(slices)} shards" if len(slices) > 1 else ""),
           file=sys.stderr)
     return info
+
+
+def _shard_slices(spec: ModelSpec, gm: torch.fx.GraphModule, images: list[Path]) -> list[list[Path]]:
+    """The image slices of ``[calibration] shards`` (:func:`pipeline.quant.shards.split_images`;
+    one slice, no sharding, for shards = 1 or random tensors). Raises ConfigError when an
+    observer of ``gm`` has no merge (moving_average), before any image is read."""
+    cal = spec.calibration
+    if cal.shards <= 1 or not images:
+        return [images]
+    from ..quant.merge import NotMergeable, merge_entry, observers
+    from ..quant.shards import split_images
+    try:
+        for obs in observers(gm).values():
+            merge_entry(obs)
+    except NotMergeable as e:
+        raise ConfigError(f"{spec.source} (model {spec.name!r}): calibration.shards = {cal.shards}: {e}") from None
+    return split_images(images, cal.batch_size, cal.shards)
 
 
 def _correct_biases(gm: torch.fx.GraphModule, batches: list[torch.Tensor]) -> dict:
