@@ -10,7 +10,7 @@ PROBE = """
 import sys
 from doit.doit_cmd import DoitMain
 code = DoitMain().run(["list", "--all"])
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "tvm", "torchvision", "torchao"))
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "tvm", "torchvision", "torchao", "ultralytics"))
 print("HEAVY=" + ",".join(heavy))
 sys.exit(code)
 """

@@ -23,11 +23,13 @@ _LABEL = re.compile(r"_(\d+)\.[A-Za-z]+$")
 
 
 def make_transform(pre: PreprocessSpec) -> v2.Compose:
-    """uint8 CHW RGB image -> float32 CHW: resize shorter side to ``pre.resize``
-    (bilinear, antialiased), center-crop ``pre.crop``, scale to [0, 1],
-    normalize with ``pre.mean``/``pre.std`` (torchvision's ImageNet recipe)."""
+    """uint8 CHW RGB image -> float32 CHW: resize (bilinear, antialiased) the
+    shorter side to ``pre.resize``, or to exactly ``(H, W)`` when it is a pair,
+    center-crop ``pre.crop``, scale to [0, 1], normalize with
+    ``pre.mean``/``pre.std`` (torchvision's ImageNet recipe; the "yolo" preset
+    is resize [320, 320], mean 0, std 1: ultralytics' /255 input)."""
     return v2.Compose([
-        v2.Resize(pre.resize, antialias=True),
+        v2.Resize(list(pre.resize) if isinstance(pre.resize, tuple) else pre.resize, antialias=True),
         v2.CenterCrop(pre.crop),
         v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(list(pre.mean), list(pre.std)),

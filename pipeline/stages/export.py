@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import pickle
+import re
 import sys
 from pathlib import Path
 
@@ -58,24 +60,52 @@ def _instantiate(spec: ModelSpec, builder) -> torch.nn.Module:
     return model
 
 
+#: the one-time conversion of a checkpoint that pickles whole objects (ultralytics' .pt)
+CONVERT_HINT = ("save it with torch.save(model.state_dict(), path); for an ultralytics checkpoint "
+                "you trust run once: python -m pipeline.tools.yolo_state_dict {file}")
+
+
 def _load_checkpoint(spec: ModelSpec, model: torch.nn.Module, weights: Path) -> None:
-    """Load a plain state_dict file with ``weights_only=True``."""
+    """Load a plain state_dict file with ``weights_only=True`` (never unpickle objects).
+
+    Raises :class:`WeightsNotFoundError` in one line: a pickle of objects
+    (torch's weights-only unpickler refuses its globals) says how to convert
+    it; a state dict of another architecture names the first mismatched key.
+    """
+    hint = CONVERT_HINT.format(file=weights)
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
-    except Exception as e:  # UnpicklingError, EOFError, zip errors: all "not a checkpoint"
+    except pickle.UnpicklingError as e:  # "Weights only load failed ... Unsupported global: GLOBAL ..."
+        glob = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"it pickles Python objects ({glob.group(1)})" if glob else "it pickles Python objects"
+        raise WeightsNotFoundError(f"model {spec.name!r}: {weights} is not a plain state_dict: {what}, "
+                                   f"which is never unpickled; {hint}") from None
+    except Exception as e:  # EOFError, zip errors: all "not a checkpoint"
         raise WeightsNotFoundError(
             f"model {spec.name!r}: {weights} is not a loadable state_dict checkpoint "
-            f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); save it with "
-            f"torch.save(model.state_dict(), path)") from None
+            f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); {hint}") from None
     if not isinstance(state, dict):
         raise WeightsNotFoundError(f"model {spec.name!r}: {weights} holds a {type(state).__name__}, "
-                                   f"not a state_dict; save it with torch.save(model.state_dict(), path)")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        detail = " ".join(line.strip() for line in str(e).splitlines()[1:3])[:300]
+                                   f"not a state_dict; {hint}")
+    mismatch = first_mismatch(model.state_dict(), state)
+    if mismatch:
         raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "
-                                   f"{spec.builder} ({detail})") from None
+                                   f"{spec.builder}: {mismatch}; use a checkpoint of this architecture")
+    model.load_state_dict(state)
+
+
+def first_mismatch(expected: dict, state: dict) -> str | None:
+    """The first key (in the model's order) that is missing from ``state`` or has another
+    shape, else the first key ``state`` has and the model lacks; None when they fit."""
+    for key, value in expected.items():
+        if key not in state:
+            return f"first mismatched key {key!r} (missing from the checkpoint)"
+        got = getattr(state[key], "shape", None)
+        if got != value.shape:
+            return (f"first mismatched key {key!r} (checkpoint {list(got) if got is not None else type(state[key]).__name__}, "
+                    f"model {list(value.shape)})")
+    extra = [k for k in state if k not in expected]
+    return f"first mismatched key {extra[0]!r} (not in the model)" if extra else None
 
 
 def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,

@@ -28,6 +28,7 @@ from ..weights import missing_weights_message, resolve_weights
 from .actions import fail_config, run_stage, run_summary
 
 SKIPPED = " [skipped by default: weights not found]"
+BY_NAME_ONLY = " [not in the default run (default_run = false): name the task to build it]"
 
 
 class Project:
@@ -60,8 +61,9 @@ class Project:
         return [e for e in self.entries if isinstance(e, ModelSpec)]
 
     def built(self) -> list[ModelSpec]:
-        """Models the default run builds (valid and not skipped)."""
-        return [s for s in self.valid() if s.name not in self.skipped]
+        """Models the default run builds (valid, not skipped, not ``default_run = false``;
+        the tasks of the last still exist and run when named, e.g. ``doit verify:<model>``)."""
+        return [s for s in self.valid() if s.name not in self.skipped and s.default_run]
 
     def context(self, spec: ModelSpec) -> StageContext:
         """What the stage records see for ``spec``."""
@@ -98,7 +100,8 @@ class Project:
             "targets": [str(t) for t in stage.outs(ctx)],
             "uptodate": [config_changed(config), stamps.StampCheck(stamp["path"], stamp["digest"])],
             "clean": True,
-            "doc": stage.describe(ctx) + (SKIPPED if spec.name in self.skipped else ""),
+            "doc": stage.describe(ctx) + (SKIPPED if spec.name in self.skipped else "")
+            + ("" if spec.default_run else BY_NAME_ONLY),
         }
 
     def stage_tasks(self, stage: Stage):

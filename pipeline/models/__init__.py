@@ -1,0 +1,1 @@
+"""Model builders shipped with the plugin (``builder = "pipeline.models.<module>:<function>"``)."""

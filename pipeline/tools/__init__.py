@@ -1,0 +1,1 @@
+"""One-time user tools (``python -m pipeline.tools.<tool>``); not stages, not imported by the task list."""

@@ -1,0 +1,176 @@
+"""YOLO26n: the offline builder, its model entries, the preprocessing preset, the
+checkpoint converter and the two bad-checkpoint errors (issue 11, part a)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.config import load_models, parse_model
+from pipeline.errors import ConfigError, WeightsNotFoundError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def entries():
+    return {m.name: m for m in load_models(REPO / "models")}
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    from pipeline.models.yolo import yolo26n
+    torch.manual_seed(0)
+    return yolo26n(imgsz=320)
+
+
+def test_builder_gives_the_end_to_end_output_with_ultralytics_keys(random_model):
+    from pipeline.models.yolo import offline_ultralytics
+    with torch.no_grad():
+        y = random_model(torch.rand(1, 3, 320, 320))
+    assert y.shape == (1, 300, 6) and y.dtype == torch.float32
+    scores, classes = y[0, :, 4], y[0, :, 5]
+    assert torch.all(scores[:-1] >= scores[1:])  # ranked by score
+    assert torch.all((classes >= 0) & (classes < 80)) and torch.equal(classes, classes.round())
+    reference = offline_ultralytics().DetectionModel("yolo26n.yaml", verbose=False).state_dict()
+    ours = random_model.state_dict()
+    assert list(ours) == list(reference)  # a converted ultralytics checkpoint loads as it is
+    assert sum(v.numel() for k, v in ours.items() if "num_batches" not in k and "running" not in k) > 2.5e6
+
+
+def test_builder_exports_with_a_dynamic_batch(random_model):
+    from torch.export import Dim
+    ep = torch.export.export(random_model, (torch.rand(2, 3, 320, 320),),
+                             dynamic_shapes=({0: Dim("batch", min=1, max=8)},))
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.aten.topk.default) == 2
+    assert torch.ops.aten.item.default not in targets  # the anchor grid is a constant, not rebuilt
+    out = ep.module()(torch.rand(1, 3, 320, 320))
+    assert out.shape == (1, 300, 6)
+
+
+def test_builder_rejects_a_size_off_the_stride_grid():
+    from pipeline.models.yolo import yolo26n
+    with pytest.raises(ValueError, match="multiple of 32"):
+        yolo26n(imgsz=300)
+
+
+def test_entries_and_the_yolo_preset(entries):
+    y, r = entries["yolo26n"], entries["yolo26n_random"]
+    assert y.preprocess.resize == (320, 320) and y.preprocess.crop == 320
+    assert y.preprocess.mean == (0.0, 0.0, 0.0) and y.preprocess.std == (1.0, 1.0, 1.0)
+    assert y.weights.optional and y.weights.file == "yolo26n_state_dict.pt" and y.default_run
+    assert not r.weights.pretrained and not r.default_run and r.builder == y.builder
+    assert r.to_dict()["default_run"] is False
+    from pipeline.config import ModelSpec
+    assert ModelSpec.from_dict(r.to_dict()) == r
+
+
+def test_yolo_preset_is_a_plain_resize_over_255(tmp_path):
+    from torchvision.io import encode_jpeg
+    from pipeline.data.images import load_image, make_transform
+    img = (torch.rand(3, 200, 300) * 255).to(torch.uint8)
+    (tmp_path / "a_0.jpg").write_bytes(encode_jpeg(img, quality=95).numpy().tobytes())
+    spec = parse_model("m", tmp_path / "m.toml", {"builder": "a:b", "input_shape": [1, 3, 320, 320],
+                                                   "preprocess": "yolo", "weights": {"pretrained": False}})
+    x = load_image(tmp_path / "a_0.jpg", make_transform(spec.preprocess))
+    assert x.shape == (3, 320, 320)  # aspect not kept, nothing cropped
+    assert 0.0 <= x.min() and x.max() <= 1.0
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"default_run": "no"}, "'default_run' must be true or false"),
+    ({"preprocess": "coco"}, "preprocess must be one of 'imagenet', 'yolo'"),
+    ({"preprocess": {"resize": [320], "crop": 320}}, "preprocess.resize must be"),
+    ({"preprocess": {"resize": [320, 200], "crop": 320}}, "cannot exceed the resized size"),
+])
+def test_bad_entry_values_fail_in_one_line(tmp_path, data, needle):
+    base = {"builder": "a:b", "input_shape": [1, 3, 320, 320], "weights": {"pretrained": False}}
+    with pytest.raises(ConfigError, match=needle) as e:
+        parse_model("m", tmp_path / "m.toml", {**base, **data})
+    assert "\n" not in str(e.value)
+
+
+def test_random_variant_is_not_in_the_default_run_but_has_its_tasks(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # no yolo26n_state_dict.pt there
+    from pipeline.tasks import Project
+    p = Project(REPO / "models", artifacts_dir=tmp_path / "art")
+    built = {s.name for s in p.built()}
+    assert "yolo26n" not in built and "yolo26n" in p.skipped  # optional weights missing
+    assert "yolo26n_random" not in built and "yolo26n_random" not in p.skipped
+    assert not any(t.endswith(":yolo26n_random") for t in p.default_tasks())
+    from pipeline.stages.registry import BY_NAME
+    tasks = {t["name"]: t for t in p.stage_tasks(BY_NAME["verify"]) if "file_dep" in t}
+    assert "yolo26n_random" in tasks and "not in the default run" in tasks["yolo26n_random"]["doc"]
+    assert "yolo26n_random" not in p.summary_payload()["models"]
+
+
+def _spec(entries, **weights):
+    import dataclasses
+    return dataclasses.replace(entries["yolo26n"], weights=dataclasses.replace(entries["yolo26n"].weights, **weights))
+
+
+def test_converter_turns_an_object_pickle_into_a_loadable_state_dict(tmp_path, entries, random_model):
+    """An ultralytics-style checkpoint (whole objects, half precision) -> state dict -> export loads it."""
+    import copy
+    from pipeline.models.yolo import offline_ultralytics
+    from pipeline.stages.export import build_model
+    torch.manual_seed(1)
+    trained = offline_ultralytics().DetectionModel("yolo26n.yaml", verbose=False)
+    ckpt = tmp_path / "yolo26n.pt"
+    torch.save({"model": copy.deepcopy(trained).half(), "ema": None, "epoch": -1}, ckpt)
+
+    spec = _spec(entries, path=str(ckpt))
+    with pytest.raises(WeightsNotFoundError) as e:  # never unpickled by the pipeline
+        build_model(spec, ckpt, REPO)
+    msg = str(e.value)
+    assert "\n" not in msg and "pickles Python objects" in msg
+    assert f"python -m pipeline.tools.yolo_state_dict {ckpt}" in msg
+
+    out = tmp_path / "hub" / "yolo26n_state_dict.pt"
+    proc = subprocess.run([sys.executable, "-m", "pipeline.tools.yolo_state_dict", str(ckpt), "-o", str(out)],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert str(out) in proc.stdout
+    state = torch.load(out, weights_only=True)
+    assert all(v.dtype != torch.float16 for v in state.values())
+    model, digest = build_model(_spec(entries, path=str(out)), out, REPO)
+    w = "model.0.conv.weight"
+    assert torch.equal(model.state_dict()[w], trained.state_dict()[w].half().float()) and len(digest) == 64
+
+
+def test_converter_default_output_is_where_the_entry_looks(tmp_path):
+    from pipeline.models.yolo import offline_ultralytics
+    ckpt = tmp_path / "yolo26n.pt"
+    torch.save({"model": offline_ultralytics().DetectionModel("yolo26n.yaml", verbose=False)}, ckpt)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.tools.yolo_state_dict", str(ckpt)], cwd=REPO,
+                          capture_output=True, text=True, env={"TORCH_HOME": str(tmp_path / "th"), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "th" / "hub" / "checkpoints" / "yolo26n_state_dict.pt").is_file()
+    bad = tmp_path / "bad.pt"
+    torch.save({"weights": torch.zeros(1)}, bad)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.tools.yolo_state_dict", str(bad)], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "no ultralytics model in it" in proc.stderr
+
+
+def test_wrong_architecture_names_the_first_mismatched_key(tmp_path, entries, random_model):
+    import torchvision
+    from pipeline.stages.export import build_model
+    wrong = tmp_path / "resnet.pt"
+    torch.save(torchvision.models.resnet18().state_dict(), wrong)
+    with pytest.raises(WeightsNotFoundError) as e:
+        build_model(_spec(entries, path=str(wrong)), wrong, REPO)
+    msg = str(e.value)
+    assert "\n" not in msg and "first mismatched key 'model.0.conv.weight'" in msg
+    state = random_model.state_dict()
+    state["model.9.cv1.conv.weight"] = torch.zeros(1, 2, 3, 3)  # one layer of another width
+    wider = tmp_path / "wider.pt"
+    torch.save(state, wider)
+    with pytest.raises(WeightsNotFoundError, match=r"first mismatched key 'model.9.cv1.conv.weight' "
+                                                   r"\(checkpoint \[1, 2, 3, 3\], model \["):
+        build_model(_spec(entries, path=str(wider)), wider, REPO)
