@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from doit.reporter import ConsoleReporter
 
-from .stages.summary import render
+from .stages.summary import render, restored_lines
 
 
 class C7xReporter(ConsoleReporter):
@@ -24,9 +24,15 @@ class C7xReporter(ConsoleReporter):
         super().__init__(outstream, options)
         self.show_summary = False
         self.failed: dict[str, str] = {}
+        self.restored: list[str] = []  # tasks whose outputs came from the run-cache
 
     def initialize(self, tasks, selected_tasks):
         self.show_summary = "summary" in (selected_tasks or [])
+
+    def add_success(self, task):
+        super().add_success(task)
+        if (task.values or {}).get("run_cache") == "restored":
+            self.restored.append(task.name)
 
     def add_failure(self, task, fail):
         super().add_failure(task, fail)
@@ -40,7 +46,9 @@ class C7xReporter(ConsoleReporter):
         self.failures = [f for f in self.failures if _captured(f["task"])]
         super().complete_run()
         if self.show_summary and self.payload:
-            self.write(render(self.payload, self.failed) + "\n")
+            self.write(render(self.payload, self.failed, self.restored) + "\n")
+        elif self.restored:  # e.g. `doit verify:m`: no summary, still say what was restored
+            self.write("\n".join(restored_lines(self.restored)) + "\n")
 
 
 def _captured(task) -> bool:

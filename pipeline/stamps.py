@@ -43,13 +43,31 @@ def invalidate(stamp: str | Path) -> None:
     Path(stamp).unlink(missing_ok=True)
 
 
-def write_stamp(stamp: str | Path, digest: str, deps: list[str]) -> None:
-    """Record the current inputs of a stage that just succeeded (atomic)."""
+def file_records(deps: list[str], previous: str | Path | None = None) -> dict[str, list]:
+    """``{dep: [mtime_ns, size, md5]}`` of each file; a file whose mtime and size
+    match its record in the ``previous`` stamp keeps that md5 (not re-hashed)."""
+    old = {}
+    if previous is not None:
+        try:
+            old = json.loads(Path(previous).read_text()).get("files", {})
+        except (OSError, ValueError):
+            pass
     files = {}
-    for dep in sorted(deps):
+    for dep in deps:
         st = os.stat(dep)
-        files[dep] = [st.st_mtime_ns, st.st_size, _md5(dep)]
-    write_json(stamp, {"config": digest, "files": files})
+        rec = old.get(dep)
+        if rec and rec[0] == st.st_mtime_ns and rec[1] == st.st_size:
+            files[dep] = rec
+        else:
+            files[dep] = [st.st_mtime_ns, st.st_size, _md5(dep)]
+    return files
+
+
+def write_stamp(stamp: str | Path, digest: str, deps: list[str], records: dict | None = None) -> None:
+    """Record the current inputs of a stage that just succeeded (atomic).
+    ``records``: :func:`file_records` of ``deps`` taken before the stage ran."""
+    records = records or file_records(deps)
+    write_json(stamp, {"config": digest, "files": {d: records[d] for d in sorted(deps)}})
 
 
 class StampCheck:

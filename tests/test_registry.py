@@ -75,9 +75,9 @@ def test_no_stage_dispatch_on_names():
 
 # Import layers, lowest first. A module may import from its own layer or lower ones.
 LAYERS = [
-    {"errors", "fsutil", "config", "stamps", "weights", "layout", "toolchain", "torchenv", "assets"},
+    {"errors", "fsutil", "config", "stamps", "weights", "layout", "toolchain", "torchenv", "assets", "runcache"},
     {"quant", "frontend", "backend", "data", "visualize", "models", "tools"},
-    {"stages", "console"},
+    {"stages", "console", "executor"},
     {"tasks"},
 ]
 

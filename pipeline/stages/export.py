@@ -120,7 +120,8 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
     if weights is None:
         weights = resolve_weights(spec, root)
     model, digest = build_model(spec, weights, root)
-    info = {"model": spec.name, "builder": spec.builder, "pretrained": weights is not None,
+    # no model name: variants of one network share this output (run-cache, Stage.shared)
+    info = {"builder": spec.builder, "pretrained": weights is not None,
             "weights": str(weights) if weights else None, "sha256": digest}
     example = torch.randn(2, *spec.input_shape[1:])
     with torch.no_grad():

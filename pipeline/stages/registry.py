@@ -89,6 +89,8 @@ class Stage:
     - ``task_doc(ctx)``: the per-model line of ``doit list``.
     - ``applies(ctx)``: whether the model has this stage at all (e.g.
       ``mixed_precision`` only for mixed-precision entries).
+    - ``shared``: the outputs never depend on the model's name, so models with
+      identical inputs share run-cache entries (:mod:`pipeline.runcache`).
     """
 
     name: str
@@ -104,6 +106,7 @@ class Stage:
     default: bool | Callable[[], bool] = True
     task_doc: Callable[[StageContext], str] | None = None
     applies: Callable[[StageContext], bool] = lambda ctx: True
+    shared: bool = False
 
     def function(self) -> Callable:
         """Import and return the stage function (this imports torch/tvm)."""
@@ -231,6 +234,7 @@ STAGES: tuple[Stage, ...] = (
         args=lambda c: {"spec": c.spec, "weights": c.weights, "root": c.root,
                         "out": c.layout.float_pt2, "out_info": c.layout.export_json},
         task_doc=lambda c: f"export {c.spec.builder} -> float.pt2",
+        shared=True,  # export.json does not name the model: variants of one network share it
     ),
     Stage(
         # Only for mixed-precision entries. The choice alone goes to int16_layers.json, so

@@ -188,11 +188,13 @@ def siblings(payload: dict, data: dict, name: str) -> dict[str, dict]:
     return out
 
 
-def render(payload: dict, failed: dict[str, str] | None = None) -> str:
+def render(payload: dict, failed: dict[str, str] | None = None,
+           restored: list[str] | None = None) -> str:
     """The text block printed at the end of a run.
 
     ``failed``: model -> "<stage>: <error>" for models whose task failed in
-    this run (their possibly stale numbers are not shown)."""
+    this run (their possibly stale numbers are not shown). ``restored``: tasks
+    (``stage:model``) whose outputs came from the run-cache in this run."""
     failed = failed or {}
     art = Path(payload["artifacts"])
     lines = ["", "== doit-c7x summary =="]
@@ -211,7 +213,17 @@ def render(payload: dict, failed: dict[str, str] | None = None) -> str:
                          f"layers.json, c/<build>/manifest.json)")
     lines += [f"{name}: FAILED ({why})" for name, why in payload.get("invalid", {}).items()]
     lines += [f"{name}: skipped ({why})" for name, why in payload["skipped"].items()]
-    return "\n".join(lines)
+    return "\n".join(lines + restored_lines(restored or []))
+
+
+def restored_lines(tasks: list[str]) -> list[str]:
+    """One line per model naming the stages the run-cache restored (in run order)."""
+    by_model: dict[str, list[str]] = {}
+    for task in tasks:
+        stage, _, model = task.partition(":")
+        by_model.setdefault(model, []).append(stage)
+    return [f"run-cache: restored {len(stages)} stage{'s' if len(stages) > 1 else ''} of {model} "
+            f"without running them ({', '.join(stages)})" for model, stages in by_model.items()]
 
 
 def summarize(payload: dict) -> dict:

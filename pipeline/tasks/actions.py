@@ -10,25 +10,36 @@ other exception also fails in one line, with its traceback kept in
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from .. import stamps
+from .. import runcache, stamps
 from ..errors import PipelineError
 
 
-def run_stage(stage: str, model: str, args: dict, stamp: dict | None = None, log: str | None = None):
+def run_stage(stage: str, model: str, args: dict, stamp: dict | None = None, log: str | None = None,
+              cache: dict | None = None):
     """doit action: run ``stage``'s function with keyword ``args`` for ``model``.
 
     ``stamp`` ({"path", "digest", "deps"}): the stage's input stamp is removed
-    first and rewritten after success (see :mod:`pipeline.stamps`). ``log``:
-    where an unexpected exception's traceback goes. Returns None on success or
-    a :class:`doit.exceptions.TaskFailed` with one line.
+    first and rewritten after success (see :mod:`pipeline.stamps`). ``cache``
+    ({"root", "base", "outs", "shared"}): the run-cache (:mod:`pipeline.runcache`);
+    an entry for these inputs restores the outputs instead of running the stage,
+    and a successful run is stored. ``log``: where an unexpected exception's
+    traceback goes. Returns a :class:`doit.exceptions.TaskFailed` with one line,
+    or on success ``{"run_cache": "restored" | "stored" | "off"}`` (doit keeps it
+    as the task's values; the reporter names the restored stages).
     """
+    records = stamps.file_records(stamp["deps"], previous=stamp["path"]) if stamp else None
     if stamp:
         stamps.invalidate(stamp["path"])
+    key = _cache_key(stage, model, stamp, records, cache)
+    if key and _restore(cache, key):
+        stamps.write_stamp(stamp["path"], stamp["digest"], stamp["deps"], records)
+        return {"run_cache": "restored"}
     try:
         _execute(stage, model, args)
     except PipelineError as e:
@@ -39,8 +50,35 @@ def run_stage(stage: str, model: str, args: dict, stamp: dict | None = None, log
         return TaskFailed(f"{stage}: model {model!r}: unexpected {type(e).__name__}: {first} "
                           f"(traceback in {where}; please report it)")
     if stamp:
-        stamps.write_stamp(stamp["path"], stamp["digest"], stamp["deps"])
-    return None
+        stamps.write_stamp(stamp["path"], stamp["digest"], stamp["deps"], records)
+    return {"run_cache": _store(cache, key, stage, model) if key else "off"}
+
+
+def _cache_key(stage, model, stamp, records, cache) -> str | None:
+    if not (cache and cache.get("root") and stamp):
+        return None
+    return runcache.stage_key(stage, None if cache["shared"] else model, stamp["digest"],
+                              [records[d][2] for d in stamp["deps"]], cache["outs"], cache.get("where", []))
+
+
+def _restore(cache: dict, key: str) -> bool:
+    try:
+        return runcache.RunCache(Path(cache["root"])).restore(key, Path(cache["base"]), cache["outs"])
+    except OSError as e:  # an unreadable cache never fails a build: the stage runs
+        print(f"run-cache: cannot restore from {cache['root']}: {e}", file=sys.stderr)
+        return False
+
+
+def _store(cache: dict, key: str, stage: str, model: str) -> str:
+    rc = runcache.RunCache(Path(cache["root"]))
+    try:
+        rc.store(key, Path(cache["base"]), cache["outs"], {"stage": stage, "model": model})
+        if cache.get("max_bytes"):
+            rc.prune(cache["max_bytes"])
+    except OSError as e:  # a full or read-only cache never fails a build
+        print(f"run-cache: cannot store in {cache['root']}: {e}", file=sys.stderr)
+        return "off"
+    return "stored"
 
 
 def _execute(stage: str, model: str, args: dict) -> None:
@@ -73,4 +111,24 @@ def run_summary(payload: dict):
         summary.summarize(payload)
     except PipelineError as e:
         return TaskFailed(f"summary: {e}")
+    return None
+
+
+def run_cache_command(root: str | None, max_size: str = ""):
+    """doit action of the ``cache`` task: print the run-cache's size; with
+    ``max_size`` (e.g. ``5G``) first prune it to that size, least recently used first."""
+    if root is None:
+        print(f"run-cache: off ({runcache.CACHE_ENV}=off)")
+        return None
+    rc = runcache.RunCache(Path(root))
+    if max_size:
+        try:
+            limit = runcache.parse_size(max_size)
+        except ValueError as e:
+            return TaskFailed(f"cache: --max-size: {e}")
+        removed, freed = rc.prune(limit)
+        print(f"run-cache: pruned {removed} entries ({runcache.human(freed)}) to stay under {runcache.human(limit)}")
+    n, size = rc.size()
+    print(f"run-cache: {root}: {n} entries, {runcache.human(size)} "
+          f"(limit {os.environ.get(runcache.MAX_ENV) or runcache.DEFAULT_MAX}, pruned after every store)")
     return None

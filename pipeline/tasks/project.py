@@ -15,17 +15,18 @@ Staleness is doit's own machinery (``docs/architecture.md``, "Staleness"):
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from doit.tools import config_changed
 
-from .. import stamps
+from .. import runcache, stamps
 from ..config import InvalidModel, ModelSpec, load_models
 from ..errors import WeightsNotFoundError
 from ..layout import Layout, variants
 from ..stages.registry import PKG, STAGES, Stage, StageContext
 from ..weights import missing_weights_message, resolve_weights
-from .actions import fail_config, run_stage, run_summary
+from .actions import fail_config, run_cache_command, run_stage, run_summary
 
 SKIPPED = " [skipped by default: weights not found]"
 BY_NAME_ONLY = " [not in the default run (default_run = false): name the task to build it]"
@@ -44,6 +45,12 @@ class Project:
         self.artifacts = self._abs(artifacts_dir)
         self.calib_root = self._abs(calib_root)
         self.entries = load_models(self.models_dir)
+        self.cache_root = runcache.cache_root(self.artifacts)
+        try:
+            self.cache_limit = runcache.max_bytes()
+        except ValueError as e:  # never pruned then; the cache task says so too
+            print(f"run-cache: {runcache.MAX_ENV}: {e}; not pruning", file=sys.stderr)
+            self.cache_limit = None
         self.weights: dict[str, Path | None] = {}
         self.skipped: dict[str, str] = {}
         for spec in self.valid():
@@ -91,18 +98,30 @@ class Project:
         config = stage.tracked(ctx)
         stamp = {"path": str(ctx.layout.stamp(stage.name)), "digest": stamps.config_digest(config),
                  "deps": deps}
+        targets = stage.outs(ctx)
         action = (run_stage, [stage.name, spec.name, stage.args(ctx), stamp,
-                              str(ctx.layout.traceback(stage.name))])
+                              str(ctx.layout.traceback(stage.name)), self._cache(stage, ctx, targets)])
         return {
             "name": spec.name,
             "actions": [action],
             "file_dep": deps,
-            "targets": [str(t) for t in stage.outs(ctx)],
+            "targets": [str(t) for t in targets],
             "uptodate": [config_changed(config), stamps.StampCheck(stamp["path"], stamp["digest"])],
             "clean": True,
             "doc": stage.describe(ctx) + (SKIPPED if spec.name in self.skipped else "")
             + ("" if spec.default_run else BY_NAME_ONLY),
         }
+
+    def _cache(self, stage: Stage, ctx: StageContext, targets: list[Path]) -> dict | None:
+        """The run-cache argument of ``run_stage`` (None: off, or an output outside
+        the model's folder, which an entry could not hold)."""
+        if self.cache_root is None or not all(ctx.layout.dir in Path(t).parents for t in targets):
+            return None
+        return {"root": str(self.cache_root), "base": str(ctx.layout.dir), "shared": stage.shared,
+                # outputs hold absolute paths (build commands, the checkpoint, source files)
+                "where": [str(self.root.resolve()), str(self.artifacts.resolve())],
+                "outs": [Path(t).relative_to(ctx.layout.dir).as_posix() for t in targets],
+                "max_bytes": self.cache_limit}
 
     def stage_tasks(self, stage: Stage):
         """Yield the doit sub-tasks of ``stage``, one per model entry."""
@@ -127,6 +146,14 @@ class Project:
                 "targets": [str(self.artifacts / "summary.json")],
                 "uptodate": [config_changed({"models": payload["models"], "skipped": sorted(self.skipped)})],
                 "clean": True, "doc": "accuracy, offload and verify numbers of every model (summary.json)"}
+
+    def cache_task(self) -> dict:
+        """``doit cache``: the run-cache's size; ``doit cache --max-size 5G`` prunes it."""
+        root = str(self.cache_root) if self.cache_root else None
+        return {"actions": [(run_cache_command, [root])], "uptodate": [False], "verbosity": 2,
+                "params": [{"name": "max_size", "long": "max-size", "type": str, "default": "",
+                            "help": "prune to this size first, least recently used first (e.g. 5G)"}],
+                "doc": "run-cache size (--max-size 5G: prune it, least recently used first)"}
 
     def summary_payload(self) -> dict:
         """What the summary task and the reporter read (plain data)."""
@@ -160,6 +187,8 @@ class Project:
             ns[f"task_{stage.name}"] = _creator(self, stage)
         ns["task_summary"] = lambda: self.summary_task()
         ns["task_summary"].__doc__ = "accuracy / offload / verify numbers of every model"
+        ns["task_cache"] = lambda: self.cache_task()
+        ns["task_cache"].__doc__ = "run-cache size; --max-size prunes it"
         return ns
 
 

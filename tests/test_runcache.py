@@ -1,0 +1,198 @@
+"""The run-cache (pipeline/runcache.py, issue 12): hit, miss, sharing between
+variants, corrupted entries, pruning; first on plain files, then through doit
+on a tiny project (int8 -> int16 -> int8 restores every stage it ran)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from doitproj import Project
+from pipeline import runcache
+from pipeline.runcache import RunCache, parse_size, stage_key
+
+# ----------------------------------------------------------------------------- plain files
+
+
+def _outputs(base: Path, text: str) -> list[str]:
+    (base / "sub").mkdir(parents=True, exist_ok=True)
+    (base / "a.bin").write_bytes(text.encode() * 1000)
+    (base / "sub" / "b.json").write_text(json.dumps({"v": text}))
+    return ["a.bin", "sub/b.json"]
+
+
+def test_store_then_restore_gives_the_same_bytes(tmp_path):
+    rc = RunCache(tmp_path / "cache")
+    outs = _outputs(tmp_path / "m1", "one")
+    key = stage_key("calibrate", "m1", "cfg", ["d1"], outs)
+    assert not rc.restore(key, tmp_path / "m2", outs)  # miss: nothing stored yet
+    assert rc.store(key, tmp_path / "m1", outs, {"stage": "calibrate"})
+    assert not rc.store(key, tmp_path / "m1", outs, {})  # one entry per key
+    assert rc.restore(key, tmp_path / "m2", outs)
+    for rel in outs:
+        assert (tmp_path / "m2" / rel).read_bytes() == (tmp_path / "m1" / rel).read_bytes()
+    assert rc.size()[0] == 1
+
+
+def test_key_changes_with_every_input():
+    base = dict(stage="calibrate", model="m", config_digest="c", dep_md5s=["1", "2"], outs=["x"])
+    keys = {stage_key(**base)}
+    for change in ({"stage": "convert"}, {"model": "n"}, {"model": None}, {"config_digest": "d"},
+                   {"dep_md5s": ["2", "1"]}, {"outs": ["y"]}):
+        keys.add(stage_key(**{**base, **change}))
+    keys.add(stage_key(**base, where=["/elsewhere"]))
+    assert len(keys) == 8
+
+
+def test_corrupted_entry_is_ignored_and_removed(tmp_path):
+    rc = RunCache(tmp_path / "cache")
+    outs = _outputs(tmp_path / "m1", "one")
+    key = stage_key("s", "m", "c", [], outs)
+    rc.store(key, tmp_path / "m1", outs, {})
+    # the entry's file is a hard link of the artifact: rewrite the cache copy in place
+    cached = rc.entry(key) / "files" / "a.bin"
+    os.unlink(cached)
+    cached.write_bytes(b"x" * 3000)  # same size, other bytes: only the hash can tell
+    target = tmp_path / "m2"
+    assert not rc.restore(key, target, outs)
+    assert not (target / "a.bin").exists()  # nothing half-restored
+    assert not rc.entry(key).exists()
+
+
+def test_restore_of_an_entry_with_other_files_is_a_miss(tmp_path):
+    rc = RunCache(tmp_path / "cache")
+    outs = _outputs(tmp_path / "m1", "one")
+    key = stage_key("s", "m", "c", [], outs)
+    rc.store(key, tmp_path / "m1", outs, {})
+    assert not rc.restore(key, tmp_path / "m2", outs[:1])
+
+
+def test_prune_removes_least_recently_used_first(tmp_path):
+    rc = RunCache(tmp_path / "cache")
+    keys = []
+    for i, text in enumerate(("old", "mid", "new")):
+        outs = _outputs(tmp_path / text, text)
+        keys.append(stage_key("s", text, "c", [], outs))
+        rc.store(keys[-1], tmp_path / text, outs, {})
+        os.utime(rc.entry(keys[-1]) / "entry.json", (1000 + i, 1000 + i))
+    os.utime(rc.entry(keys[0]) / "entry.json", (2000, 2000))  # "old" was just restored
+    sizes = {e.name: size for e, _, size in rc.entries()}
+    removed, freed = rc.prune(sizes[keys[0]] + sizes[keys[2]])
+    assert (removed, freed) == (1, sizes[keys[1]])
+    assert not rc.entry(keys[1]).exists() and rc.entry(keys[0]).exists() and rc.entry(keys[2]).exists()
+    assert rc.prune(0)[0] == 2 and rc.size() == (0, 0)
+
+
+def test_sizes_parse_and_bad_ones_say_so():
+    assert parse_size("20G") == 20 << 30 and parse_size("500m") == 500 << 20 and parse_size("1024") == 1024
+    assert parse_size("1.5GiB") == 3 << 29
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("lots")
+
+
+def test_location_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv(runcache.CACHE_ENV, raising=False)
+    assert runcache.cache_root(tmp_path) == tmp_path / ".cache"
+    monkeypatch.setenv(runcache.CACHE_ENV, str(tmp_path / "shared"))
+    assert runcache.cache_root(tmp_path / "x") == tmp_path / "shared"
+    monkeypatch.setenv(runcache.CACHE_ENV, "off")
+    assert runcache.cache_root(tmp_path) is None
+
+
+# ----------------------------------------------------------------------------- through doit
+
+STAGES = ("export", "prepare", "calibrate", "convert", "relax_import", "codegen", "host_build")
+LAST = "host_build:tiny"
+
+
+def _tree(d: Path) -> dict[str, bytes]:
+    """Every artifact file of a model, minus stamps and logs (they record times)."""
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*"))
+            if p.is_file() and ".stamps" not in p.parts and "logs" not in p.parts}
+
+
+def _restored(run) -> list[str]:
+    m = re.search(r"run-cache: restored \d+ stages? of tiny without running them \(([^)]*)\)", run.out)
+    return m.group(1).split(", ") if m else []
+
+
+@pytest.fixture(scope="module")
+def proj(tmp_path_factory):
+    p = Project(tmp_path_factory.mktemp("runcache"))
+    p.add_images("setA", 3)
+    p.add_model("tiny", "setA")
+    run = p.doit(LAST)
+    assert run.returncode == 0, run.out
+    assert _restored(run) == []
+    return p
+
+
+def test_switching_back_restores_every_stage_without_running_it(proj):
+    art = proj.root / "artifacts" / "tiny"
+    int8 = _tree(art)
+    model = proj.root / "models" / "tiny.toml"
+    model.write_text(model.read_text().replace('dtype = "int8"', 'dtype = "int16"'))
+    run16 = proj.doit(LAST)
+    assert run16.returncode == 0, run16.out
+    assert _restored(run16) == [] and run16.ran("calibrate") == {"tiny"}  # a miss runs the stage
+    model.write_text(model.read_text().replace('dtype = "int16"', 'dtype = "int8"'))
+    back = proj.doit(LAST)
+    assert back.returncode == 0, back.out
+    assert _restored(back) == list(STAGES[1:])  # export was never stale
+    assert "calibrate tiny:" not in back.out  # the stage's own line: it did not run
+    assert _tree(art) == int8
+    again = proj.doit(LAST)
+    assert again.executed == [], again.out
+
+
+def test_a_variant_with_the_same_upstream_inputs_shares_the_export(proj):
+    proj.add_model("tiny16", "setA", dtype="int16")
+    run = proj.doit("export:tiny16")
+    assert run.returncode == 0, run.out
+    assert "run-cache: restored 1 stage of tiny16 without running them (export)" in run.out
+    a, b = proj.root / "artifacts" / "tiny", proj.root / "artifacts" / "tiny16"
+    assert (a / "float.pt2").read_bytes() == (b / "float.pt2").read_bytes()
+    assert (a / "export.json").read_bytes() == (b / "export.json").read_bytes()
+    (proj.root / "models" / "tiny16.toml").unlink()
+
+
+def test_a_corrupted_entry_is_not_restored_and_the_stage_runs(proj):
+    art = proj.root / "artifacts" / "tiny"
+    good = (art / "calibrated.pt").read_bytes()
+    rc = RunCache(proj.root / "artifacts" / ".cache")
+    entry = next(e for e, _, _ in rc.entries()
+                 if json.loads((e / "entry.json").read_text())["stage"] == "calibrate"
+                 and (e / "files" / "calibrated.pt").read_bytes() == good)
+    cached = entry / "files" / "calibrated.pt"
+    os.unlink(cached)  # do not write through the hard link into the artifact
+    cached.write_bytes(good[:-8] + b"\0" * 8)
+    (art / "calibrated.pt").unlink()
+    run = proj.doit(LAST)
+    assert run.returncode == 0, run.out
+    assert "is corrupted (calibrated.pt); ignoring it" in run.out
+    assert "calibrate" not in _restored(run) and "calibrate tiny:" in run.out
+    assert (art / "calibrated.pt").read_bytes() == good
+
+
+def test_cache_task_shows_the_size_and_prunes(proj):
+    run = proj.doit("cache")
+    assert run.returncode == 0, run.out
+    n = int(re.search(r"run-cache: \S+: (\d+) entries", run.out).group(1))
+    assert n >= len(STAGES)
+    pruned = proj.doit("cache", "--max-size", "0")
+    assert f"pruned {n} entries" in pruned.out and ": 0 entries, 0 B" in pruned.out
+    bad = proj.doit("cache", "--max-size", "lots")
+    assert bad.returncode != 0 and "cache: --max-size: 'lots' is not a size" in bad.out
+
+
+def test_cache_off_runs_the_stages(proj):
+    model = proj.root / "models" / "tiny.toml"
+    model.write_text(model.read_text().replace('dtype = "int8"', 'dtype = "int16"'))
+    run = proj.doit(LAST, env={runcache.CACHE_ENV: "off"})
+    assert run.returncode == 0, run.out
+    assert run.ran("calibrate") == {"tiny"} and _restored(run) == []
+    assert not list((proj.root / "artifacts" / ".cache").glob("entries/*/*"))  # pruned above, nothing stored
