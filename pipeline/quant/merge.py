@@ -18,12 +18,15 @@ the merged state:
   a batch widens its range. Not exact (a single process re-bins at other
   points); bound in docs/numerics.md, "Sharded calibration".
 * :func:`merge_abs_histogram` (:class:`~pipeline.quant.observers.PercentileObserver`,
-  :class:`~pipeline.quant.observers.EntropyObserver`): the merged range is
-  the one a single process would reach (the first shard's ``hist_max``
-  doubled until it covers the largest |x| of all shards); the first observed
-  shard's histogram maps onto it exactly (bin pairs merged), the others'
-  counts are re-binned assuming a uniform density inside each of their bins
-  (exact zeros stay in bin 0). Bound: docs/numerics.md.
+  :class:`~pipeline.quant.observers.EntropyObserver`): the merged ``hist_max``
+  is the one a single process reaches (the first shard's, doubled until it
+  covers the largest |x| of all shards). Shards seeded with the head's grid
+  (:func:`grid_seeds`) lie on it already, so their counts add exactly (bin
+  pairs merged, as the observer does when its range doubles); the only
+  difference from one process is a value exactly on a doubled grid edge, one
+  bin apart. A shard on another grid (its observer saw only zeros in the
+  first batch) is re-binned assuming a uniform density inside each of its
+  bins, exact zeros kept in bin 0. Bound: docs/numerics.md.
 * ``MovingAverageMinMaxObserver``: refused (:class:`NotMergeable`); its
   average weights each batch by its position in the whole sequence.
 

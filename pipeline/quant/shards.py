@@ -5,7 +5,11 @@ contiguous slices in order, on batch boundaries (every shard sees the same
 batches as a single process would). Each shard rebuilds the prepared model
 (``build_prepared`` + ``check_prepared``, deterministic), runs its slice
 through it and returns its observers' states; the head merges them in shard
-order (:mod:`pipeline.quant.merge`).
+order (:mod:`pipeline.quant.merge`). The head runs the first batch itself
+first, so the |x|-histogram observers of every shard bin on the grid a single
+process uses (:func:`calibrate_sharded`). Shards compute with the head's torch
+thread count (:func:`_with_threads`): with fewer threads a layer may sum in
+another order and minmax would no longer be bit-exact.
 
 Where the shards run: when the calibrate stage itself runs on a Dask worker
 (the project's Dask executor), as tasks of that cluster through
@@ -13,6 +17,11 @@ Where the shards run: when the calibrate stage itself runs on a Dask worker
 thread pool while it waits); otherwise in local processes, joblib's loky
 backend with ``n_jobs = min(k, cpu count)``. Either way one progress bar
 counts all images as shards finish.
+
+Cost: every shard pays a fresh process's imports and a ``prepare_pt2e`` of the
+model (MobileNetV2: several seconds), so sharding pays off with more cores
+than one process's torch threads already use, or with a Dask cluster;
+scripts/bench_calibration.py measures it.
 """
 
 from __future__ import annotations
@@ -120,8 +129,9 @@ def run_shards(jobs: list[tuple[list[Path], dict]], bar, spec: ModelSpec, float_
 def _run_dask(args: dict[int, tuple]):
     """Yield (job index, states) as the shard tasks finish on the cluster."""
     from distributed import as_completed, worker_client
+    threads = torch.get_num_threads()
     with worker_client() as client:
-        futures = {client.submit(calibrate_shard, *a, pure=False): i for i, a in args.items()}
+        futures = {client.submit(_with_threads, threads, *a, pure=False): i for i, a in args.items()}
         for fut in as_completed(futures):
             yield futures[fut], fut.result()
 
@@ -130,10 +140,25 @@ def _run_local(args: dict[int, tuple]):
     """Yield (job index, states) as the shards finish in loky processes."""
     import joblib
     n_jobs = max(1, min(len(args), os.cpu_count() or 1))
+    threads = torch.get_num_threads()
     with joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered") as parallel:
-        yield from parallel(joblib.delayed(_indexed)(i, a) for i, a in args.items())
+        yield from parallel(joblib.delayed(_indexed)(i, threads, a) for i, a in args.items())
 
 
-def _indexed(i: int, a: tuple) -> tuple[int, dict]:
+def _indexed(i: int, threads: int, a: tuple) -> tuple[int, dict]:
     """(job index, its states): generator_unordered yields in completion order."""
-    return i, calibrate_shard(*a)
+    return i, _with_threads(threads, *a)
+
+
+def _with_threads(threads: int, *a) -> dict:
+    """:func:`calibrate_shard` with ``threads`` torch threads, the head's: a conv or
+    linear layer's summation order depends on the thread count, and minmax is only
+    bit-exact when every batch is computed as in one process. (On 2 cores, two
+    shards then run 2 threads each: oversubscribed, but exact.)"""
+    from .. import torchenv  # noqa: F401  (its thread default first, then ours)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return calibrate_shard(*a)
+    finally:
+        torch.set_num_threads(before)
