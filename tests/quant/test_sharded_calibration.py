@@ -78,7 +78,8 @@ def test_split_images_contiguous_whole_batches():
     assert split_images(imgs, 1, 1) == [imgs]
 
 
-@pytest.mark.parametrize("shards, batch_size", [(2, 1), (3, 1), (3, 2)])
+# (3, 3): slices [3], [3], [1]: shard 0 is the head's first batch alone (no job)
+@pytest.mark.parametrize("shards, batch_size", [(2, 1), (3, 1), (3, 2), (3, 3)])
 def test_minmax_shards_equal_one_process_bit_for_bit(exported, shards, batch_size, capfd):
     info1, s1 = calibrate(exported, observer="minmax", batch_size=batch_size)
     capfd.readouterr()
@@ -211,3 +212,24 @@ def test_config_accepts_shards(tmp_path):
     assert spec.calibration.shards == 4 and Spec.from_dict(spec.to_dict()) == spec
     (tmp_path / "m.toml").write_text(BASE)
     assert load_models(tmp_path)[0].calibration.shards == 1
+
+
+def test_doit_shards_is_tracked_and_holdout_folds_shard(tmp_path):
+    """Through doit: changing ``shards`` re-runs calibrate (same minmax state), and the
+    holdout stage's per-fold calibrations run sharded too."""
+    import torch
+    from doitproj import Project
+    p = Project(tmp_path)
+    p.add_images("setA", 4)
+    model = p.add_model("tiny", extra='observer = "minmax"\n')
+    run = p.doit("calibrate:tiny")
+    assert run.returncode == 0, run.out
+    art = tmp_path / "artifacts" / "tiny"
+    one = torch.load(art / "calibrated.pt", weights_only=True)
+    model.write_text(model.read_text() + "shards = 2\n")
+    run = p.doit("calibrate:tiny", "holdout:tiny")
+    assert run.returncode == 0, run.out
+    assert "calibrate:tiny" in run.executed and "prepare:tiny" not in run.executed
+    assert json.loads((art / "calibration.json").read_text())["shards"]["used"] == 2
+    assert_bitwise_equal(one, torch.load(art / "calibrated.pt", weights_only=True))
+    assert run.out.count(", 2 shards") >= 1 + 2   # the deployed calibration and both folds
