@@ -154,7 +154,9 @@ def _with_threads(threads: int, *a) -> dict:
     """:func:`calibrate_shard` with ``threads`` torch threads, the head's: a conv or
     linear layer's summation order depends on the thread count, and minmax is only
     bit-exact when every batch is computed as in one process. (On 2 cores, two
-    shards then run 2 threads each: oversubscribed, but exact.)"""
+    shards then run 2 threads each: oversubscribed, but exact. torch's thread count
+    is per process: on a Dask worker with several task threads the others see it
+    too until it is restored; the project's executor runs one task per worker.)"""
     from .. import torchenv  # noqa: F401  (its thread default first, then ours)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
