@@ -12,6 +12,7 @@ Schema (every key but ``builder`` and ``input_shape`` has a default)::
     dtype = "int8"                                 # "int8" | "int16" (activations)
     preprocess = "imagenet"                        # preset ("imagenet", "yolo"), or a table (see PreprocessSpec)
     default_run = true                             # false: built only when named (doit verify:<model>)
+    task = "classification"                        # or "detection": [1, D, 6] output (x1 y1 x2 y2 score class)
     [weights]      see WeightsSpec
     [calibration]  see CalibrationSpec
     [quantizer]    see QuantizerSpec
@@ -39,6 +40,9 @@ CALIB_SOURCES = ("images", "random")
 QUANTIZER_IMPLS = ("c7x", "tvm")
 WEIGHT_FORMATS = ("bin", "c_array")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+# "detection": the output is [1, D, 6] end-to-end detections (pipeline/data/detections.py);
+# verify and evaluate compare IoU-matched detections instead of top-1, verify draws them.
+TASKS = ("classification", "detection")
 
 # torchvision's ImageNet classification transform (its weights' `transforms()`).
 IMAGENET_PREPROCESS = {
@@ -203,6 +207,7 @@ class ModelSpec:
     evaluation_folds: int = 2
     profile: ProfileSpec = ProfileSpec()
     default_run: bool = True
+    task: str = "classification"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (paths as strings): handed to stage functions."""
@@ -231,6 +236,7 @@ class ModelSpec:
             evaluation_folds=d["evaluation_folds"],
             profile=ProfileSpec(**d.get("profile", {})),
             default_run=d.get("default_run", True),
+            task=d.get("task", "classification"),
         )
 
 
@@ -310,7 +316,7 @@ def _deep_merge(base: dict, over: dict) -> dict:
 
 _TOP_KEYS = {"builder", "builder_kwargs", "input_shape", "dtype", "preprocess", "weights",
              "calibration", "quantizer", "codegen", "evaluation", "profile", "description", "extends",
-             "default_run"}
+             "default_run", "task"}
 
 
 def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
@@ -336,6 +342,8 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     default_run = data.get("default_run", True)
     if not isinstance(default_run, bool):
         fail(f"'default_run' must be true or false, got {default_run!r}")
+    task = data.get("task", "classification")
+    _check_choice(fail, "task", task, TASKS)
     kwargs = data.get("builder_kwargs", {})
     if not isinstance(kwargs, dict):
         fail(f"'builder_kwargs' must be a table, e.g. {{ num_classes = 10 }}, got {kwargs!r}")
@@ -390,7 +398,7 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         name=name, source=path, builder=builder, input_shape=tuple(shape), dtype=dtype,
         builder_kwargs=dict(kwargs), weights=weights, preprocess=preprocess,
         calibration=calibration, quantizer=quantizer, codegen=codegen, evaluation_set=evaluation_set,
-        evaluation_folds=folds, profile=profile, default_run=default_run,
+        evaluation_folds=folds, profile=profile, default_run=default_run, task=task,
     )
 
 

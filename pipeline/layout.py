@@ -48,6 +48,17 @@ class Layout:
         self.board_profile = self.dir / "board_profile.txt"  # the user's C7x log (no stage writes it)
         self.offload_html = self.dir / "offload.html"
         self.cross = self.dir / "c7x"
+        self.detections = self.dir / "detections"   # verify, detection models: pictures + index.html
+
+    def detection_pictures(self, spec: ModelSpec, images: list[Path]) -> list[Path]:
+        """What verify draws for a detection model: ``detections/<image stem>_<kind>.jpg``
+        for every evaluation image and kind (``float``, ``qdq``, then ``c_<variant>`` per C
+        build), and the ``index.html`` linking them; nothing for other models."""
+        if spec.task != "detection":
+            return []
+        kinds = ["float", "qdq"] + [f"c_{v}" for v in variants(spec)]
+        return [self.detections / f"{p.stem}_{k}.jpg" for p in images for k in kinds] + [
+            self.detections / "index.html"]
 
     def stamp(self, stage: str) -> Path:
         """Input stamp of ``stage`` (see :mod:`pipeline.stamps`)."""

@@ -118,9 +118,14 @@ def check_preprocess(pre: dict) -> dict:
         raise ValueError(f"preprocess needs exactly the keys {list(PREPROCESS_KEYS)}, got {sorted(pre)}")
     out = {}
     for key in ("resize", "crop"):
-        if isinstance(pre[key], bool) or not isinstance(pre[key], (int, np.integer)) or pre[key] <= 0:
-            raise ValueError(f"preprocess[{key!r}] must be a positive int, got {pre[key]!r}")
-        out[key] = int(pre[key])
+        v = pre[key]
+        if key == "resize" and isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_pixels, v)):
+            out[key] = (int(v[0]), int(v[1]))  # exact [H, W] (the "yolo" preset)
+            continue
+        if not _pixels(v):
+            raise ValueError(f"preprocess[{key!r}] must be a positive int"
+                             + (" or [H, W]" if key == "resize" else "") + f", got {v!r}")
+        out[key] = int(v)
     for key in ("mean", "std"):
         v = list(pre[key])
         if len(v) != 3 or not all(isinstance(x, (int, float, np.floating, np.integer)) for x in v):
@@ -129,14 +134,23 @@ def check_preprocess(pre: dict) -> dict:
     return out
 
 
+def _pixels(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v > 0
+
+
 def _preprocess_lines(M: str, pre: dict | None) -> list[str]:
     if pre is None:
         return []
     pre = check_preprocess(pre)
-    return ["/* input preprocessing (as calibrated): RGB in [0,1], shorter side resized with bilinear "
+    exact = isinstance(pre["resize"], tuple)
+    resize = (f"#define {M}_PREPROCESS_RESIZE_HW {{{pre['resize'][0]}, {pre['resize'][1]}}} "
+              f"/* resized to exactly H, W pixels (aspect not kept) */" if exact else
+              f"#define {M}_PREPROCESS_RESIZE {pre['resize']} /* shorter side, pixels */")
+    how = "resized to H x W" if exact else "shorter side resized"
+    return [f"/* input preprocessing (as calibrated): RGB in [0,1], {how} with bilinear "
             "antialiasing (torchvision), center crop, normalize, NCHW float32 */",
             "/* normalize: (x - MEAN[c]) / STD[c] per channel c = R, G, B */",
-            f"#define {M}_PREPROCESS_RESIZE {pre['resize']} /* shorter side, pixels */",
+            resize,
             f"#define {M}_PREPROCESS_CROP {pre['crop']} /* center crop, pixels */",
             f"#define {M}_PREPROCESS_MEAN {{{', '.join(c_float(v) for v in pre['mean'])}}} /* R, G, B */",
             f"#define {M}_PREPROCESS_STD {{{', '.join(c_float(v) for v in pre['std'])}}} /* R, G, B */", ""]

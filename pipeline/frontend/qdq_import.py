@@ -106,7 +106,27 @@ def _quantize_per_channel(node, importer):
     return _clip_to_range(bb, q, d, lo, hi)
 
 
+def _div_with_mode(node, importer):
+    """``aten.div.Tensor_mode(x, y, rounding_mode)``: as TVM's ``_div``, but a Python
+    number ``y`` becomes a constant of ``x``'s dtype. TVM makes it ``relax.const(y)``
+    (int32), which ``floor_divide`` of YOLO26's int64 topk indices by the class
+    count rejects ("Binary operators must have the same datatype")."""
+    x, y = importer.retrieve_args(node)[:2]
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("rounding_mode")
+    if isinstance(y, (int, float)):
+        y = relax.const(y, x.ty.dtype)
+    bb = importer.block_builder
+    if mode is None:
+        return bb.emit(relax.op.divide(x, y))
+    if mode == "floor":
+        return bb.emit(relax.op.floor_divide(x, y))
+    if mode == "trunc":
+        return bb.emit(relax.op.trunc(bb.emit(relax.op.divide(x, y))))
+    raise ValueError(f"div: unsupported rounding_mode {mode!r}")
+
+
 QDQ_CONVERT_MAP = {
+    "div.Tensor_mode": _div_with_mode,
     "quantize_per_tensor.default": _quantize_per_tensor,
     "dequantize_per_tensor.default": _dequantize_per_tensor,
     "dequantize_per_channel.default": _dequantize_per_channel,

@@ -123,7 +123,9 @@ class AbsHistogramObserver(UniformQuantizationObserverBase):
         if float(self.hist_max) == 0.0:       # only zeros seen
             return self.min_val.clone(), self.max_val.clone()
         t = torch.tensor(min(self.threshold(), float(self.hist_max)))
-        return torch.maximum(self.min_val, -t), torch.minimum(self.max_val, t)
+        # clamp both ends into [-t, t]: a tensor whose values all lie beyond t (a
+        # constant 2.0 when interpolation puts t a hair below it) keeps lo <= hi
+        return self.min_val.clamp(-t, t), self.max_val.clamp(-t, t)
 
     def extra_repr(self) -> str:
         return f"bins={self.bins}, min_val={float(self.min_val)}, max_val={float(self.max_val)}"

@@ -191,6 +191,12 @@ def _mixed_doc(ctx: StageContext) -> str:
     return "int8/int16 mixed precision: " + ", ".join(parts) + " -> mixed_precision.json"
 
 
+def _task(ctx: StageContext) -> dict:
+    """``{"task": "detection"}`` for a detection model, else nothing (so the tracked
+    parameters of classification models stay what they were)."""
+    return {"task": ctx.spec.task} if ctx.spec.task != "classification" else {}
+
+
 def _builds(ctx: StageContext) -> dict:
     return ctx.layout.builds(ctx.spec)
 
@@ -332,10 +338,10 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.verify:verify_model",
         code=("stages/verify.py", "backend", "data", "torchenv.py"),
         params=("preprocess",),
-        extra=lambda c: {"images": [p.name for p in c.evaluation_images]},
+        extra=lambda c: {"images": [p.name for p in c.evaluation_images], **_task(c)},
         deps=lambda c: [c.layout.float_pt2, c.layout.quantized_pt2, *c.layout.codegen_files(c.spec),
                         *[c.layout.host_exe(v) for v in variants(c.spec)], *c.evaluation_images],
-        outs=lambda c: [c.layout.verify],
+        outs=lambda c: [c.layout.verify, *c.layout.detection_pictures(c.spec, c.evaluation_images)],
         args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
                         "quantized_pt2": c.layout.quantized_pt2,
                         "images_dir": c.calib_root / c.spec.evaluation_set, "builds": _builds(c),

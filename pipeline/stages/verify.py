@@ -10,6 +10,13 @@ is compared with
    (LSB) of the output scale, and top-1 agreement;
 3. the float model and the labels: the accuracy of what would actually run.
 
+A detection model (``task = "detection"``, output ``[1, D, 6]``) is compared
+by IoU-matched detections instead of top-1 (:mod:`pipeline.data.detections`):
+matched fraction at IoU >= 0.5 and score difference, for the C build against
+the Q/DQ model and against float; the detections of float, Q/DQ and every C
+build are drawn on the evaluation images (``detections/*.jpg`` and an
+``index.html`` linking them).
+
 Measured on MobileNetV2 with real weights: the PyTorch Q/DQ model is not
 stable at the bit level itself (1 vs 2 threads, or MKLDNN on/off, changes
 outputs by up to ~16 LSB), because a 1-LSB rounding flip in an early layer
@@ -26,6 +33,7 @@ import numpy as np
 
 from .. import torchenv  # noqa: F401
 from ..config import ModelSpec, list_images
+from ..data import detections
 from ..data.images import label_of, load_images
 from ..errors import CalibrationDataError, PipelineError
 from ..fsutil import write_json
@@ -56,9 +64,12 @@ def lsb_stats(a: np.ndarray, b: np.ndarray, lsb: float | None) -> dict:
     the difference reads a 1-step int16 difference as 1.002)."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     d = np.abs(np.rint(a64 / lsb) - np.rint(b64 / lsb)) if lsb else np.abs(a64 - b64)
-    return {"unit": "lsb" if lsb else "float", "max_lsb": round(float(d.max()), 6),
-            "mean_lsb": round(float(d.mean()), 6), "elements_off": int((d > (0.5 if lsb else 0)).sum()),
-            "elements": int(d.size), "top1_agreement": int((a.argmax(1) == b.argmax(1)).sum())}
+    out = {"unit": "lsb" if lsb else "float", "max_lsb": round(float(d.max()), 6),
+           "mean_lsb": round(float(d.mean()), 6), "elements_off": int((d > (0.5 if lsb else 0)).sum()),
+           "elements": int(d.size)}
+    if a.ndim == 2:  # [N, K] logits; a detection output [N, D, 6] has no top-1
+        out["top1_agreement"] = int((a.argmax(1) == b.argmax(1)).sum())
+    return out
 
 
 def accuracy(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
@@ -72,18 +83,23 @@ def accuracy(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | No
 
 def verify_variant(variant: str, codegen_dir: Path, exe: Path, images: np.ndarray,
                    torch_out: np.ndarray, float_out: np.ndarray, labels: list, lsb: float) -> dict:
-    """Run one build on ``images`` [N, C, H, W] float32 and compare it."""
+    """Run one build on ``images`` [N, C, H, W] float32 and compare it. The host
+    outputs (shaped like ``torch_out``) are returned under ``"_outputs"``."""
     from ..backend.host import run_host
     from ..backend.interp import run_reference
 
-    host = run_host(exe, codegen_dir, images)
-    ref = run_reference(codegen_dir, images)
+    host = run_host(exe, codegen_dir, images).reshape(torch_out.shape)
+    ref = run_reference(codegen_dir, images).reshape(torch_out.shape)
     per_image_exact = [bool(np.array_equal(host[i], ref[i])) for i in range(len(images))]
-    return {"variant": variant, "images": len(images),
-            "vs_python_reference": {"bit_exact_images": sum(per_image_exact),
-                                    **lsb_stats(host, ref, lsb)},
-            "vs_pytorch_qdq": lsb_stats(host, torch_out, lsb),
-            "accuracy": accuracy(host, float_out, labels)}
+    out = {"variant": variant, "images": len(images),
+           "vs_python_reference": {"bit_exact_images": sum(per_image_exact), **lsb_stats(host, ref, lsb)},
+           "vs_pytorch_qdq": lsb_stats(host, torch_out, lsb), "_outputs": host}
+    if detections.is_detection_output(torch_out.shape):
+        out["vs_pytorch_qdq"]["detections"] = detections.compare_all(torch_out, host)
+        out["accuracy"] = {"detections_vs_float": detections.compare_all(float_out, host)}
+    else:
+        out["accuracy"] = accuracy(host, float_out, labels)
+    return out
 
 
 def run_torch(module, x: torch.Tensor, model: str = "") -> np.ndarray:
@@ -111,6 +127,10 @@ def summary_line(r: dict, noise: dict) -> str:
     """One line per build for the run's summary."""
     ref, pt, acc = r["vs_python_reference"], r["vs_pytorch_qdq"], r["accuracy"]
     n = r["images"]
+    if "detections" in pt:
+        return (f"[{r['variant']}] C == Python integer reference on {ref['bit_exact_images']}/{n} images; "
+                f"detections vs PyTorch Q/DQ: {_matched(pt['detections'])}; vs float: "
+                f"{_matched(acc['detections_vs_float'])}")
     unit = "LSB" if pt["unit"] == "lsb" else "(output units)"
     return (f"[{r['variant']}] C == Python integer reference on {ref['bit_exact_images']}/{n} images; "
             f"vs PyTorch Q/DQ: max {pt['max_lsb']:g}, mean {pt['mean_lsb']:g} {unit}, top-1 agreement "
@@ -118,6 +138,33 @@ def summary_line(r: dict, noise: dict) -> str:
             f"{noise['mean_lsb']:g}); top-1 {acc['top1']}/{acc['labeled']}, agrees with float "
             f"{acc['top1_agreement_with_float']}/{n}, mean |logit error| vs float "
             f"{acc['mean_abs_logit_error_vs_float']:.4f}")
+
+
+def _matched(d: dict) -> str:
+    """``matched 12/20 (0.60) at IoU >= 0.5, mean |score diff| 0.01 (score >= 0.25); ...`` of compare_all."""
+    parts = []
+    for c in (d["confident"], d["top"]):
+        frac = "n/a" if c["matched_fraction"] is None else f"{c['matched_fraction']:.2f}"
+        ds = "" if c["mean_abs_score_diff"] is None else f", mean |score diff| {c['mean_abs_score_diff']:.4f}"
+        parts.append(f"matched {c['matched']}/{c['reference_detections']} ({frac}) at IoU >= "
+                     f"{c['iou_threshold']}{ds} ({c['selection']})")
+    return "; ".join(parts)
+
+
+def draw_detections(x: torch.Tensor, paths: list[Path], outputs: dict[str, np.ndarray], folder: Path) -> dict:
+    """Draw every output kind's detections on every image (``<stem>_<kind>.jpg``) and write
+    ``index.html``, a table with one row per image and one column per kind. Returns the counts drawn."""
+    from ..fsutil import write_text
+    drawn = {k: [detections.draw(x[i], out[i], folder / f"{p.stem}_{k}.jpg") for i, p in enumerate(paths)]
+             for k, out in outputs.items()}
+    head = "".join(f"<th>{k}</th>" for k in outputs)
+    rows = "".join(f"<tr><td>{p.name}</td>" + "".join(
+        f'<td><a href="{p.stem}_{k}.jpg"><img src="{p.stem}_{k}.jpg" width="240"></a></td>' for k in outputs)
+        + "</tr>\n" for p in paths)
+    write_text(folder / "index.html", "<!doctype html><meta charset=utf-8><title>detections</title>\n"
+               f"<p>Detections with score &ge; {detections.CONF} (else the first 10 rows), boxes in input "
+               f"pixels, label class:score.</p>\n<table><tr><th>image</th>{head}</tr>\n{rows}</table>\n")
+    return {k: sum(v) for k, v in drawn.items()}
 
 
 def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_dir: Path,
@@ -140,11 +187,21 @@ def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_d
     images = x.numpy().astype(np.float32)
     results = [verify_variant(v, cdir, exe, images, torch_out, float_out, labels, lsb)
                for v, (cdir, exe) in builds.items()]
+    host_outputs = {f"c_{r['variant']}": r.pop("_outputs") for r in results}
+    detecting = spec.task == "detection"
+    if detecting and not detections.is_detection_output(torch_out.shape):
+        raise PipelineError(f"model {spec.name!r}: task = \"detection\" needs a [1, D, 6] output "
+                            f"(x1, y1, x2, y2, score, class), got {list(torch_out.shape[1:])} per image; "
+                            f"fix the builder or drop 'task' in {spec.source}")
+    qdq_acc = ({"detections_vs_float": detections.compare_all(float_out, torch_out)} if detecting
+               else accuracy(torch_out, float_out, labels))
     report = {"model": spec.name, "dtype": spec.dtype, "output_lsb": lsb,
               "images": [p.name for p in paths], "variants": results,
-              "pytorch_qdq": {"accuracy": accuracy(torch_out, float_out, labels),
-                              "self_noise_1_thread_no_mkldnn": noise},
+              "pytorch_qdq": {"accuracy": qdq_acc, "self_noise_1_thread_no_mkldnn": noise},
               "summary_lines": [summary_line(r, noise) for r in results]}
+    if detecting:
+        report["detections_drawn"] = draw_detections(
+            x, paths, {"float": float_out, "qdq": torch_out, **host_outputs}, out.parent / "detections")
     write_json(out, report)
     bad = [r["variant"] for r in results if r["vs_python_reference"]["bit_exact_images"] != len(paths)]
     if bad:

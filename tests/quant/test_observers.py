@@ -183,6 +183,18 @@ def test_entropy_int16_falls_back_to_the_observed_range():
     assert int(zp) == 0 and float(scale) == pytest.approx(amax / 32767.5, rel=1e-6)
 
 
+@pytest.mark.parametrize("value", [2.0, -2.0, 1e-3])
+@pytest.mark.parametrize("cls", [PercentileObserver, EntropyObserver])
+def test_constant_tensor_gives_a_valid_range(cls, value):
+    """All values equal (a constant branch of a random-weight YOLO26 head): the clipped
+    range stays ordered and torchao accepts it (it asserts min <= max)."""
+    obs = observe(make(cls), [torch.full((4, 100), value)])
+    lo, hi = obs.clipped_range()
+    assert float(lo) <= float(hi) and max(abs(float(lo)), abs(float(hi))) <= abs(value) * (1 + 1e-6)
+    scale, _ = obs.calculate_qparams()
+    assert float(scale) > 0
+
+
 def test_uncalibrated_observer_warns_and_returns_defaults():
     with pytest.warns(UserWarning, match="must run observer"):
         scale, zp = make(EntropyObserver).calculate_qparams()

@@ -53,6 +53,8 @@ from tvm import relax, te, tirx
 from tvm.ir import GenericConst
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .topk import legalize_topk
+
 _RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
 
 _OP = tvm.ir.Op.get
@@ -361,5 +363,6 @@ def legalize_dequantize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                       primfunc_name_hint="dequantize", primfunc_attrs={"op_pattern": _K_BROADCAST})
 
 
-LEGALIZE_MAP = {"relax.quantize": legalize_quantize, "relax.dequantize": legalize_dequantize}
+LEGALIZE_MAP = {"relax.quantize": legalize_quantize, "relax.dequantize": legalize_dequantize,
+                "relax.topk": legalize_topk}
 """``customize_legalize_map`` for ``relax.transform.LegalizeOps``."""

@@ -1,0 +1,121 @@
+"""Detections of an end-to-end (NMS-free) detector: IoU matching and pictures.
+
+A detection output is float32 ``[N, D, 6]``, one row per detection ranked by
+score: ``x1, y1, x2, y2`` (input pixels, xyxy), ``score``, ``class`` (index
+as float): ultralytics' end-to-end export form (YOLO26). Two outputs of the
+same image are compared by greedy IoU matching, the way detection accuracy is
+measured (COCO-style greedy assignment, Padilla et al. 2020): reference
+detections in descending score, each matched to the not yet matched candidate
+of the same class with the highest IoU, if that IoU is >= ``iou`` (0.5).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+#: ultralytics' default confidence threshold for predictions (``conf=0.25``).
+CONF = 0.25
+#: rows compared regardless of score (random-weight models have no confident detection).
+TOP = 100
+IOU = 0.5
+
+
+def is_detection_output(shape) -> bool:
+    """True for an ``[N, D, 6]`` output (the end-to-end detection form above)."""
+    return len(shape) == 3 and shape[-1] == 6
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU matrix ``[len(a), len(b)]`` of xyxy boxes ``[*, 4]`` (float64; 0 for empty boxes)."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
+    area = lambda x: np.prod(np.clip(x[:, 2:] - x[:, :2], 0, None), axis=1)  # noqa: E731
+    union = area(a)[:, None] + area(b)[None, :] - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+def select(det: np.ndarray, conf: float | None = CONF, top: int | None = None) -> np.ndarray:
+    """Rows ``[D, 6]`` of one image with score >= ``conf`` (None: any), the first ``top`` (None: all)."""
+    rows = det if conf is None else det[det[:, 4] >= conf]
+    return rows[:top] if top else rows
+
+
+def match(ref: np.ndarray, cand: np.ndarray, iou: float = IOU) -> list[tuple[int, int, float]]:
+    """Greedy same-class matches ``(ref row, cand row, IoU)`` of two ``[*, 6]`` detection sets."""
+    if len(ref) == 0 or len(cand) == 0:
+        return []
+    ious = box_iou(ref[:, :4], cand[:, :4])
+    ious[ref[:, 5][:, None] != cand[:, 5][None, :]] = -1.0
+    taken, out = set(), []
+    for i in np.argsort(-ref[:, 4], kind="stable"):
+        order = [j for j in np.argsort(-ious[i], kind="stable") if j not in taken]
+        if order and ious[i, order[0]] >= iou:
+            taken.add(order[0])
+            out.append((int(i), int(order[0]), float(ious[i, order[0]])))
+    return out
+
+
+def compare(ref: np.ndarray, cand: np.ndarray, conf: float | None = CONF, top: int | None = None,
+            iou: float = IOU) -> dict:
+    """Match ``cand`` against ``ref`` (both ``[N, D, 6]``) image by image.
+
+    Returns the reference detection count, the matched count and fraction
+    (None without reference detections), mean IoU and mean / max |score
+    difference| of the matched pairs (score units, 0..1).
+    """
+    n_ref = n_match = 0
+    ious, dscore = [], []
+    for r, c in zip(ref, cand):
+        r, c = select(r, conf, top), select(c, conf, top)
+        pairs = match(r, c, iou)
+        n_ref += len(r)
+        n_match += len(pairs)
+        ious += [p[2] for p in pairs]
+        dscore += [abs(float(r[i, 4]) - float(c[j, 4])) for i, j, _ in pairs]
+    return {"selection": f"score >= {conf}" if conf is not None else f"first {top} rows",
+            "iou_threshold": iou, "reference_detections": n_ref, "matched": n_match,
+            "matched_fraction": round(n_match / n_ref, 4) if n_ref else None,
+            "mean_iou": round(float(np.mean(ious)), 4) if ious else None,
+            "mean_abs_score_diff": round(float(np.mean(dscore)), 6) if dscore else None,
+            "max_abs_score_diff": round(float(np.max(dscore)), 6) if dscore else None}
+
+
+def compare_all(ref: np.ndarray, cand: np.ndarray) -> dict:
+    """:func:`compare` at ultralytics' confidence threshold and on the first :data:`TOP` rows."""
+    return {"confident": compare(ref, cand, conf=CONF), "top": compare(ref, cand, conf=None, top=TOP)}
+
+
+def draw(image: torch.Tensor, det: np.ndarray, out: Path, conf: float = CONF,
+         fallback_top: int = 10) -> int:
+    """Draw one image's detections on it and write a JPEG (atomically).
+
+    ``image``: float32 ``[3, H, W]`` RGB in [0, 1] (the preprocessed input, so
+    boxes in input pixels land where they belong). Draws the rows with score
+    >= ``conf``, or the first ``fallback_top`` rows when none is that
+    confident (a random-weight model), labelled ``class:score``. Returns how
+    many boxes it drew.
+    """
+    from torchvision.io import encode_jpeg
+    from torchvision.utils import draw_bounding_boxes
+
+    from ..fsutil import atomic_path
+    rows = select(det, conf)
+    if len(rows) == 0:
+        rows = det[:fallback_top]
+    h, w = image.shape[1:]
+    boxes = torch.from_numpy(rows[:, :4].astype(np.float32)).reshape(-1, 4)
+    boxes = torch.stack([boxes[:, 0].clamp(0, w - 1), boxes[:, 1].clamp(0, h - 1),
+                         boxes[:, 2].clamp(0, w - 1), boxes[:, 3].clamp(0, h - 1)], 1)
+    boxes = torch.stack([torch.minimum(boxes[:, 0], boxes[:, 2]), torch.minimum(boxes[:, 1], boxes[:, 3]),
+                         torch.maximum(boxes[:, 0], boxes[:, 2]), torch.maximum(boxes[:, 1], boxes[:, 3])], 1)
+    labels = [f"{int(c)}:{s:.2f}" for s, c in rows[:, 4:6]]
+    img = (image.clamp(0, 1) * 255).round().to(torch.uint8)
+    drawn = draw_bounding_boxes(img, boxes, labels=labels, colors="red", width=2) if len(rows) else img
+    with atomic_path(out) as tmp:
+        Path(tmp).write_bytes(encode_jpeg(drawn, quality=90).numpy().tobytes())
+    return len(rows)
