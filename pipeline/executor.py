@@ -40,8 +40,10 @@ from .errors import ExecutorError
 
 VAR = "DOIT_C7X_EXECUTOR"
 FORMS = "dask://HOST:PORT (an existing scheduler) or dask-local:N (N local worker processes)"
-CONNECT_TIMEOUT_S = 20  # a scheduler that does not answer within this fails the stage in one line
+TIMEOUT_VAR = "DOIT_C7X_CONNECT_TIMEOUT"
+CONNECT_TIMEOUT_S = 20  # default: a scheduler that does not answer within this fails the stage in one line
 
+_PRE_SPAWN = "distributed.nanny.pre-spawn-environ"
 _REMOTE = re.compile(r"dask://(?P<host>[^:/\s]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})")
 _LOCAL = re.compile(r"dask-local:(?P<n>\d+)")
 
@@ -60,13 +62,6 @@ def parse_target(target: str) -> tuple[str, str | int]:
     elif (m := _LOCAL.fullmatch(t)) and int(m["n"]) >= 1:
         return "local", int(m["n"])
     raise ExecutorError(f"{VAR}={target!r} is not an executor: use {FORMS}, or unset it to run stages here")
-
-
-def worker_threads(n_workers: int, cores: int | None = None) -> int:
-    """Torch threads per local worker: ``max(1, cores // n_workers)``, so N workers
-    together use the machine's cores once (``cores``: this process's CPU affinity)."""
-    cores = cores or len(os.sched_getaffinity(0))
-    return max(1, cores // n_workers)
 
 
 def _work(stage: str, args: dict) -> None:
@@ -127,30 +122,47 @@ def _client(target: str):
         return _clients[target]
 
 
+def connect_timeout() -> float:
+    """Seconds to wait for a remote scheduler: ``DOIT_C7X_CONNECT_TIMEOUT`` or 20."""
+    raw = os.environ.get(TIMEOUT_VAR, "").strip()
+    try:
+        value = float(raw) if raw else CONNECT_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ExecutorError(f"{TIMEOUT_VAR}={raw!r} is not a number of seconds > 0")
+    return value
+
+
 def _connect(address: str):
     from distributed import Client
+    timeout = connect_timeout()
     try:
-        return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+        return Client(address, timeout=timeout, set_as_default=False)
     except (OSError, TimeoutError) as e:
-        raise ExecutorError(f"{VAR}: no Dask scheduler answered at {address} within "
-                            f"{CONNECT_TIMEOUT_S} s ({_brief(e)}); start one "
-                            f"(dask scheduler --port PORT) or fix the address") from None
+        raise ExecutorError(f"{VAR}: no Dask scheduler answered at {address} within {timeout:g} s "
+                            f"({_brief(e)}); start one (dask scheduler --port PORT) or fix the address") from None
 
 
 def _start_local(n: int):
     if multiprocessing.parent_process() is not None:
         # doit -n K without -P thread forks K processes: each would start its own cluster.
         raise ExecutorError(f"{VAR}=dask-local:{n} needs doit's thread pool: run doit -n K -P thread")
+    import dask
     from distributed import Client, LocalCluster
-    threads = os.environ.get("C7X_TORCH_THREADS") or str(worker_threads(n))
     try:
-        cluster = LocalCluster(
-            n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address=None, scheduler_kwargs={"allowed_failures": 0},
-            # like a local `doit -n K`: no per-worker memory cap that would kill a big stage
-            memory_limit=0, silence_logs=logging.ERROR,
-            # set in the worker before torch is imported (pipeline/torchenv.py reads it)
-            env={"C7X_TORCH_THREADS": threads, "OMP_NUM_THREADS": threads})
+        # Workers inherit this process's environment, C7X_TORCH_THREADS included
+        # (pipeline/torchenv.py), so a stage runs with the thread count a local run
+        # uses: torch's float rounding depends on it (a 1-thread worker changed the
+        # calibrated.pt of MobileNetV2 int16 minmax), and the artifacts must not.
+        # Dask's default would set OMP_NUM_THREADS=1 etc. in the workers; keep only
+        # its memory-trim setting.
+        with dask.config.set({_PRE_SPAWN: {"MALLOC_TRIM_THRESHOLD_": 65536}}):
+            cluster = LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                dashboard_address=None, scheduler_kwargs={"allowed_failures": 0},
+                # like a local `doit -n K`: no per-worker memory cap that would kill a big stage
+                memory_limit=0, silence_logs=logging.CRITICAL)  # failures reach doit as one line each
     except Exception as e:
         raise ExecutorError(f"{VAR}=dask-local:{n}: the local Dask cluster did not start "
                             f"({_brief(e)})") from None
