@@ -9,7 +9,10 @@ stages in the doit process), then, in the same folder after moving the serial
 artifacts aside, with ``DOIT_C7X_EXECUTOR=dask-local:2 doit -n 2 -P thread``
 (cluster start-up included). Prints both wall times, the speed-up and whether
 every artifact is byte-identical. The run-cache is off (``DOIT_C7X_CACHE=off``)
-so both runs do all the work. Prints figures, asserts nothing.
+so both runs do all the work. Both runs use the same ``C7X_TORCH_THREADS``
+(default 2; the artifacts depend on it): with 2 the serial run already keeps
+2 cores busy inside torch, ``C7X_TORCH_THREADS=1`` shows the executor's own
+parallelism. Prints figures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -78,7 +81,9 @@ def bench_dask(n_variants: int = 4, last: str = "verify", workers: int = 2) -> d
         a, b = artifact_files(root / "artifacts.serial"), artifact_files(root / "artifacts")
         identical = a == b
         differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-    print(f"{n_variants} MobileNetV2 variants through {last} ({', '.join(entries)}), {os.cpu_count()} cores:")
+    threads = os.environ.get("C7X_TORCH_THREADS", "2")
+    print(f"{n_variants} MobileNetV2 variants through {last} ({', '.join(entries)}), {os.cpu_count()} cores, "
+          f"C7X_TORCH_THREADS={threads} in both runs:")
     print(f"  serial (doit -n 1)                                   {serial:7.1f} s")
     print(f"  dask   (DOIT_C7X_EXECUTOR=dask-local:{workers} doit -n {workers} -P thread) {dask:7.1f} s")
     print(f"  speed-up {serial / dask:.2f}x; artifacts byte-identical: {identical} ({len(a)} files)"
