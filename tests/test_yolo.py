@@ -174,3 +174,30 @@ def test_wrong_architecture_names_the_first_mismatched_key(tmp_path, entries, ra
     with pytest.raises(WeightsNotFoundError, match=r"first mismatched key 'model.9.cv1.conv.weight' "
                                                    r"\(checkpoint \[1, 2, 3, 3\], model \["):
         build_model(_spec(entries, path=str(wider)), wider, REPO)
+
+
+def test_detection_rule_keeps_the_box_decode_and_ranking_float_on_the_yolo26_graph(random_model):
+    """On the exported YOLO26n graph: every conv and every backbone residual add is
+    annotated; the head's anchor add, sub, stride mul, sigmoid, cats, permute and the
+    topk/gather path are not (docs/reference.md, "Quantizer rules": detection rule)."""
+    from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
+    from pipeline.quant import C7xMMAQuantizer
+    aten = torch.ops.aten
+    gm = torch.export.export(random_model, (torch.rand(1, 3, 320, 320),)).module()
+    C7xMMAQuantizer().annotate(gm)
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    annotated = lambda n: Q_ANNOTATION_KEY in n.meta  # noqa: E731
+    convs = [n for n in calls if n.target == aten.conv2d.default]
+    assert len(convs) > 100 and all(annotated(n) for n in convs)
+    topk = [n for n in calls if n.target == aten.topk.default]
+    assert len(topk) == 2
+    head = calls[calls.index(max(convs, key=calls.index)) + 1:]  # everything after the last conv
+    decode = [n for n in head if n.target in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor,
+                                              aten.sigmoid.default, aten.cat.default, aten.permute.default,
+                                              aten.gather.default, aten.flatten.using_ints)]
+    assert {n.target for n in decode} >= {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor,
+                                          aten.sigmoid.default, aten.gather.default}
+    assert [n.name for n in decode if annotated(n)] == []
+    adds = [n for n in calls if n.target == aten.add.Tensor and n not in head]
+    residual = [n for n in adds if all(isinstance(a, torch.fx.Node) and a.op == "call_function" for a in n.args[:2])]
+    assert len(residual) >= 10 and all(annotated(n) for n in residual)

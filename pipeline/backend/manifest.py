@@ -172,7 +172,15 @@ def _offload_funcs(mod_after: tvm.IRModule) -> dict[str, dict]:
     return funcs
 
 
+#: the ranking ops of an NMS-free detection head (YOLO26: topk, gather, the index
+#: arithmetic of anchor x class); kept float by the quantizer's detection rule.
+_RANKING_OPS = {"topk", "gather_elements", "floor_mod", "floor_divide"}
+
+
 def _no_decision_reason(op: str) -> str:
+    if op in _RANKING_OPS:
+        return (f"float detection head: {op} ranks the scores in float32 (quantizer detection rule, "
+                f"docs/reference.md); static C on the host/DSP core, no MMALIB kernel ranks")
     if op in _KERNEL_OPS:
         return "not in a Q/DQ pattern that an offload pass matches"
     return f"no MMALIB/C7x kernel for {op}"

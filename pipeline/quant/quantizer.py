@@ -160,6 +160,8 @@ class C7xMMAQuantizer(Quantizer):
 
     def _annotate_binary(self, node: Node) -> None:
         a, b = node.args[:2]
+        if node.target != rules.aten.mm.default and rules.reaches_topk(node):
+            return  # the box decode of a detection head (detection rule) stays float
         if rules.is_float_tensor(a) and rules.is_float_tensor(b):
             act = self._act(node)
             self._set(node, {a: act, b: act}, self._output_spec(node))

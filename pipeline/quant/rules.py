@@ -10,6 +10,7 @@ Per kind: the ops, what is observed on the inputs, and the output.
   left float. Output act, or not observed when fused (below).
 * BINARY -- mm, add.Tensor, add_.Tensor: both args act, only if both are
   float-tensor Nodes (``x + 1.0`` stays float). Output act (add: or fused).
+  An add.Tensor / add_.Tensor that reaches ``topk`` stays float (detection rule).
 * ADDMM -- addmm: args[1] and args[2] per-tensor act (the reference's choice,
   the weight operand too); bias args[0] float. Output act.
 * INDEPENDENT -- gelu, silu, hardsigmoid, hardswish, adaptive_avg_pool2d,
@@ -72,8 +73,21 @@ FUSABLE_ACTIVATIONS = frozenset({aten.relu.default, aten.relu_.default, aten.har
 TOPK = frozenset({aten.topk.default})
 #: ops a detection score may pass through on its way to topk and still count as
 #: "reaching topk" (docs/reference.md, "Quantizer rules": detection-head rule).
+#: *Ours* beyond the reference's list: the element-wise and data-movement ops of
+#: an NMS-free head's box decode, which joins the scores before the ranking
+#: (YOLO26: ``anchors +/- distances`` (add/sub), ``* strides`` (mul), sigmoid,
+#: cat of boxes and scores, then permute/split/max/topk/gather). Without them
+#: the ``anchors + distance`` add is quantized like a residual add and the box
+#: corners of the [1, 300, 6] output lose up to half an int8 step of the whole
+#: coordinate range. Conv/linear/mm are not in the path, so the backbone is
+#: never reached.
 RANKING_PATH = TRANSPARENT | {operator.getitem, aten.split.Tensor, aten.split_with_sizes.default,
-                              aten.max.dim, aten.min.dim}
+                              aten.max.dim, aten.min.dim,
+                              # ours: the box decode and the gather of an NMS-free head
+                              aten.cat.default, aten.chunk.default, aten.sigmoid.default,
+                              aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor,
+                              aten.unsqueeze.default, aten.expand.default, aten.gather.default,
+                              aten.transpose.int}
 
 
 def is_float_tensor(arg) -> bool:

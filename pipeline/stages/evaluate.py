@@ -76,6 +76,10 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
                    export_json: Path, images_dir: Path, out: Path) -> dict:
     """Run float.pt2 and quantized.pt2 on the evaluation set; write ``report.json``.
 
+    Classification: top-1 of both against the labels, agreement, logit error. A
+    detection model (``task = "detection"``): the Q/DQ model's detections matched
+    to float's at IoU >= 0.5 (:func:`pipeline.data.detections.compare_all`).
+
     Raises :class:`CalibrationDataError` when the evaluation folder is empty.
     """
     calib = json.loads(calibration_json.read_text())
@@ -87,8 +91,15 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
     x = load_images(paths, spec.preprocess, desc=f"evaluate {spec.name}", model=spec.name)
     float_logits = run_program(float_pt2, x, spec.name)
     labels = [label_of(p) for p in paths]
-    result = compare_logits(float_logits, run_program(quantized_pt2, x, spec.name), labels)
-    notes = report_notes(calib, export, [p.name for p in paths], labels, float_logits.shape[1])
+    quant_out = run_program(quantized_pt2, x, spec.name)
+    if spec.task == "detection":  # [N, D, 6] detections: IoU-matched against float, no labels
+        from ..data import detections
+        result = {"images": len(paths), "detections_qdq_vs_float":
+                  detections.compare_all(float_logits.numpy(), quant_out.numpy())}
+        labels, classes = [None] * len(paths), 0
+    else:
+        result, classes = compare_logits(float_logits, quant_out, labels), float_logits.shape[1]
+    notes = report_notes(calib, export, [p.name for p in paths], labels, classes)
     report = {
         "model": spec.name,
         "dtype": spec.dtype,

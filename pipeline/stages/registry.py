@@ -353,7 +353,7 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.evaluate:evaluate_model",
         code=("stages/evaluate.py", "stages/convert.py", "data", "torchenv.py"),
         params=("preprocess", "calibration.set", "calibration.source"),
-        extra=lambda c: {"images": [p.name for p in c.evaluation_images]},
+        extra=lambda c: {"images": [p.name for p in c.evaluation_images], **_task(c)},
         deps=lambda c: [c.layout.float_pt2, c.layout.quantized_pt2, c.layout.calibration_json,
                         c.layout.export_json, *c.evaluation_images],
         outs=lambda c: [c.layout.report],

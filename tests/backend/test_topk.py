@@ -42,6 +42,12 @@ def test_ranking_head_compiles_bit_exact_and_matches_torch(tmp_path, mmalib):
     c = c.reshape(ref.shape)
     np.testing.assert_allclose(c[..., 2], ref[..., 2], rtol=0, atol=1e-6)  # the ranked scores
     assert np.all(np.diff(c[..., 2], axis=1) <= 0)
+    import json
+    layers = json.loads((tmp_path / "manifest.json").read_text())["layers"]
+    ranking = [la for la in layers if la["op"] in ("topk", "gather_elements")]
+    assert len(ranking) == 3 and all(la["backend"] == "scalar" for la in ranking)
+    if mmalib:  # (with MMALIB off every layer's reason is "mmalib disabled")
+        assert all(la["reason"].startswith("float detection head: ") for la in ranking)
 
 
 def test_topk_primfunc_orders_ties_by_index():
