@@ -101,6 +101,7 @@ def test_random_variant_is_not_in_the_default_run_but_has_its_tasks(tmp_path, mo
     p = Project(REPO / "models", artifacts_dir=tmp_path / "art")
     built = {s.name for s in p.built()}
     assert "yolo26n" not in built and "yolo26n" in p.skipped  # optional weights missing
+    assert "python -m pipeline.tools.yolo_state_dict yolo26n.pt" in p.skipped["yolo26n"]
     assert "yolo26n_random" not in built and "yolo26n_random" not in p.skipped
     assert not any(t.endswith(":yolo26n_random") for t in p.default_tasks())
     from pipeline.stages.registry import BY_NAME
