@@ -7,7 +7,11 @@ every default stage function for one model, the share that profile, layers and
 visualize add, and verify + evaluate against codegen (run in a
 temporary artifacts folder, the repo's own artifacts are not touched); host C
 time per image for each build variant; Python reference time per image; peak
-resident memory of this process.
+resident memory of this process. Then (issue 12) the run-cache restore
+against the cold build (scripts/bench_runcache.py), 4 model variants under
+``dask-local:2`` against a serial run (scripts/bench_dask.py) and 200-image
+calibration sharded against one process (scripts/bench_calibration.py).
+``--sections`` picks some of: list, stages, runcache, dask, calibration.
 """
 
 from __future__ import annotations
@@ -102,13 +106,33 @@ def bench_runs(spec, L, x, summaries) -> None:
               f"workspace {s['workspace_bytes']:,} B, weights {s['weights_bytes']:,} B")
 
 
+SECTIONS = ("list", "stages", "runcache", "dask", "calibration")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="mobilenet_v2")
     ap.add_argument("--images", type=int, default=5, help="images for the per-image timings")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     args = ap.parse_args()
-    bench_list()
-    bench_stages(args.model, args.images)
+    sections = args.sections.split(",")
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown section(s) {', '.join(sorted(unknown))} (known: {', '.join(SECTIONS)})")
+    sys.path.insert(0, str(REPO / "scripts"))
+    if "list" in sections:
+        bench_list()
+    if "stages" in sections:
+        bench_stages(args.model, args.images)
+    if "runcache" in sections:
+        from bench_runcache import bench_runcache
+        bench_runcache(args.model)
+    if "dask" in sections:
+        from bench_dask import bench_dask
+        bench_dask(n_variants=4)
+    if "calibration" in sections:
+        from bench_calibration import bench_sharded_calibration
+        bench_sharded_calibration(n_images=200, shards=2)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak resident memory of this process: {peak:,.0f} MiB")
 
