@@ -202,3 +202,10 @@ def test_detection_rule_keeps_the_box_decode_and_ranking_float_on_the_yolo26_gra
     adds = [n for n in calls if n.target == aten.add.Tensor and n not in head]
     residual = [n for n in adds if all(isinstance(a, torch.fx.Node) and a.op == "call_function" for a in n.args[:2])]
     assert len(residual) >= 10 and all(annotated(n) for n in residual)
+
+
+def test_offload_page_header_links_the_detection_pictures():
+    from pipeline.visualize import page
+    html = page.render({"model": "yolo26n"}, {"detections": "detections/index.html"})
+    assert '<a class="sub" href="detections/index.html">detections</a></h1>' in html
+    assert "</span></h1>" in page.render({"model": "mobilenet_v2"})  # no link for other models

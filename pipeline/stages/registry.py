@@ -438,7 +438,8 @@ STAGES: tuple[Stage, ...] = (
         outs=lambda c: [c.layout.offload_html],
         args=lambda c: {"model": c.spec.name, "out": c.layout.offload_html,
                         "manifests": {v: c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)},
-                        "profile": c.layout.profile, "numerics": c.layout.layers_json},
+                        "profile": c.layout.profile, "numerics": c.layout.layers_json,
+                        "detections": c.layout.detections / "index.html" if c.spec.task == "detection" else None},
         task_doc=lambda c: "offload.html: kernel-call graph, layer table, details on click (no network)",
     ),
     Stage(

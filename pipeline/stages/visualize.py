@@ -10,6 +10,7 @@ this function only reads and writes files. No torch, no tvm.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ..fsutil import write_text
@@ -18,16 +19,18 @@ from ..visualize.readers import read_numerics, read_profile
 
 
 def visualize_model(model: str, manifests: dict[str, Path], out: Path, profile: Path | None = None,
-                    numerics: Path | None = None) -> dict:
+                    numerics: Path | None = None, detections: Path | None = None) -> dict:
     """Write ``out`` (offload.html) from ``manifests`` (variant -> manifest.json, page order).
 
     ``profile`` / ``numerics``: ``profile.json`` / ``layers.json``, used when
-    the file exists (the page works without them). Returns the page's size
-    and what it shows.
+    the file exists (the page works without them). ``detections``: a
+    detection model's ``detections/index.html`` (verify's pictures), linked
+    from the title. Returns the page's size and what it shows.
     """
     parsed = {v: json.loads(Path(p).read_text()) for v, p in manifests.items()}
     prof, nums = read_profile(profile), read_numerics(numerics)
-    text = offload_page(model, parsed, prof, nums)
+    links = {"detections": Path(os.path.relpath(detections, Path(out).parent)).as_posix()} if detections else None
+    text = offload_page(model, parsed, prof, nums, links)
     write_text(out, text)
     return {"bytes": len(text.encode("utf-8")), "builds": list(parsed),
             "profile": prof is not None, "numerics": nums is not None}

@@ -69,8 +69,9 @@ def _json(data) -> str:
     return text.replace("<", "\\u003c").replace("://", ":\\/\\/")
 
 
-def render(data: dict) -> str:
-    """The HTML page of :func:`page_data`'s result."""
+def render(data: dict, links: dict[str, str] | None = None) -> str:
+    """The HTML page of :func:`page_data`'s result; ``links``: text -> relative URL of
+    pages shown next to the title (e.g. a detection model's ``detections/index.html``)."""
     licence = _asset("vendor/LICENSE").strip()
     if "--" in licence:
         raise ValueError("vendor/LICENSE contains '--', cannot sit in an HTML comment")
@@ -82,11 +83,13 @@ def render(data: dict) -> str:
         "dagre": _script(_asset("vendor/dagre.min.js"), "vendor/dagre.min.js"),
         "js": _script(_asset("page.js"), "page.js"),
         "data": _json(data),
+        "links": "".join(f' <a class="sub" href="{html.escape(url)}">{html.escape(text)}</a>'
+                         for text, url in (links or {}).items()),
     }
     return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("template.html"))
 
 
 def offload_page(model: str, manifests: dict[str, dict], profile: dict | None = None,
-                 numerics: dict | None = None) -> str:
-    """The page's HTML for a model: :func:`render` of :func:`page_data`."""
-    return render(page_data(model, manifests, profile, numerics))
+                 numerics: dict | None = None, links: dict[str, str] | None = None) -> str:
+    """The page's HTML for a model: :func:`render` of :func:`page_data` (``links``: see :func:`render`)."""
+    return render(page_data(model, manifests, profile, numerics), links)
