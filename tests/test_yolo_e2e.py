@@ -70,3 +70,4 @@ def test_random_variant_is_named_only(built):
     assert "not in the default run" in line
     skipped = next(ln for ln in run.out.splitlines() if ln.startswith("export:yolo26n "))
     assert skipped  # (skipped only when no yolo26n_state_dict.pt is in $TORCH_HOME)
+
