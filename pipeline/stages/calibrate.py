@@ -51,7 +51,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
 
     With ``[calibration] shards = k > 1`` (and images as the source) the images
     are calibrated in k contiguous slices on workers and their observers merged
-    into this process's prepared model (:mod:`pipeline.quant.shards`,
+    into this process's prepared model (:mod:`pipeline.stages.calibrate_shards`,
     :mod:`pipeline.quant.merge`); bias correction then runs here on the whole
     set. The record gains ``shards`` {requested, used, images per shard,
     merge method per observer class}; with shards = 1 it is unchanged.
@@ -75,7 +75,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     with torch.no_grad(), tqdm(total=total, desc=f"calibrate {spec.name}", unit="img", leave=False,
                                disable=None) as bar:
         if len(slices) > 1:
-            from ..quant.shards import calibrate_sharded
+            from .calibrate_shards import calibrate_sharded
             merge = calibrate_sharded(gm, slices, bar, spec, float_pt2, prepared_state, prepared_table,
                                       int16_layers)
         else:
@@ -115,14 +115,14 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
 
 
 def _shard_slices(spec: ModelSpec, gm: torch.fx.GraphModule, images: list[Path]) -> list[list[Path]]:
-    """The image slices of ``[calibration] shards`` (:func:`pipeline.quant.shards.split_images`;
+    """The image slices of ``[calibration] shards`` (:func:`pipeline.stages.calibrate_shards.split_images`;
     one slice, no sharding, for shards = 1 or random tensors). Raises ConfigError when an
     observer of ``gm`` has no merge (moving_average), before any image is read."""
     cal = spec.calibration
     if cal.shards <= 1 or not images:
         return [images]
     from ..quant.merge import NotMergeable, merge_entry, observers
-    from ..quant.shards import split_images
+    from .calibrate_shards import split_images
     try:
         for obs in observers(gm).values():
             merge_entry(obs)

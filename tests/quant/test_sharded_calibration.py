@@ -70,7 +70,7 @@ def observers_loaded(d: Path, observer: str, state: dict) -> dict:
 
 
 def test_split_images_contiguous_whole_batches():
-    from pipeline.quant.shards import split_images
+    from pipeline.stages.calibrate_shards import split_images
     imgs = [Path(f"{i}.jpg") for i in range(7)]
     assert split_images(imgs, 1, 3) == [imgs[0:3], imgs[3:5], imgs[5:7]]
     assert split_images(imgs, 2, 3) == [imgs[0:4], imgs[4:6], imgs[6:7]]   # batches [2, 2, 2, 1]
@@ -161,7 +161,7 @@ def test_holdout_fold_inherits_shards(exported, tmp_path):
 
 def _calibrate_on_worker(spec, d: Path):
     """Runs inside a Dask worker: calibrate_model then uses worker_client for its shards."""
-    from pipeline.quant.shards import on_dask_worker
+    from pipeline.stages.calibrate_shards import on_dask_worker
     from pipeline.stages.calibrate import calibrate_model
     import torch
     assert on_dask_worker()
