@@ -223,7 +223,8 @@ def restored_lines(tasks: list[str]) -> list[str]:
         stage, _, model = task.partition(":")
         by_model.setdefault(model, []).append(stage)
     return [f"run-cache: restored {len(stages)} stage{'s' if len(stages) > 1 else ''} of {model} "
-            f"without running them ({', '.join(stages)})" for model, stages in by_model.items()]
+            f"without running {'them' if len(stages) > 1 else 'it'} ({', '.join(stages)})"
+            for model, stages in by_model.items()]
 
 
 def summarize(payload: dict) -> dict:
