@@ -93,6 +93,11 @@ def _sha256(path: Path) -> str:
 def _place(src: Path, dst: Path) -> None:
     """Hard-link (else copy) ``src`` to ``dst``, atomically replacing ``dst``."""
     dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if os.path.samefile(src, dst):
+            return  # already this entry's file (rename() of two links to one file does nothing)
+    except OSError:
+        pass  # no dst yet
     tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         os.link(src, tmp)

@@ -36,6 +36,8 @@ def test_store_then_restore_gives_the_same_bytes(tmp_path):
     for rel in outs:
         assert (tmp_path / "m2" / rel).read_bytes() == (tmp_path / "m1" / rel).read_bytes()
     assert rc.size()[0] == 1
+    assert rc.restore(key, tmp_path / "m2", outs)  # again, onto its own hard links
+    assert sorted(p.name for p in (tmp_path / "m2").rglob("*")) == ["a.bin", "b.json", "sub"]  # no temporaries
 
 
 def test_key_changes_with_every_input():
