@@ -40,6 +40,23 @@ def test_store_then_restore_gives_the_same_bytes(tmp_path):
     assert sorted(p.name for p in (tmp_path / "m2").rglob("*")) == ["a.bin", "b.json", "sub"]  # no temporaries
 
 
+def test_concurrent_writers_of_one_key_leave_one_whole_entry(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+    outs = _outputs(tmp_path / "m1", "one")
+    key = stage_key("s", "m", "c", [], outs)
+    with ProcessPoolExecutor(4) as pool:
+        won = list(pool.map(_store_once, [(tmp_path, key, outs)] * 8))
+    rc = RunCache(tmp_path / "cache")
+    assert sum(won) == 1 and rc.size()[0] == 1  # rename() onto a whole entry fails for the others
+    assert not list((tmp_path / "cache" / "tmp").iterdir())  # losers cleaned up
+    assert rc.restore(key, tmp_path / "m2", outs)
+
+
+def _store_once(job) -> bool:
+    tmp_path, key, outs = job
+    return RunCache(tmp_path / "cache").store(key, tmp_path / "m1", outs, {})
+
+
 def test_key_changes_with_every_input():
     base = dict(stage="calibrate", model="m", config_digest="c", dep_md5s=["1", "2"], outs=["x"])
     keys = {stage_key(**base)}
