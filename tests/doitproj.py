@@ -27,6 +27,16 @@ set = "{set}"
 '''
 
 
+def tiny_spec(folder: Path, **calibration):
+    """The ModelSpec of TINY (int8, random init) with ``folder / "tiny.toml"`` as its
+    source and calibration set ``s``; ``calibration``: CalibrationSpec fields."""
+    from pipeline.config import CalibrationSpec, ModelSpec, PreprocessSpec, WeightsSpec
+    return ModelSpec(name="tiny", source=folder / "tiny.toml", builder="tinynets:small_cnn",
+                     input_shape=(1, 3, 32, 32), weights=WeightsSpec(pretrained=False),
+                     preprocess=PreprocessSpec(resize=36, crop=32),
+                     calibration=CalibrationSpec(set="s", **calibration), evaluation_set="s")
+
+
 def write_jpeg(path: Path, seed: int, size: int = 48) -> None:
     """A real JPEG file of seeded noise (torchvision's encoder)."""
     import torch

@@ -5,15 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from doitproj import write_jpeg
-from pipeline.config import CalibrationSpec, ModelSpec, PreprocessSpec, WeightsSpec
-
-
-def tiny_spec(tmp_path, **cal) -> ModelSpec:
-    return ModelSpec(name="tiny", source=tmp_path / "tiny.toml", builder="tinynets:small_cnn",
-                     input_shape=(1, 3, 32, 32), weights=WeightsSpec(pretrained=False),
-                     preprocess=PreprocessSpec(resize=36, crop=32),
-                     calibration=CalibrationSpec(set="s", **cal), evaluation_set="s")
+from doitproj import tiny_spec, write_jpeg
 
 
 @pytest.fixture(scope="module")

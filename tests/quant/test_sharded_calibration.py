@@ -9,17 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from doitproj import write_jpeg
-from pipeline.config import CalibrationSpec, ModelSpec, PreprocessSpec, WeightsSpec
+from doitproj import tiny_spec, write_jpeg
 
 N_IMAGES = 7
-
-
-def tiny_spec(d: Path, **cal) -> ModelSpec:
-    return ModelSpec(name="tiny", source=d / "tiny.toml", builder="tinynets:small_cnn",
-                     input_shape=(1, 3, 32, 32), weights=WeightsSpec(pretrained=False),
-                     preprocess=PreprocessSpec(resize=36, crop=32),
-                     calibration=CalibrationSpec(set="s", **cal), evaluation_set="s")
 
 
 @pytest.fixture(scope="module")
