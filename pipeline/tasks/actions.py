@@ -16,7 +16,7 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from .. import runcache, stamps
+from .. import executor, runcache, stamps  # executor: stdlib only until a stage runs
 from ..errors import PipelineError
 
 
@@ -84,10 +84,9 @@ def _store(cache: dict, key: str, stage: str, model: str) -> str:
 def _execute(stage: str, model: str, args: dict) -> None:
     """Run the stage function here, or on a Dask worker when ``DOIT_C7X_EXECUTOR``
     is set (:mod:`pipeline.executor`; doit and the stamps stay in this process)."""
-    target = os.environ.get("DOIT_C7X_EXECUTOR", "").strip()
+    target = os.environ.get(executor.VAR, "").strip()
     if target:
-        from ..executor import run_on_executor
-        run_on_executor(target, stage, model, args)
+        executor.run_on_executor(target, stage, model, args)
     else:
         from ..stages import registry
         registry.get(stage).function()(**args)
