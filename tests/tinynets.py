@@ -3,6 +3,7 @@
 Referenced from test projects' model entries as ``builder = "tinynets:<name>"``.
 """
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -34,3 +35,27 @@ def small_cnn(classes: int = 10) -> nn.Module:
 def crashing() -> nn.Module:
     """Builder that fails the way a bug would (tests the unexpected-error path)."""
     raise RuntimeError("boom inside the builder")
+
+
+class ActivationCNN(nn.Module):
+    """3x32x32 -> 10: conv + hardswish, squeeze-excitation (hardsigmoid gate), SiLU,
+    sigmoid, GELU, global average pool, linear (the element-wise activations of
+    MobileNetV3 / EfficientNet / RegNet)."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, 2, 1)
+        self.se1, self.se2 = nn.Conv2d(16, 4, 1), nn.Conv2d(4, 16, 1)
+        self.c2 = nn.Conv2d(16, 16, 3, 1, 1)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x):
+        y = F.hardswish(self.c1(x))
+        y = y * F.hardsigmoid(self.se2(F.relu(self.se1(F.adaptive_avg_pool2d(y, 1)))))
+        y = F.gelu(torch.sigmoid(F.silu(self.c2(y))))
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+def activation_cnn(classes: int = 10) -> nn.Module:
+    """Builder: :class:`ActivationCNN` (random init)."""
+    return ActivationCNN(classes)

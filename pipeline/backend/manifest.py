@@ -18,6 +18,11 @@ fc / matmul         ``matmul`` (fc: right operand ``permute_dims(dq(W))`` or a c
 residual_add        ``add`` of two computed tensors
 max_pool2d, avg_pool2d, adaptive_avg_pool2d, mean
 relu, clip          only when not fused into one of the above
+hardswish, hardsigmoid, silu, sigmoid, gelu, gelu_tanh
+                    the whole float chain the Relax import decomposes the
+                    activation into (``passes.activation.match_activation``:
+                    add / clip / multiply / divide / sigmoid), one layer named
+                    by the chain's last binding; its inner bindings are not layers
 requantize          ``quantize(dequantize(x))`` changing the dtype (an int8 <->
                     int16 boundary of a mixed-precision graph); ``dtype`` is
                     x's, ``out_dtype`` the quantize's
@@ -40,6 +45,7 @@ import math
 import tvm
 from tvm import relax, tirx
 
+from .passes.activation import match_activation
 from .passes.graph import Graph, const_array, prim_number, static_shape
 from .passes.log import OFFLOADED, SIMPLIFIED, OffloadLog
 
@@ -55,7 +61,8 @@ _POOLS = {"relax.nn.max_pool2d": "max_pool2d", "relax.nn.avg_pool2d": "avg_pool2
 _WRAPPERS = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.astype",
              "relax.permute_dims", "relax.dequantize")
 _KERNEL_OPS = {"conv2d", "grouped_conv2d", "depthwise_conv2d", "fc", "residual_add", "max_pool2d",
-               "relu", "clip", "requantize"}
+               "relu", "clip", "requantize", "hardswish", "hardsigmoid", "silu", "sigmoid", "gelu",
+               "gelu_tanh"}
 
 
 def _is_constant_derived(graph: Graph, expr) -> bool:
@@ -162,6 +169,23 @@ def _activation_text(call) -> str:
     return f"clip({prim_number(call.args[1]):g}, {prim_number(call.args[2]):g})"
 
 
+def _activation_chains(graph: Graph) -> tuple[dict, set]:
+    """Activation kind of each binding that ends a decomposed activation, and the
+    set of the chains' inner bindings (not layers on their own). Walked from the
+    last binding back so that an enclosing chain (hardswish) claims the shorter
+    one inside it (hardsigmoid)."""
+    kinds: dict = {}
+    inner: set = set()
+    for b in reversed(graph.bindings):
+        if b.var in inner:
+            continue
+        m = match_activation(graph, b.var)
+        if m is not None:
+            kinds[b.var] = m.kind
+            inner.update(m.chain[1:])
+    return kinds, inner
+
+
 def _offload_funcs(mod_after: tvm.IRModule) -> dict[str, dict]:
     """Offload PrimFuncs of ``mod_after``: name -> {kernel, backend}."""
     funcs = {}
@@ -253,13 +277,14 @@ def build_manifest(mod_before: tvm.IRModule, mod_after: tvm.IRModule, log: Offlo
     """
     graph = Graph(mod_before["main"])
     funcs = _offload_funcs(mod_after)
+    activations, inner = _activation_chains(graph)
     layers: dict = {}
     entries: list[dict] = []
     for binding in graph.bindings:
         call = binding.value
-        if not isinstance(call, relax.Call):
+        if not isinstance(call, relax.Call) or binding.var in inner:
             continue
-        op = _classify(graph, binding.var, call)
+        op = activations.get(binding.var) or _classify(graph, binding.var, call)
         if op is None:
             continue
         if op in ("relu", "clip"):

@@ -210,7 +210,7 @@ def test_header_is_clean_cpp(tmp_path):
 
 def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     assert set(ref.KERNELS) == set(SIGS)
-    assert len(SIGS) == 15  # the 13 of docs/reference.md, "Kernel ABI", and our 2 requantize kernels
+    assert len(SIGS) == 16  # the 13 of docs/reference.md, "Kernel ABI", our 2 requantize kernels, c7x_int8_lut
     for name, params in SIGS.items():
         py = list(inspect.signature(ref.KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -623,6 +623,8 @@ def valid_args(name: str, rng) -> list:
     if name.startswith("c7x_requantize_"):                # tests/backend/test_requantize.py
         src, dst = (np.int8, np.int16) if name.endswith("i8_i16") else (np.int16, np.int8)
         return [rand(rng, src, 10), np.zeros(10, dst), 10, 0, 0.01, 0, 50.0]
+    if name == "c7x_int8_lut":                            # tests/backend/test_activation_lut.py
+        return [rand(rng, np.int8, 10), rand(rng, np.int8, 256), np.zeros(10, np.int8), 10]
     assert name == "c7x_int8_clamp"
     return [rand(rng, np.int8, 10), np.zeros(10, np.int8), 10, -5, 6]
 

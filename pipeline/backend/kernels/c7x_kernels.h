@@ -147,6 +147,13 @@ int32_t c7x_int8_relu(const int8_t* in, int8_t* out, int32_t n, int32_t zp);
  * (ReLU6 / clip with equal in/out quantization). */
 int32_t c7x_int8_clamp(const int8_t* in, int8_t* out, int32_t n, int32_t lo, int32_t hi);
 
+/* Element-wise int8 function by a 256-entry table (ours: TI names no such kernel;
+ * docs/reference.md, "Activation tables"): out[i] = table[in[i] + 128].
+ * The table is built at compile time from the layer's Q/DQ semantics,
+ * table[v + 128] = q(f(dq(v))) for every int8 v, so any element-wise activation
+ * (hardswish, hardsigmoid, SiLU, sigmoid, GELU) with its requantization is exact. */
+int32_t c7x_int8_lut(const int8_t* in, const int8_t* table, int8_t* out, int32_t n);
+
 /* Requantize between int8 and int16 (ours: TI names no such kernel; the style is that of
  * its float-scale c7x_int8_requantize_clamp / c7x_int8_rescale, docs/reference.md,
  * "Requantize"). What torch's Q/DQ model computes at an int8 <-> int16 boundary,

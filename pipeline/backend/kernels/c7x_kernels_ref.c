@@ -4,8 +4,8 @@
  * On the DSP these names resolve to TI's MMALIB wrappers and C7x kernels; on the
  * host this file stands in for them, so that the generated C can be compiled by
  * gcc and proven bit-exact against pipeline/backend/kernels/reference.py.
- * The semantics (requantization, residual add, max pool, ReLU, clamp, int8 <-> int16
- * requantize) are those
+ * The semantics (requantization, residual add, max pool, ReLU, clamp, table lookup,
+ * int8 <-> int16 requantize) are those
  * of docs/reference.md as pinned down in c7x_kernels.h; read the header first,
  * this file only adds how each is computed.
  *
@@ -671,6 +671,25 @@ int32_t c7x_int8_relu(const int8_t* in, int8_t* out, int32_t n, int32_t zp)
     }
     for (i = 0; i < n; ++i) {
         store_saturated(out, i, in[i] > zp ? in[i] : zp, ELEM_I8);
+    }
+    return C7X_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Table lookup (element-wise activations)                                    */
+/* ------------------------------------------------------------------------- */
+
+int32_t c7x_int8_lut(const int8_t* in, const int8_t* table, int8_t* out, int32_t n)
+{
+    int32_t i;
+    if (in == NULL || table == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (n <= 0) {
+        return C7X_ERR_SHAPE;
+    }
+    for (i = 0; i < n; ++i) {
+        out[i] = table[(int32_t)in[i] + 128];
     }
     return C7X_OK;
 }

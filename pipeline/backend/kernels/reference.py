@@ -285,7 +285,8 @@ class MatmulGeometry(_Geometry):
 
 @dataclass(frozen=True)
 class ElementwiseGeometry(_Geometry):
-    """n elements (residual add, ReLU, clamp, requantize); params is the 16-byte blob."""
+    """n elements (residual add, ReLU, clamp, table lookup, requantize); params is the
+    16-byte blob, table the 256 entries of the lookup."""
 
     n: int
 
@@ -294,7 +295,7 @@ class ElementwiseGeometry(_Geometry):
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         v = (self.n,)
-        return {"in": v, "x": v, "skip": v, "out": v, "params": (16,)}
+        return {"in": v, "x": v, "skip": v, "out": v, "params": (16,), "table": (256,)}
 
 
 def _pool_size_ok(size: int, k: int, stride: int, pad: int, out: int) -> bool:
@@ -589,6 +590,23 @@ def c7x_int8_clamp(in_, out, n, lo, hi, rounding=None) -> int:
     return _elementwise(in_, out, n, lambda x: np.minimum(np.maximum(x, lo), hi))
 
 
+def c7x_int8_lut(in_, table, out, n, rounding=None) -> int:
+    """out = table[in + 128]; in / out int8 [n], table int8 [256] (docs/reference.md,
+    "Activation tables": table[v + 128] = q(f(dq(v))), built at compile time).
+    ``rounding`` is unused (no arithmetic)."""
+    if in_ is None or table is None or out is None:
+        return C7X_ERR_NULL
+    g = ElementwiseGeometry(_int32("n", n))
+    if g.status() != C7X_OK:
+        return g.status()
+    sh = g.shapes()
+    x = _array("in", in_, sh["in"], _I8)
+    t = _array("table", table, sh["table"], _I8)
+    y = _array("out", out, sh["out"], _I8, output=True)
+    y[...] = t[x.astype(np.int64) + 128]
+    return C7X_OK
+
+
 def _float32(name: str, value) -> np.float32:
     """A ``float`` scalar argument as the C call receives it (float32)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -647,7 +665,7 @@ KERNELS: dict[str, Callable[..., int]] = {
         mmalib_matmul_bias_i8, mmalib_matmul_bias_i16,
         c7x_int8_residual_add_relu, c7x_int16_residual_add_relu,
         c7x_int8_max_pool, c7x_int8_max_pool_tidl, c7x_int8_relu, c7x_int8_clamp,
-        c7x_requantize_i8_i16, c7x_requantize_i16_i8)
+        c7x_requantize_i8_i16, c7x_requantize_i16_i8, c7x_int8_lut)
 }
 
 _GEOMETRY = {
@@ -661,6 +679,7 @@ _GEOMETRY = {
     "c7x_int8_max_pool": PoolGeometry, "c7x_int8_max_pool_tidl": PoolGeometry,
     "c7x_int8_relu": ElementwiseGeometry, "c7x_int8_clamp": ElementwiseGeometry,
     "c7x_requantize_i8_i16": ElementwiseGeometry, "c7x_requantize_i16_i8": ElementwiseGeometry,
+    "c7x_int8_lut": ElementwiseGeometry,
 }
 
 
