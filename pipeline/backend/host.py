@@ -9,6 +9,10 @@ TIR (:mod:`.interp` checks that LLVM does not contract either).
 :func:`run_host` feeds it a batch of images through files. With
 :func:`profile_flags` the same build times every kernel call and prints TI's
 per-layer profile block per image on stdout (:mod:`.profile_block` reads it).
+:func:`start_host` runs an executable in the background (verify overlaps the
+host C with its Python work). :func:`build_dump_host` makes a debug build that
+writes every kernel call's output tensor of the first image(s) to a file
+(:func:`read_dump`), for the intermediate-tensor compare of verify.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -123,29 +128,133 @@ class HostRun:
     stdout: str = ""
 
 
+class HostJob:
+    """A host executable running in the background on a batch of images
+    (:func:`start_host`); :meth:`wait` collects its :class:`HostRun`."""
+
+    def __init__(self, exe: Path, codegen_dir: Path, inputs: np.ndarray, env: dict | None = None):
+        info = model_info(codegen_dir)
+        x = np.ascontiguousarray(inputs, dtype=np.float32)
+        if x.shape[1:] != info.input_shape[1:] or info.input_shape[0] != 1:
+            raise ValueError(f"inputs {x.shape} do not fit the model input {info.input_shape}")
+        self.exe, self.shape = exe, (len(x),) + info.output_shape[1:]
+        self._tmp = tempfile.TemporaryDirectory(prefix="c7x-host-")
+        src, self._dst = Path(self._tmp.name) / "input.f32", Path(self._tmp.name) / "output.f32"
+        x.tofile(src)
+        weights = "-" if (Path(codegen_dir) / "weights_data.c").exists() else str(Path(codegen_dir) / "weights.bin")
+        self._t0 = time.perf_counter()
+        self._proc = subprocess.Popen([str(exe), weights, str(src), str(len(x)), str(self._dst)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=None if env is None else {**os.environ, **env})
+
+    def wait(self) -> "HostRun":
+        """Wait for the run; raises ToolchainError if the executable failed (its message)."""
+        try:
+            stdout, stderr = self._proc.communicate()
+            wall = time.perf_counter() - self._t0
+            if self._proc.returncode != 0:
+                raise ToolchainError(f"host model {self.exe} failed (exit {self._proc.returncode}): "
+                                     f"{stderr.strip()}")
+            out = np.fromfile(self._dst, dtype=np.float32)
+        finally:
+            self._tmp.cleanup()
+        ms = float(re.search(r"([\d.]+) ms/image", stderr).group(1))
+        return HostRun(out.reshape(self.shape), ms, wall, stdout)
+
+
+def start_host(exe: Path, codegen_dir: Path, inputs: np.ndarray, env: dict | None = None) -> HostJob:
+    """Start ``exe`` on ``inputs`` (float32 [N, C, H, W]: N images of the model's
+    [1, C, H, W] input) in one process and return at once; ``env``: extra
+    environment variables (e.g. ``C7X_DUMP`` of a :func:`build_dump_host` build).
+    Raises ValueError if the inputs do not fit the model."""
+    return HostJob(exe, codegen_dir, inputs, env)
+
+
 def run_host_timed(exe: Path, codegen_dir: Path, inputs: np.ndarray) -> HostRun:
     """Run ``exe`` on ``inputs`` (float32 [N, C, H, W]: N images of the model's
     [1, C, H, W] input). Returns the outputs stacked on axis 0 ([N, *out[1:]])
     and timings. Raises ToolchainError if the executable fails (its message)."""
-    info = model_info(codegen_dir)
-    x = np.ascontiguousarray(inputs, dtype=np.float32)
-    if x.shape[1:] != info.input_shape[1:] or info.input_shape[0] != 1:
-        raise ValueError(f"inputs {x.shape} do not fit the model input {info.input_shape}")
-    with tempfile.TemporaryDirectory(prefix="c7x-host-") as tmp:
-        src, dst = Path(tmp) / "input.f32", Path(tmp) / "output.f32"
-        x.tofile(src)
-        weights = "-" if (Path(codegen_dir) / "weights_data.c").exists() else str(Path(codegen_dir) / "weights.bin")
-        t0 = time.perf_counter()
-        done = subprocess.run([str(exe), weights, str(src), str(len(x)), str(dst)],
-                              capture_output=True, text=True, check=False)
-        wall = time.perf_counter() - t0
-        if done.returncode != 0:
-            raise ToolchainError(f"host model {exe} failed (exit {done.returncode}): {done.stderr.strip()}")
-        out = np.fromfile(dst, dtype=np.float32)
-    ms = float(re.search(r"([\d.]+) ms/image", done.stderr).group(1))
-    return HostRun(out.reshape((len(x),) + info.output_shape[1:]), ms, wall, done.stdout)
+    return start_host(exe, codegen_dir, inputs).wait()
 
 
 def run_host(exe: Path, codegen_dir: Path, inputs: np.ndarray) -> np.ndarray:
     """Outputs of the host executable for ``inputs`` (see :func:`run_host_timed`)."""
     return run_host_timed(exe, codegen_dir, inputs).outputs
+
+
+# ---------------------------------------------------------------------------
+# intermediate tensors: a --wrap debug build that dumps every kernel call
+# ---------------------------------------------------------------------------
+
+def kernel_symbols(codegen_dir: Path) -> list[str]:
+    """The kernel entry symbols ``__tvm_ffi_<prefix><name>`` model.c declares (sorted)."""
+    text = (Path(codegen_dir) / "model.c").read_text()
+    return sorted(set(re.findall(r"^int32_t (__tvm_ffi_\w+)\(void\* self", text, flags=re.M)))
+
+
+def dump_wrappers_source(symbols: list[str]) -> str:
+    """C text of one ``__wrap_<sym>`` per kernel symbol: call ``__real_<sym>``
+    (ld's ``--wrap``), then hand its arguments to the harness's ``c7x_dump_call``."""
+    out = ["/* Generated by pipeline/backend/host.py: kernel-call dump wrappers (ld --wrap). */",
+           "#include <stdint.h>", "void c7x_dump_call(const char* symbol, void* args, int32_t num_args);"]
+    for s in symbols:
+        out += [f"int32_t __real_{s}(void* self, void* args, int32_t num_args, void* result);",
+                f"int32_t __wrap_{s}(void* self, void* args, int32_t num_args, void* result);",
+                f"int32_t __wrap_{s}(void* self, void* args, int32_t num_args, void* result) {{",
+                f"  int32_t rc = __real_{s}(self, args, num_args, result);",
+                f'  if (rc == 0) c7x_dump_call("{s}", args, num_args);',
+                "  return rc;", "}"]
+    return "\n".join(out) + "\n"
+
+
+def dump_command(codegen_dir: Path, exe: Path, rounding: str = "half_up") -> list[str]:
+    """gcc command of the dump build: :func:`host_command` plus ``-DC7X_DUMP_CALLS``,
+    the wrappers (written beside ``exe`` as ``<exe>.wrap.c``) and one
+    ``-Wl,--wrap=<sym>`` per kernel symbol. model.c and the kernels compile
+    exactly as in the host build; only the calls between them are wrapped."""
+    symbols = kernel_symbols(codegen_dir)
+    wrappers = Path(str(exe) + ".wrap.c")
+    wrappers.write_text(dump_wrappers_source(symbols))
+    cmd = host_command(codegen_dir, exe, rounding, ("-DC7X_DUMP_CALLS",))
+    return [*cmd[:-1], str(wrappers), *(f"-Wl,--wrap={s}" for s in symbols), cmd[-1]]
+
+
+def start_dump_build(codegen_dir: Path, exe: Path, rounding: str = "half_up") -> subprocess.Popen:
+    """Start gcc on the dump build in the background (see :func:`dump_command`);
+    :func:`finish_build` waits for it. Raises ToolchainError without gcc."""
+    return subprocess.Popen(dump_command(codegen_dir, exe, rounding), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish_build(proc: subprocess.Popen, codegen_dir: Path) -> None:
+    """Wait for a background gcc; raises ToolchainError with gcc's first error if it failed."""
+    _, stderr = proc.communicate()
+    if proc.returncode != 0:
+        first = next((ln for ln in stderr.splitlines() if "error" in ln), stderr.strip()[:300])
+        raise ToolchainError(f"gcc failed building the host dump build from {codegen_dir}: {first}")
+
+
+def build_dump_host(codegen_dir: Path, exe: Path, rounding: str = "half_up") -> None:
+    """Build the dump executable ``exe`` (blocking). Run it with the environment
+    variable ``C7X_DUMP=<file>`` (and ``C7X_DUMP_IMAGES``, default 1) to get
+    every kernel call's output tensor of the first image(s) (:func:`read_dump`).
+    Raises ToolchainError when gcc is missing or fails."""
+    finish_build(start_dump_build(codegen_dir, exe, rounding), codegen_dir)
+
+
+def read_dump(path: Path) -> list[tuple[str, bytes]]:
+    """The records of a dump file in call order: (kernel symbol, output tensor
+    bytes). Raises ValueError for a truncated file."""
+    raw, out, i = Path(path).read_bytes(), [], 0
+    while i < len(raw):
+        if i + 4 > len(raw):
+            raise ValueError(f"{path}: truncated dump record at byte {i}")
+        (n,) = np.frombuffer(raw, np.int32, 1, i)
+        name = raw[i + 4:i + 4 + int(n)].decode()
+        i += 4 + int(n)
+        (nbytes,) = np.frombuffer(raw, np.int64, 1, i) if i + 8 <= len(raw) else (-1,)
+        if nbytes < 0 or i + 8 + int(nbytes) > len(raw):
+            raise ValueError(f"{path}: truncated dump record of {name}")
+        out.append((name, raw[i + 8:i + 8 + int(nbytes)]))
+        i += 8 + int(nbytes)
+    return out

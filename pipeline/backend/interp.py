@@ -197,6 +197,7 @@ class Program:
                 # hand-written lowered.py computes intrinsics as the C does.
                 scalar[gv] = tir_c.libm_calls(f).with_attr("global_symbol", gv.name_hint)
         self.lib = tvm.tirx.build(tvm.IRModule(scalar), target=llvm_target()) if scalar else None
+        self._funcs = {}
 
     def run(self, image: np.ndarray, observer=None) -> np.ndarray:
         """One image: float32 array of the model input shape. Returns the output.
@@ -253,15 +254,30 @@ class Program:
 
     def _call(self, name: str, arrays: list[np.ndarray]):
         if name in self.externs:
-            from .kernels.reference import KERNELS
-
             ext = self.externs[name]
             args = [arrays[v] if kind == "buf" else v for kind, v in ext.args]
-            status = KERNELS[ext.kernel](*args, rounding=self.rounding)
+            status = _kernels()[ext.kernel](*args, rounding=self.rounding)
             if status != 0:
                 raise RuntimeError(f"kernel {ext.kernel} ({name}) returned {status}")
         else:
-            self.lib[name](*[tvm.runtime.from_dlpack(a) for a in arrays])
+            if name not in self._funcs:  # one function lookup per PrimFunc, not per call
+                self._funcs[name] = self.lib[name]
+            self._funcs[name](*[tvm.runtime.from_dlpack(a) for a in arrays])
+
+    def run_recording(self, image: np.ndarray) -> tuple[np.ndarray, list[tuple[str, np.ndarray]]]:
+        """:meth:`run` that also returns every kernel call's output in call
+        order: (PrimFunc name, a copy of the array its last argument holds after
+        the call), the tensors the host dump build writes (``host.read_dump``)."""
+        calls = []
+        out = self.run(image, observer=lambda i, func, a: calls.append((func, a.copy())))
+        return out, calls
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels() -> dict:
+    from .kernels.reference import KERNELS  # imports torch: only when an offload kernel runs
+
+    return KERNELS
 
 
 def run_reference(codegen_dir: Path, inputs: np.ndarray, rounding: str = "half_up") -> np.ndarray:

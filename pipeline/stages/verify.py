@@ -5,7 +5,12 @@ is compared with
 
 1. the Python integer reference of the same lowered program
    (``backend.interp``): must be bit-identical on every image, else the stage
-   fails (this proves the emitter, the memory plan and the kernels);
+   fails (this proves the emitter, the memory plan and the kernels). On the
+   first ``INTERMEDIATE_IMAGES`` image(s) every kernel call's output tensor is
+   compared too (a debug build of the same C that dumps them,
+   :func:`pipeline.backend.host.build_dump_host`), so a degenerate output
+   (constant logits) cannot hide a wrong layer: the stage fails naming the
+   first differing call and its layer;
 2. the PyTorch Q/DQ model (``quantized.pt2``): difference in integer steps
    (LSB) of the output scale, and top-1 agreement;
 3. the float model and the labels: the accuracy of what would actually run.
@@ -22,10 +27,19 @@ stable at the bit level itself (1 vs 2 threads, or MKLDNN on/off, changes
 outputs by up to ~16 LSB), because a 1-LSB rounding flip in an early layer
 propagates. So the report also gives that self-noise band of PyTorch; the
 scalar build is judged against it, and exactness is judged against (1).
+That band is measured on the first ``SELF_NOISE_IMAGES`` images (named in
+the report): it is a second full Q/DQ run, and a few images give the band.
+
+Cost: one host process per build for all images, started in the background
+at once, so the host C, the gcc of the dump builds and the PyTorch and Python
+reference work overlap on the cores; each lowered program is parsed and
+built once per build (``interp.Program``).
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -39,6 +53,10 @@ from ..errors import CalibrationDataError, PipelineError
 from ..fsutil import write_json
 
 import torch  # noqa: E402
+
+
+SELF_NOISE_IMAGES = 5     # first images of the PyTorch self-noise pass (1 thread, no MKLDNN)
+INTERMEDIATE_IMAGES = 1   # first images whose every kernel-call output is compared
 
 
 class VerificationError(PipelineError):
@@ -81,18 +99,16 @@ def accuracy(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | No
             "mean_abs_logit_error_vs_float": round(float(np.abs(logits - float_logits).mean()), 6)}
 
 
-def verify_variant(variant: str, codegen_dir: Path, exe: Path, images: np.ndarray,
+def verify_variant(variant: str, host: np.ndarray, ref: np.ndarray, intermediates: dict,
                    torch_out: np.ndarray, float_out: np.ndarray, labels: list, lsb: float) -> dict:
-    """Run one build on ``images`` [N, C, H, W] float32 and compare it. The host
-    outputs (shaped like ``torch_out``) are returned under ``"_outputs"``."""
-    from ..backend.host import run_host
-    from ..backend.interp import run_reference
-
-    host = run_host(exe, codegen_dir, images).reshape(torch_out.shape)
-    ref = run_reference(codegen_dir, images).reshape(torch_out.shape)
-    per_image_exact = [bool(np.array_equal(host[i], ref[i])) for i in range(len(images))]
-    out = {"variant": variant, "images": len(images),
-           "vs_python_reference": {"bit_exact_images": sum(per_image_exact), **lsb_stats(host, ref, lsb)},
+    """Compare one build's host outputs ``host`` with its Python reference
+    ``ref``, the Q/DQ model ``torch_out`` and the float model (all [N, ...]
+    float32, shaped alike); ``intermediates``: :func:`compare_intermediates`.
+    The host outputs are returned under ``"_outputs"``."""
+    per_image_exact = [bool(np.array_equal(host[i], ref[i])) for i in range(len(host))]
+    out = {"variant": variant, "images": len(host),
+           "vs_python_reference": {"bit_exact_images": sum(per_image_exact), **lsb_stats(host, ref, lsb),
+                                   "intermediates": intermediates},
            "vs_pytorch_qdq": lsb_stats(host, torch_out, lsb), "_outputs": host}
     if detections.is_detection_output(torch_out.shape):
         out["vs_pytorch_qdq"]["detections"] = detections.compare_all(torch_out, host)
@@ -100,6 +116,44 @@ def verify_variant(variant: str, codegen_dir: Path, exe: Path, images: np.ndarra
     else:
         out["accuracy"] = accuracy(host, float_out, labels)
     return out
+
+
+def compare_intermediates(ref_calls: list[tuple[str, np.ndarray]], dump: list[tuple[str, bytes]],
+                          manifest_calls: list[dict], images: int = 1) -> dict:
+    """Every kernel call's output of the Python reference (``Program.run_recording``:
+    PrimFunc name, array) against the host dump build's (``host.read_dump``:
+    symbol ``__tvm_ffi_<prefix><name>``, bytes), in call order over ``images``
+    image(s). ``manifest_calls``: manifest.json ``calls`` (the call's layer).
+    ``all_equal`` is False at the first call whose function or bytes differ,
+    or when the counts differ; ``first_difference`` then names it."""
+    per_image = max(len(manifest_calls), 1)
+    first = None
+    for k, ((func, a), (symbol, raw)) in enumerate(zip(ref_calls, dump)):
+        if not symbol.endswith("_" + func) or a.tobytes() != raw:
+            first = k
+            break
+    if first is None and len(ref_calls) != len(dump):
+        first = min(len(ref_calls), len(dump))
+    equal = len(ref_calls) if first is None else first
+    out = {"images": images, "tensors": len(ref_calls), "host_tensors": len(dump), "equal": equal,
+           "all_equal": first is None}
+    if first is not None:
+        call = manifest_calls[first % per_image] if manifest_calls else {}
+        diff = {"image": first // per_image, "call": first % per_image, "func": call.get("func"),
+                "layer": call.get("layer")}
+        if first < min(len(ref_calls), len(dump)):
+            a, raw = ref_calls[first][1], dump[first][1]
+            diff["host_symbol"] = dump[first][0]
+            if len(raw) == a.nbytes:
+                diff["elements_off"] = int((np.frombuffer(raw, a.dtype) != a.ravel()).sum())
+                diff["elements"] = int(a.size)
+        out["first_difference"] = diff
+    return out
+
+
+def _describe(diff: dict) -> str:
+    """``call 12 (mmalib_conv2d_i8_3, layer conv2d_3) on image 0`` of a first_difference."""
+    return (f"call {diff['call']} ({diff['func']}, layer {diff['layer']}) on image {diff['image']}")
 
 
 def run_torch(module, x: torch.Tensor, model: str = "") -> np.ndarray:
@@ -110,7 +164,8 @@ def run_torch(module, x: torch.Tensor, model: str = "") -> np.ndarray:
 
 
 def pytorch_self_noise(module, x: torch.Tensor, reference: np.ndarray, lsb: float) -> dict:
-    """How far PyTorch's own Q/DQ outputs move with 1 thread and without MKLDNN."""
+    """How far PyTorch's own Q/DQ outputs on ``x`` (a few images) move with 1
+    thread and without MKLDNN; ``reference``: the default run's outputs of ``x``."""
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -132,7 +187,9 @@ def summary_line(r: dict, noise: dict) -> str:
                 f"detections vs PyTorch Q/DQ: {_matched(pt['detections'])}; vs float: "
                 f"{_matched(acc['detections_vs_float'])}")
     unit = "LSB" if pt["unit"] == "lsb" else "(output units)"
-    return (f"[{r['variant']}] C == Python integer reference on {ref['bit_exact_images']}/{n} images; "
+    inter = ref["intermediates"]
+    return (f"[{r['variant']}] C == Python integer reference on {ref['bit_exact_images']}/{n} images "
+            f"(+ {inter['equal']}/{inter['tensors']} intermediate tensors of the first {inter['images']}); "
             f"vs PyTorch Q/DQ: max {pt['max_lsb']:g}, mean {pt['mean_lsb']:g} {unit}, top-1 agreement "
             f"{pt['top1_agreement']}/{n} (PyTorch vs itself: max {noise['max_lsb']:g}, mean "
             f"{noise['mean_lsb']:g}); top-1 {acc['top1']}/{acc['labeled']}, agrees with float "
@@ -167,26 +224,72 @@ def draw_detections(x: torch.Tensor, paths: list[Path], outputs: dict[str, np.nd
     return {k: sum(v) for k, v in drawn.items()}
 
 
+class _Build:
+    """One build variant's verification work, started in the background: the
+    host run on every image and the gcc of its dump build (in ``tmp``)."""
+
+    def __init__(self, variant: str, codegen_dir: Path, exe: Path, images: np.ndarray, tmp: Path):
+        from ..backend import host
+
+        self.variant, self.codegen_dir, self.tmp = variant, codegen_dir, tmp
+        self.images = images
+        self.run = host.start_host(exe, codegen_dir, images)
+        self.dump_exe = tmp / f"{variant}-dump.exe"
+        self.gcc = host.start_dump_build(codegen_dir, self.dump_exe)
+
+    def outputs(self) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(host outputs, Python reference outputs, intermediates compare) of every image."""
+        from ..backend import host
+        from ..backend.interp import Program
+
+        host.finish_build(self.gcc, self.codegen_dir)
+        dump_file = self.tmp / f"{self.variant}.dump"
+        dump_run = host.start_host(self.dump_exe, self.codegen_dir, self.images[:INTERMEDIATE_IMAGES],
+                                   env={"C7X_DUMP": str(dump_file), "C7X_DUMP_IMAGES": str(INTERMEDIATE_IMAGES)})
+        prog = Program(self.codegen_dir)
+        ref, ref_calls = [], []
+        for i in range(len(self.images)):
+            if i < INTERMEDIATE_IMAGES:
+                out, calls = prog.run_recording(self.images[i:i + 1])
+                ref_calls += calls
+            else:
+                out = prog.run(self.images[i:i + 1])
+            ref.append(out)
+        dump_run.wait()
+        manifest = json.loads((self.codegen_dir / "manifest.json").read_text())
+        inter = compare_intermediates(ref_calls, host.read_dump(dump_file), manifest["calls"],
+                                      min(INTERMEDIATE_IMAGES, len(self.images)))
+        return self.run.wait().outputs, np.concatenate(ref, axis=0), inter
+
+
 def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_dir: Path,
                  builds: dict[str, tuple[Path, Path]], out: Path) -> dict:
     """Verify every build variant on the evaluation images; write ``verify.json``.
 
     Raises :class:`VerificationError` (after writing the JSON) if any image's
-    host output differs from the Python reference.
+    host output, or any intermediate tensor of the first ``INTERMEDIATE_IMAGES``
+    image(s), differs from the Python reference.
     """
     paths = list_images(images_dir)
     if not paths:
         raise CalibrationDataError(f"model {spec.name!r}: no images in {images_dir} to verify on")
     x = load_images(paths, spec.preprocess, desc=f"verify {spec.name}", model=spec.name)
-    qdq = torch.export.load(quantized_pt2).module()
-    torch_out = run_torch(qdq, x, spec.name)
-    float_out = run_torch(torch.export.load(float_pt2).module(), x, spec.name)
-    lsb = output_scale(quantized_pt2)
-    noise = pytorch_self_noise(qdq, x, torch_out, lsb)
-    labels = [label_of(p) for p in paths]
     images = x.numpy().astype(np.float32)
-    results = [verify_variant(v, cdir, exe, images, torch_out, float_out, labels, lsb)
-               for v, (cdir, exe) in builds.items()]
+    with tempfile.TemporaryDirectory(prefix="c7x-verify-") as tmp:
+        work = {v: _Build(v, cdir, exe, images, Path(tmp)) for v, (cdir, exe) in builds.items()}
+        qdq = torch.export.load(quantized_pt2).module()
+        torch_out = run_torch(qdq, x, spec.name)
+        float_out = run_torch(torch.export.load(float_pt2).module(), x, spec.name)
+        lsb = output_scale(quantized_pt2)
+        k = min(SELF_NOISE_IMAGES, len(paths))
+        noise = {**pytorch_self_noise(qdq, x[:k], torch_out[:k], lsb), "images": [p.name for p in paths[:k]]}
+        labels = [label_of(p) for p in paths]
+        shape = torch_out.shape
+        results = []
+        for v, w in work.items():
+            host_out, ref_out, inter = w.outputs()
+            results.append(verify_variant(v, host_out.reshape(shape), ref_out.reshape(shape), inter,
+                                          torch_out, float_out, labels, lsb))
     host_outputs = {f"c_{r['variant']}": r.pop("_outputs") for r in results}
     detecting = spec.task == "detection"
     if detecting and not detections.is_detection_output(torch_out.shape):
@@ -203,8 +306,18 @@ def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_d
         report["detections_drawn"] = draw_detections(
             x, paths, {"float": float_out, "qdq": torch_out, **host_outputs}, out.parent / "detections")
     write_json(out, report)
-    bad = [r["variant"] for r in results if r["vs_python_reference"]["bit_exact_images"] != len(paths)]
-    if bad:
-        raise VerificationError(f"model {spec.name!r}: host C differs from the Python integer reference "
-                                f"for build(s) {bad}; see {out}")
+    _raise_if_inexact(spec, results, len(paths), out)
     return report
+
+
+def _raise_if_inexact(spec: ModelSpec, results: list[dict], n: int, out: Path) -> None:
+    """VerificationError naming the builds whose outputs differ, and the first
+    differing intermediate tensor of each build that has one."""
+    bad = [r["variant"] for r in results if r["vs_python_reference"]["bit_exact_images"] != n]
+    inter = [f"{r['variant']}: {_describe(r['vs_python_reference']['intermediates']['first_difference'])}"
+             for r in results if not r["vs_python_reference"]["intermediates"]["all_equal"]]
+    if bad or inter:
+        what = [f"outputs differ for build(s) {bad}"] if bad else []
+        what += [f"first differing intermediate tensor: {'; '.join(inter)}"] if inter else []
+        raise VerificationError(f"model {spec.name!r}: host C differs from the Python integer reference: "
+                                f"{'; '.join(what)}; see {out}")

@@ -19,6 +19,14 @@
  * stdout holds one "===== TVM Layer Profile =====" block per image, as TI's
  * runtime prints one per inference (also after a failed run: its block ends at
  * the last call that completed). On the host the counts are nanoseconds.
+ *
+ * Intermediate tensors: with -DC7X_DUMP_CALLS, linked with the wrappers of
+ * pipeline/backend/host.py (dump_wrappers_source: every kernel symbol wrapped
+ * with ld's --wrap, so model.c itself is unchanged), every kernel call of the
+ * first C7X_DUMP_IMAGES images (environment, default 1) appends its output
+ * tensor, the call's last argument, to the file named by the environment
+ * variable C7X_DUMP: per call an int32 length of the kernel symbol, the symbol,
+ * an int64 byte count and the tensor's bytes (host byte order). Unset: no dump.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -26,6 +34,30 @@
 #include <time.h>
 
 #include "model.h"
+
+#ifdef C7X_DUMP_CALLS
+#include <string.h>
+
+#include "c7x_tvm_shim.h"
+
+static FILE* c7x_dump_file; /* NULL: not dumping (no C7X_DUMP, or past the dumped images) */
+
+/* Called by each wrapper after a successful kernel call: write its last tensor argument. */
+void c7x_dump_call(const char* symbol, void* args, int32_t num_args);
+void c7x_dump_call(const char* symbol, void* args, int32_t num_args) {
+  const DLTensor* t;
+  int64_t nbytes;
+  int32_t len = (int32_t)strlen(symbol), d;
+  if (c7x_dump_file == NULL || num_args < 1) return;
+  t = (const DLTensor*)((TVMFFIAny*)args)[num_args - 1].v_ptr;
+  nbytes = ((int64_t)t->dtype.bits * t->dtype.lanes + 7) / 8;
+  for (d = 0; d < t->ndim; ++d) nbytes *= t->shape[d];
+  fwrite(&len, sizeof len, 1, c7x_dump_file);
+  fwrite(symbol, 1, (size_t)len, c7x_dump_file);
+  fwrite(&nbytes, sizeof nbytes, 1, c7x_dump_file);
+  fwrite((const char*)t->data + t->byte_offset, 1, (size_t)nbytes, c7x_dump_file);
+}
+#endif
 
 #define C7X_CAT_(a, b) a##b
 #define C7X_CAT(a, b) C7X_CAT_(a, b)
@@ -75,6 +107,14 @@ int main(int argc, char** argv) {
   int rc;
   clock_t t0;
   FILE* out;
+#ifdef C7X_DUMP_CALLS
+  const char* dump_path = getenv("C7X_DUMP");
+  long dump_images = getenv("C7X_DUMP_IMAGES") ? strtol(getenv("C7X_DUMP_IMAGES"), NULL, 10) : 1;
+  if (dump_path != NULL && (c7x_dump_file = fopen(dump_path, "wb")) == NULL) {
+    fprintf(stderr, "c7x-host: cannot write %s\n", dump_path);
+    return 2;
+  }
+#endif
 
   if (argc != 5) {
     fprintf(stderr, "usage: %s <weights.bin|-> <input.f32> <n_images> <output.f32>\n", argv[0]);
@@ -108,6 +148,12 @@ int main(int argc, char** argv) {
   if (output == NULL) return 2;
   t0 = clock();
   for (i = 0; i < n; ++i) {
+#ifdef C7X_DUMP_CALLS
+    if (c7x_dump_file != NULL && i == dump_images) {
+      fclose(c7x_dump_file);
+      c7x_dump_file = NULL;
+    }
+#endif
     rc = RUN(weights, input + (size_t)i * INPUT_SIZE, output + (size_t)i * OUTPUT_SIZE);
 #ifdef C7X_PROFILE_LAYERS
     PRINT_LAYER_PROFILE();
@@ -125,6 +171,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   fclose(out);
+#ifdef C7X_DUMP_CALLS
+  if (c7x_dump_file != NULL && fclose(c7x_dump_file) != 0) {
+    fprintf(stderr, "c7x-host: cannot write %s\n", dump_path);
+    return 2;
+  }
+#endif
   free(output);
   free(inbase);
   free(wbase);
