@@ -1,0 +1,285 @@
+"""Model-zoo sweep: torchvision classifiers with realistic random weights, export through verify.
+
+    .venv/bin/python scripts/sweep.py [--models a,b,c] [--images 4] [--timeout 1800] [--out DIR]
+
+Each model is built in its own temporary project (``--out DIR/<model>/`` when
+given, kept; else a temp folder, removed) by a child process running the
+registry's stage functions from ``export`` to ``verify`` (``pipeline/stages/
+registry.py``; no doit, no run-cache), with the weights of
+``pipeline.models.zoo:torchvision_random`` (BatchNorm re-estimated on the images,
+classifier scaled; nothing is downloaded). Calibration, BatchNorm statistics and
+verify use the same first ``--images`` JPEGs of ``calib_data/imagenet20``.
+One model at a time; a failure or a timeout is one row, the sweep goes on.
+
+Columns: stage reached (the last stage that finished) and error (one line),
+layers and MACs offloaded (``manifest.json`` of the MMALIB build), scalar layer
+kinds (op x count of the layers left to TVM's scalar path), bit-exact (images
+where the host C equals the Python integer reference, every build), vs Q/DQ
+max/mean LSB (MMALIB build vs PyTorch's Q/DQ program), logit std over the images
+(Q/DQ, in output LSB, mean over classes) and distinct top-1, time (s) and peak
+RSS (GiB, the largest process of the build: ``os.wait4``'s ``ru_maxrss``). A
+model whose Q/DQ logits vary by less than ``--min-std`` LSB over the images is
+"not tested (degenerate output)": bit-exact then proves only that it runs.
+Writes ``sweep.md`` and ``sweep.json`` (``--out``, else the current folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+IMAGES = REPO / "calib_data" / "imagenet20"
+LAST_STAGE = "verify"
+RESULT = "sweep_result.json"
+
+ENTRY = '''builder = "pipeline.models.zoo:torchvision_random"
+builder_kwargs = {{ name = "{name}", images = "{images}", num_images = 0, seed = 0 }}
+input_shape = [1, 3, {crop}, {crop}]
+dtype = "int8"
+preprocess = {{ resize = {resize}, crop = {crop} }}
+[weights]
+pretrained = false
+[calibration]
+set = "sweep"
+[evaluation]
+set = "sweep"
+'''
+
+
+# ----------------------------------------------------------------------------- one model (child process)
+
+def make_project(root: Path, name: str, n_images: int) -> None:
+    """``root/models/<name>.toml`` and ``root/calib_data/sweep/`` (copies of the first
+    ``n_images`` shipped JPEGs): a project of one zoo model."""
+    from pipeline.models.zoo import crop_of
+    images = root / "calib_data" / "sweep"
+    images.mkdir(parents=True, exist_ok=True)
+    shipped = sorted(IMAGES.glob("*.jpg"))
+    if len(shipped) < n_images:
+        raise SystemExit(f"sweep: {IMAGES} has {len(shipped)} JPEGs, fewer than --images {n_images}; "
+                         f"run scripts/setup.sh")
+    for p in shipped[:n_images]:
+        shutil.copy(p, images / p.name)
+    crop = crop_of(name)
+    (root / "models").mkdir(exist_ok=True)
+    (root / "models" / f"{name}.toml").write_text(
+        ENTRY.format(name=name, images=images, crop=crop, resize=crop * 8 // 7))
+
+
+def build_one(root: Path, name: str, n_images: int) -> None:
+    """Run export..verify for ``name`` in the project at ``root``; record progress in
+    ``root/sweep_result.json`` after every stage (the parent reads it, even after a kill)."""
+    import resource
+    make_project(root, name, n_images)
+    from pipeline.stages.registry import STAGES
+    from pipeline.tasks import Project
+
+    project = Project(root / "models", root=root)
+    ctx = project.context(project.valid()[0])
+    result = {"model": name, "stage": None, "times": {}, "error": None}
+    names = [s.name for s in STAGES]
+    for stage in STAGES[:names.index(LAST_STAGE) + 1]:
+        if not stage.applies(ctx) or not stage.in_default_run():
+            continue
+        result["running"] = stage.name
+        _write(root, result)
+        t0 = time.perf_counter()
+        try:
+            stage.function()(**stage.args(ctx))
+        except BaseException as e:  # one line, and the row still gets what was measured
+            result["error"] = f"{stage.name}: {type(e).__name__}: {_one_line(e)}"
+            break
+        finally:
+            result["times"][stage.name] = round(time.perf_counter() - t0, 2)
+            result["rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        result["stage"] = stage.name
+        if stage.name == "codegen":
+            result.update(offload(ctx.layout.codegen_dir("mmalib") / "manifest.json"))
+    result.pop("running", None)
+    if ctx.layout.verify.is_file():
+        result.update(verify_numbers(ctx.layout.verify))
+        if result["error"] is None or result["error"].startswith("verify: VerificationError"):
+            result.update(output_variation(ctx, result["output_lsb"]))
+    _write(root, result)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else "")[:300]
+
+
+def _write(root: Path, result: dict) -> None:
+    from pipeline.fsutil import write_json
+    write_json(root / RESULT, result)
+
+
+def offload(manifest: Path) -> dict:
+    """Layers and MACs offloaded, and the scalar layer kinds (op -> count), of a build."""
+    m = json.loads(manifest.read_text())
+    s = m["summary"]
+    scalar = collections.Counter(l["op"] for l in m["layers"] if l["backend"] == "scalar")
+    return {"layers": s["layers"], "layers_offloaded": s["layers_offloaded"],
+            "macs_total": s["macs_total"], "macs_offloaded": s["macs_offloaded"],
+            "scalar_kinds": dict(sorted(scalar.items()))}
+
+
+def verify_numbers(verify_json: Path) -> dict:
+    """Bit-exact images per build and the MMALIB build's LSB error vs Q/DQ, from ``verify.json``."""
+    v = json.loads(verify_json.read_text())
+    builds = {r["variant"]: r for r in v["variants"]}
+    first = builds.get("mmalib") or next(iter(builds.values()))
+    return {"images": len(v["images"]), "output_lsb": v.get("output_lsb"),
+            "bit_exact": {k: r["vs_python_reference"]["bit_exact_images"] for k, r in builds.items()},
+            "qdq_max_lsb": first["vs_pytorch_qdq"]["max_lsb"], "qdq_mean_lsb": first["vs_pytorch_qdq"]["mean_lsb"],
+            "qdq_unit": first["vs_pytorch_qdq"].get("unit", "lsb")}
+
+
+def output_variation(ctx, lsb: float | None) -> dict:
+    """How the Q/DQ program's output [N, K] varies over the images: std over images per
+    class, averaged over classes (in output LSB when the output is dequantized), and the
+    number of distinct top-1 classes."""
+    import torch
+    from pipeline.data.images import load_images
+    x = load_images(ctx.evaluation_images, ctx.spec.preprocess, desc="variation")
+    qdq = torch.export.load(ctx.layout.quantized_pt2).module()
+    with torch.no_grad():
+        y = torch.cat([qdq(x[i:i + 1]).reshape(1, -1) for i in range(len(x))])
+    std = float(y.std(dim=0).mean()) / (lsb or 1.0)
+    return {"logit_std": round(std, 3), "top1_distinct": len(set(y.argmax(dim=1).tolist()))}
+
+
+# ----------------------------------------------------------------------------- the sweep (parent)
+
+def run_model(name: str, root: Path, n_images: int, timeout: float) -> dict:
+    """Build ``name`` in a child process under ``root``; kill its process group after
+    ``timeout`` s. Returns its row: the child's record plus time, peak RSS and status."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / RESULT).unlink(missing_ok=True)
+    log = (root / "sweep.log").open("w")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--worker", name, "--out", str(root),
+                             "--images", str(n_images)], cwd=root, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    timed_out = False
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() - t0 > timeout:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the child and its gcc / host exes
+            pid, status, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.5)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    log.close()
+    row = json.loads((root / RESULT).read_text()) if (root / RESULT).is_file() else {"model": name, "stage": None}
+    row["time_s"] = round(time.perf_counter() - t0, 1)
+    row["peak_rss_gib"] = round(usage.ru_maxrss / 2**20, 2)  # KiB on Linux; max over the process tree
+    if timed_out:
+        row["error"] = f"timeout: over {timeout:.0f} s, killed in {row.get('running', '?')}"
+    elif row.get("error") is None and proc.returncode != 0:
+        tail = (root / "sweep.log").read_text().strip().splitlines()
+        row["error"] = f"{row.get('running', 'start')}: exit {proc.returncode}: {tail[-1][:200] if tail else ''}"
+    row["status"] = status_of(row)
+    return row
+
+
+def status_of(row: dict, min_std: float = 2.0) -> str:
+    """"bit-exact", "not tested (degenerate output)", "not bit-exact" or "failed"."""
+    exact = row.get("bit_exact")
+    if not exact or row.get("error") and not row["error"].startswith("verify: VerificationError"):
+        return "failed"
+    if any(n != row["images"] for n in exact.values()):
+        return "not bit-exact"
+    if row.get("logit_std", 0.0) < min_std:
+        return "not tested (degenerate output)"
+    return "bit-exact"
+
+
+COLUMNS = ("model", "status", "stage reached", "layers offloaded", "MACs offloaded", "scalar layer kinds",
+           "bit-exact", "vs Q/DQ max / mean LSB", "logit std (LSB) / top-1 distinct", "time (s)",
+           "peak RSS (GiB)", "error")
+
+
+def table_row(r: dict) -> list[str]:
+    """One markdown/console row of a sweep result."""
+    def pct(a, b):
+        return f"{a}/{b} ({100 * a / b:.0f}%)" if b else f"{a}/{b}"
+    has_manifest = "layers" in r
+    return [
+        r["model"], r["status"], r.get("stage") or "-",
+        pct(r["layers_offloaded"], r["layers"]) if has_manifest else "-",
+        (f"{r['macs_offloaded'] / 1e6:,.0f}M/{r['macs_total'] / 1e6:,.0f}M "
+         f"({100 * r['macs_offloaded'] / max(r['macs_total'], 1):.1f}%)") if has_manifest else "-",
+        ", ".join(f"{k} x{n}" for k, n in r.get("scalar_kinds", {}).items()) or ("none" if has_manifest else "-"),
+        ", ".join(f"{k} {n}/{r['images']}" for k, n in r["bit_exact"].items()) if r.get("bit_exact") else "-",
+        f"{r['qdq_max_lsb']:g} / {r['qdq_mean_lsb']:.3f}" if "qdq_max_lsb" in r else "-",
+        f"{r['logit_std']:.1f} / {r['top1_distinct']}" if "logit_std" in r else "-",
+        f"{r['time_s']:.0f}", f"{r['peak_rss_gib']:.2f}", (r.get("error") or "").replace("|", "/"),
+    ]
+
+
+def markdown(rows: list[dict]) -> str:
+    """The sweep table as markdown, with a count line."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
+    n = collections.Counter(r["status"] for r in rows)
+    lines.append("")
+    lines.append(f"{n['bit-exact']}/{len(rows)} bit-exact with non-degenerate output; "
+                 + ", ".join(f"{k}: {v}" for k, v in sorted(n.items()) if k != "bit-exact"))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", help="comma-separated torchvision names (default: all classification models)")
+    ap.add_argument("--images", type=int, default=4, help="images for BN statistics, calibration and verify")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per model")
+    ap.add_argument("--min-std", type=float, default=2.0,
+                    help="Q/DQ logit std over the images (LSB) below which a model is degenerate")
+    ap.add_argument("--out", help="keep each model's project in OUT/<model>/ and the tables in OUT/")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: build this one model in --out
+    args = ap.parse_args()
+    if args.images < 2:
+        ap.error("--images must be at least 2 (BatchNorm statistics and output variation)")
+    if args.worker:
+        return build_one(Path(args.out), args.worker, args.images)
+    import torchvision
+    known = torchvision.models.list_models(module=torchvision.models)
+    models = args.models.split(",") if args.models else known
+    unknown = [m for m in models if m not in known]
+    if unknown:
+        ap.error(f"not torchvision classification models: {', '.join(unknown)}")
+    out = Path(args.out).resolve() if args.out else None
+    tmp = None if out else tempfile.TemporaryDirectory(prefix="c7x-sweep-")
+    base = out or Path(tmp.name)
+    rows = []
+    try:
+        for name in models:
+            row = run_model(name, base / name, args.images, args.timeout)
+            row["status"] = status_of(row, args.min_std)
+            rows.append(row)
+            print(" | ".join(table_row(row)), flush=True)
+    finally:
+        tables = out or Path.cwd()
+        (tables / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
+        (tables / "sweep.md").write_text(markdown(rows))
+        if tmp:
+            tmp.cleanup()
+    print()
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The zoo's realistic random weights (pipeline/models/zoo.py) and the sweep (scripts/sweep.py).
+
+Fast tests use real torchvision models on a few seeded JPEGs; the slow test
+runs the sweep on three small models through verify (issue 13, the CI subset).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from doitproj import write_jpeg
+from pipeline.models import zoo
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import sweep  # noqa: E402
+
+#: the CI subset: small models that finish export..verify in about a minute each on 2 cores
+CI_MODELS = ("squeezenet1_1", "mobilenet_v3_small", "shufflenet_v2_x0_5")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("zoo_images")
+    for i in range(4):
+        write_jpeg(d / f"img_{i:02d}_{i}.jpg", seed=i, size=64)
+    return d
+
+
+def _x(images: Path, name: str) -> torch.Tensor:
+    from pipeline.config import PreprocessSpec
+    from pipeline.data.images import load_images
+    crop = zoo.crop_of(name)
+    return load_images(zoo.image_paths(images), PreprocessSpec(resize=crop * 8 // 7, crop=crop), desc="x")
+
+
+def test_batchnorm_statistics_are_those_of_the_images():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    x = torch.randn(5, 3, 12, 12) * 3 + 1
+    with torch.no_grad():
+        assert zoo.reestimate_batchnorm(net, x) == 1
+        pre = net[0](x)
+    bn = net[1]
+    assert not bn.training and bn.momentum == 0.1  # left as torchvision builds it
+    torch.testing.assert_close(bn.running_mean, pre.mean(dim=(0, 2, 3)))
+    torch.testing.assert_close(bn.running_var, pre.var(dim=(0, 2, 3), unbiased=True))
+
+
+def test_random_init_is_degenerate_and_ours_is_not(images):
+    """torchvision's own init gives near-constant MobileNetV3 logits (issue 13); ours
+    gives logit std `logit_std` over the images, centered, with input-dependent top-1."""
+    import torchvision
+    x = _x(images, "mobilenet_v3_small")
+    torch.manual_seed(0)
+    raw = torchvision.models.mobilenet_v3_small(weights=None).eval()
+    ours = zoo.torchvision_random("mobilenet_v3_small", str(images), logit_std=2.0)
+    with torch.no_grad():
+        y_raw, y = raw(x), ours(x)
+    assert float(y_raw.std(dim=0).mean()) < 1e-2
+    assert float(y.std(dim=0).mean()) == pytest.approx(2.0, rel=1e-3)
+    assert float(y.mean(dim=0).abs().max()) < 1e-3
+    assert len(set(y.argmax(dim=1).tolist())) > 1
+
+
+def test_squeezenet_conv_classifier_is_scaled(images):
+    """SqueezeNet ends in conv -> ReLU -> average pool: scaled exactly, not centered on the output."""
+    y = zoo.torchvision_random("squeezenet1_1", str(images), logit_std=3.0)(_x(images, "squeezenet1_1"))
+    assert float(y.detach().std(dim=0).mean()) == pytest.approx(3.0, rel=1e-3)
+
+
+def test_weights_are_deterministic_and_seeded(images):
+    a = zoo.torchvision_random("shufflenet_v2_x0_5", str(images), num_images=3).state_dict()
+    b = zoo.torchvision_random("shufflenet_v2_x0_5", str(images), num_images=3).state_dict()
+    c = zoo.torchvision_random("shufflenet_v2_x0_5", str(images), num_images=3, seed=1).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["conv1.0.weight"], c["conv1.0.weight"])
+
+
+def test_bad_input_fails_in_one_line(images, tmp_path):
+    with pytest.raises(ValueError, match="'resnet9' is not a torchvision classification model"):
+        zoo.torchvision_random("resnet9", str(images))
+    write_jpeg(tmp_path / "only_0.jpg", seed=0)
+    with pytest.raises(ValueError, match="holds 1 image"):
+        zoo.torchvision_random("squeezenet1_1", str(tmp_path))
+    digest = zoo.images_digest(zoo.image_paths(images))
+    write_jpeg(tmp_path / "other_1.jpg", seed=1)
+    with pytest.raises(ValueError, match=f"changed since images_sha256.*{zoo.images_digest(zoo.image_paths(tmp_path))}"):
+        zoo.torchvision_random("squeezenet1_1", str(tmp_path), images_sha256=digest)
+
+
+def test_a_failing_model_is_one_row(tmp_path):
+    """A model whose build fails is one row naming the stage and the error."""
+    row = sweep.run_model("not_a_model", tmp_path / "m", n_images=2, timeout=300)
+    assert row["status"] == "failed" and row["stage"] is None
+    assert row["error"].startswith("export: ValueError: torchvision_random: 'not_a_model' is not")
+    assert "\n" not in row["error"] and row["peak_rss_gib"] > 0
+
+
+def test_a_timeout_is_listed_as_such(tmp_path):
+    row = sweep.run_model("squeezenet1_1", tmp_path / "m", n_images=2, timeout=4)
+    assert row["status"] == "failed"
+    assert row["error"].startswith("timeout: over 4 s, killed in ")
+    assert "squeezenet1_1 | failed" in sweep.markdown([row])
+
+
+@pytest.mark.slow
+def test_ci_subset_is_bit_exact_and_not_degenerate(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep.py"), "--models", ",".join(CI_MODELS),
+                          "--images", "3", "--timeout", "240", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["model"]: r for r in json.loads((tmp_path / "sweep.json").read_text())}
+    assert set(rows) == set(CI_MODELS)
+    for name, r in rows.items():
+        assert r["status"] == "bit-exact", (name, r.get("error"))
+        assert r["bit_exact"] == {"mmalib": 3, "scalar": 3}
+        assert r["logit_std"] >= 2.0 and r["top1_distinct"] >= 2, name
+        assert r["macs_offloaded"] > 0.9 * r["macs_total"], name
+    assert "3/3 bit-exact" in (tmp_path / "sweep.md").read_text()
