@@ -63,10 +63,11 @@ class VerificationError(PipelineError):
     """The host C disagrees with the Python reference of the same program."""
 
 
-def output_scale(quantized_pt2: Path) -> float | None:
+def output_scale(quantized_pt2) -> float | None:
     """Scale of the dequantize feeding the program output (one LSB, in logit
-    units), or None when the model ends in float ops (e.g. a softmax)."""
-    ep = torch.export.load(quantized_pt2)
+    units), or None when the model ends in float ops (e.g. a softmax).
+    ``quantized_pt2``: the file, or its already loaded ExportedProgram."""
+    ep = torch.export.load(quantized_pt2) if isinstance(quantized_pt2, (str, Path)) else quantized_pt2
     out = next(n for n in ep.graph.nodes if n.op == "output").args[0][0]
     if "dequantize_per_tensor" not in str(getattr(out, "target", "")):
         return None
@@ -277,10 +278,11 @@ def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_d
     images = x.numpy().astype(np.float32)
     with tempfile.TemporaryDirectory(prefix="c7x-verify-") as tmp:
         work = {v: _Build(v, cdir, exe, images, Path(tmp)) for v, (cdir, exe) in builds.items()}
-        qdq = torch.export.load(quantized_pt2).module()
+        qdq_ep = torch.export.load(quantized_pt2)  # loaded once: its module and its output scale
+        qdq = qdq_ep.module()
         torch_out = run_torch(qdq, x, spec.name)
         float_out = run_torch(torch.export.load(float_pt2).module(), x, spec.name)
-        lsb = output_scale(quantized_pt2)
+        lsb = output_scale(qdq_ep)
         k = min(SELF_NOISE_IMAGES, len(paths))
         noise = {**pytorch_self_noise(qdq, x[:k], torch_out[:k], lsb), "images": [p.name for p in paths[:k]]}
         labels = [label_of(p) for p in paths]

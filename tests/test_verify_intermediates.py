@@ -1,0 +1,132 @@
+"""verify's intermediate-tensor compare: the host dump build (ld --wrap around every
+kernel call) against the Python reference's record of every call, on real compiled
+nets; a tampered tensor is reported as the first differing call and its layer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from qflow import InvertedResidual, ResidualBlock, quantize, randomize_bn
+
+from pipeline.backend.compile import compile_model
+from pipeline.backend.host import build_dump_host, build_host, kernel_symbols, read_dump, start_host
+from pipeline.backend.interp import Program
+from pipeline.stages import verify
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+NETS = {"res": (ResidualBlock, (1, 32, 8, 8)), "inv": (lambda: InvertedResidual(stride=2, cout=48), (1, 32, 8, 8))}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """(net, mmalib) -> (codegen dir, dump exe, plain exe, input shape)."""
+    cache = {}
+
+    def get(net, mmalib):
+        if (net, mmalib) not in cache:
+            make, shape = NETS[net]
+            torch.manual_seed(0)
+            flow = quantize(randomize_bn(make()), torch.randn(*shape), dtype="int8")
+            out = tmp_path_factory.mktemp(f"{net}_{int(mmalib)}")
+            compile_model(flow.mod, net, out, mmalib=mmalib)
+            build_dump_host(out, out / "dump.exe")
+            build_host(out, out / "model.exe")
+            cache[(net, mmalib)] = (out, out / "dump.exe", out / "model.exe", shape)
+        return cache[(net, mmalib)]
+    return get
+
+
+def _images(shape, n):
+    return (np.random.default_rng(3).standard_normal((n, *shape[1:])) * 1.5).astype(np.float32)
+
+
+def _dump(exe, out, x, tmp_path, images=1):
+    path = tmp_path / "calls.dump"
+    run = start_host(exe, out, x, env={"C7X_DUMP": str(path), "C7X_DUMP_IMAGES": str(images)}).wait()
+    return run.outputs, read_dump(path)
+
+
+@pytest.mark.parametrize("net,mmalib", [("res", True), ("res", False), ("inv", True)])
+def test_every_kernel_call_of_the_host_equals_the_reference(compiled, net, mmalib, tmp_path):
+    out, dump_exe, exe, shape = compiled(net, mmalib)
+    x = _images(shape, 3)
+    host_out, dump = _dump(dump_exe, out, x, tmp_path)
+    # the dump build computes what the host build computes
+    plain = start_host(exe, out, x).wait().outputs
+    np.testing.assert_array_equal(host_out.view(np.uint32), plain.view(np.uint32))
+    ref_out, ref_calls = Program(out).run_recording(x[:1])
+    np.testing.assert_array_equal(ref_out.view(np.uint32), host_out[:1].view(np.uint32))
+    calls = json.loads((out / "manifest.json").read_text())["calls"]
+    assert len(dump) == len(ref_calls) == len(calls) > 1       # image 1 only: one record per call
+    assert {s for s, _ in dump} <= set(kernel_symbols(out))
+    r = verify.compare_intermediates(ref_calls, dump, calls)
+    assert r == {"images": 1, "tensors": len(calls), "host_tensors": len(calls), "equal": len(calls),
+                 "all_equal": True}
+
+
+def test_two_dumped_images_give_two_records_per_call(compiled, tmp_path):
+    out, dump_exe, _, shape = compiled("res", True)
+    x = _images(shape, 3)
+    _, dump = _dump(dump_exe, out, x, tmp_path, images=2)
+    prog = Program(out)
+    ref_calls = prog.run_recording(x[:1])[1] + prog.run_recording(x[1:2])[1]
+    calls = json.loads((out / "manifest.json").read_text())["calls"]
+    r = verify.compare_intermediates(ref_calls, dump, calls, images=2)
+    assert r["all_equal"] and r["tensors"] == 2 * len(calls)
+
+
+def test_a_wrong_intermediate_tensor_names_its_call_and_layer(compiled, tmp_path):
+    out, dump_exe, _, shape = compiled("res", True)
+    x = _images(shape, 1)
+    _, dump = _dump(dump_exe, out, x, tmp_path)
+    _, ref_calls = Program(out).run_recording(x)
+    calls = json.loads((out / "manifest.json").read_text())["calls"]
+    k = next(i for i, c in enumerate(calls) if c["layer"] is not None)  # a layer's call, not the input quantize
+    symbol, raw = dump[k]
+    wrong = bytearray(raw)
+    wrong[0] ^= 1
+    dump[k] = (symbol, bytes(wrong))
+    r = verify.compare_intermediates(ref_calls, dump, calls)
+    assert not r["all_equal"] and r["equal"] == k
+    d = r["first_difference"]
+    assert (d["image"], d["call"], d["func"], d["layer"]) == (0, k, calls[k]["func"], calls[k]["layer"])
+    assert d["elements_off"] == 1 and d["host_symbol"] == symbol
+    # verify's failure names that call and layer
+    result = verify.verify_variant("mmalib", np.zeros((1, 10), np.float32), np.zeros((1, 10), np.float32), r,
+                                   np.zeros((1, 10), np.float32), np.zeros((1, 10), np.float32), [None], 0.1)
+    result.pop("_outputs")
+    spec = type("Spec", (), {"name": "res"})()
+    with pytest.raises(verify.VerificationError, match=rf"call {k} \({calls[k]['func']}, layer "
+                                                       rf"{calls[k]['layer']}\) on image 0"):
+        verify._raise_if_inexact(spec, [result], 1, tmp_path / "verify.json")
+
+
+def test_a_missing_call_is_a_difference(compiled, tmp_path):
+    out, dump_exe, _, shape = compiled("res", False)
+    x = _images(shape, 1)
+    _, dump = _dump(dump_exe, out, x, tmp_path)
+    _, ref_calls = Program(out).run_recording(x)
+    calls = json.loads((out / "manifest.json").read_text())["calls"]
+    r = verify.compare_intermediates(ref_calls, dump[:-1], calls)
+    assert not r["all_equal"] and r["first_difference"]["call"] == len(calls) - 1
+
+
+def test_without_c7x_dump_the_dump_build_writes_nothing(compiled, tmp_path):
+    out, dump_exe, _, shape = compiled("res", True)
+    start_host(dump_exe, out, _images(shape, 1)).wait()
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_truncated_dump_is_an_error(compiled, tmp_path):
+    out, dump_exe, _, shape = compiled("res", True)
+    _dump(dump_exe, out, _images(shape, 1), tmp_path)
+    path = tmp_path / "calls.dump"
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(ValueError, match="truncated dump record"):
+        read_dump(path)
