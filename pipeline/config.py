@@ -68,6 +68,10 @@ class WeightsSpec:
     ``pretrained = false`` builds the architecture with its random init (tests).
     ``optional = true``: when no file is found the default run skips the model
     with a one-line notice instead of failing.
+    ``reestimate_batchnorm = true`` (with ``pretrained = false``): after the
+    random init, every BatchNorm's running statistics are re-estimated on the
+    model's calibration images (:mod:`pipeline.models.batchnorm`), so a
+    random network's outputs vary with the input.
     """
 
     file: str | None = None
@@ -77,6 +81,7 @@ class WeightsSpec:
     install_hint: str | None = None
     optional: bool = False
     pretrained: bool = True
+    reestimate_batchnorm: bool = False
 
 
 @dataclass(frozen=True)
@@ -369,6 +374,9 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         quantizer = dataclasses.replace(quantizer, weight_dtype=None)
     if calibration.num_images < 0 or calibration.batch_size < 1:
         fail("calibration.num_images must be >= 0 (0 = all) and calibration.batch_size >= 1")
+    if weights.reestimate_batchnorm and (weights.pretrained or calibration.source != "images"):
+        fail("weights.reestimate_batchnorm needs 'pretrained = false' and calibration images "
+             "(it replaces a random init's BatchNorm statistics with those of the calibration set)")
     if weights.pretrained and not (weights.file or weights.path):
         fail("[weights] needs 'file' (torchvision checkpoint name) or 'path', "
              "or 'pretrained = false' for a randomly initialised model")

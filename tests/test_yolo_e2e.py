@@ -1,6 +1,7 @@
 """yolo26n_random end to end through doit, as a user runs it on a fresh clone:
 ``doit verify:yolo26n_random`` exports, quantizes, generates and builds the C,
-verifies it bit-exact and draws the detections (issue 11). Slow: ~3 minutes."""
+verifies it bit-exact and draws the detections; its offload page and held-out
+numbers are built too (issue 11). Slow: ~6 minutes."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def built(tmp_path_factory):
     images.mkdir(parents=True)
     for f in sorted((REPO / "calib_data" / "imagenet20").glob("*.jpg"))[:N_IMAGES]:
         shutil.copy(f, images)
-    run = p.doit("verify:yolo26n_random", timeout=1500)
+    run = p.doit("verify:yolo26n_random", "visualize:yolo26n_random", "holdout:yolo26n_random", timeout=2400)
     assert run.returncode == 0, run.out[-3000:]
     return p
 
@@ -38,7 +39,9 @@ def test_verify_is_bit_exact_on_every_build(built):
         assert r["vs_python_reference"]["bit_exact_images"] == N_IMAGES
         assert r["vs_python_reference"]["max_lsb"] == 0
         det = r["vs_pytorch_qdq"]["detections"]["top"]
-        assert det["reference_detections"] == N_IMAGES * 100 and 0 <= det["matched"] <= det["reference_detections"]
+        # the first 100 rows less the tie group at the cut: BatchNorm re-estimated, scores vary
+        assert N_IMAGES * 50 <= det["reference_detections"] <= N_IMAGES * 100
+        assert 0 < det["matched"] <= det["reference_detections"]
     assert "detections vs PyTorch Q/DQ: matched" in v["summary_lines"][0]
 
 
@@ -61,6 +64,20 @@ def test_mmalib_runs_at_least_95_percent_of_the_macs_and_the_head_stays_float(bu
     assert s["by_backend"]["mmalib"]["macs"] / s["macs_total"] >= 0.95
     head = [layer for layer in m["layers"] if layer["op"] in ("topk", "gather_elements")]
     assert len(head) == 6 and all(layer["backend"] == "scalar" and layer.get("reason") for layer in head)
+
+
+@pytest.mark.slow
+def test_offload_page_holdout_and_summary_of_the_detection_model(built):
+    art = built.root / "artifacts" / "yolo26n_random"
+    page = (art / "offload.html").read_text()
+    assert 'href="detections/index.html"' in page and "topk" in page
+    h = json.loads((art / "holdout.json").read_text())
+    assert h["method"] == "k-fold" and h["images"] == N_IMAGES
+    for side in (h["qdq"], h["c"]):
+        top = side["detections_vs_float"]["top"]
+        assert top["reference_detections"] > 0 and 0 <= top["matched"] <= top["reference_detections"]
+    bn = json.loads((art / "export.json").read_text())["batchnorm_reestimated_on"]
+    assert bn["set"] == "imagenet20" and bn["images"] == N_IMAGES and bn["batchnorm_layers"] > 50
 
 
 @pytest.mark.slow

@@ -36,6 +36,19 @@ def _root(plan: Plan, tensor) -> str:
     return plan.views.get(tensor.name, tensor.name)
 
 
+def _output_count(args, name, producer: dict) -> int:
+    """How many trailing ``args`` of a destination-passing call are its outputs:
+    the last always, and before it every tensor no earlier call wrote (a fresh
+    allocation; not the model input, not a weight). A split writes several."""
+    n = 1
+    while n < len(args):
+        a = args[-n - 1]
+        if a.home == "weight" or name(a) == "input" or name(a) in producer:
+            break
+        n += 1
+    return n
+
+
 def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: list[dict],
                  fused: dict[str, list[str]] | None = None) -> list[dict]:
     """Records of ``plan.calls`` (``mod``: the lowered module the plan was made from).
@@ -45,7 +58,8 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
     ``fused``: fused kernel -> the bindings it computes (``Lowered.fused``). Each
     record: ``index``, ``func`` (PrimFunc, the C symbol ``__tvm_ffi_<model>_<func>``),
     ``kernel``, ``backend``, ``inputs`` / ``output`` (tensor names; ``input`` and
-    ``output`` for the model's own), ``shape``, ``dtype`` (of the output), ``vars``
+    ``output`` for the model's own; a kernel writing several tensors also has
+    ``outputs``, ``output`` being the last), ``shape``, ``dtype`` (of ``output``), ``vars``
     (binding names of the output) and ``layer`` (the layer ``id`` or None).
     """
     anchors = sorted((order[lay["name"]], lay["id"]) for lay in layers if lay["name"] in order)
@@ -54,9 +68,11 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
     records, producer = [], {}
     for k, (func, args) in enumerate(plan.calls):
         backend, kernel = _backend(mod, func)
+        n_out = _output_count(args, lambda a: names.get(_root(plan, a), _root(plan, a)), producer)
         out = args[-1]
-        ins = [names.get(_root(plan, a), _root(plan, a)) for a in args[:-1] if a.home != "weight"]
-        out_name = names.get(_root(plan, out), _root(plan, out))
+        ins = [names.get(_root(plan, a), _root(plan, a)) for a in args[:-n_out] if a.home != "weight"]
+        outs = [names.get(_root(plan, a), _root(plan, a)) for a in args[-n_out:]]
+        out_name = outs[-1]
         aliases = plan.aliases.get(out.name, [])
         known = [order[a] for a in aliases + (fused or {}).get(func, []) if a in order]
         layer = None
@@ -66,7 +82,9 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
         records.append({"index": k, "func": func, "kernel": kernel, "backend": backend,
                         "inputs": ins, "output": out_name, "shape": list(out.shape), "dtype": out.dtype,
                         "vars": aliases, "layer": layer, "_named": bool(known)})
-        producer[out_name] = k
+        if n_out > 1:  # a tuple-output kernel (split): every tensor it writes, in order
+            records[-1]["outputs"] = outs
+        producer.update(dict.fromkeys(outs, k))
     for rec in reversed(records):  # unnamed outputs: the layer of the call reading them
         if not rec.pop("_named"):
             readers = [r for r in records if rec["output"] in r["inputs"]]

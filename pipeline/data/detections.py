@@ -40,9 +40,25 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def select(det: np.ndarray, conf: float | None = CONF, top: int | None = None) -> np.ndarray:
-    """Rows ``[D, 6]`` of one image with score >= ``conf`` (None: any), the first ``top`` (None: all)."""
+    """Rows ``[D, 6]`` of one image with score >= ``conf`` (None: any), the first ``top``
+    (None: all), less the tie group at a cut.
+
+    Quantized scores tie often (an int8 logit has 256 values), and which of
+    several equal scores a top-k keeps first is the implementation's choice
+    (torch's and our C's differ). So when the selection is cut by ``top``, or
+    reaches the output's last row (the model's own top-``D`` cut), the rows
+    whose score equals the score at the cut are dropped: what remains is the
+    same set for any tie order. (A two-stage top-k, as YOLO26's, keeps it so:
+    a score above the final cut is above the first stage's cut.)
+    """
     rows = det if conf is None else det[det[:, 4] >= conf]
-    return rows[:top] if top else rows
+    if top and len(rows) > top:
+        cut, rows = rows[top, 4], rows[:top]
+    elif len(rows) and len(rows) == len(det):
+        cut = det[-1, 4]
+    else:
+        return rows
+    return rows[rows[:, 4] > cut]
 
 
 def match(ref: np.ndarray, cand: np.ndarray, iou: float = IOU) -> list[tuple[int, int, float]]:
@@ -77,7 +93,8 @@ def compare(ref: np.ndarray, cand: np.ndarray, conf: float | None = CONF, top: i
         n_match += len(pairs)
         ious += [p[2] for p in pairs]
         dscore += [abs(float(r[i, 4]) - float(c[j, 4])) for i, j, _ in pairs]
-    return {"selection": f"score >= {conf}" if conf is not None else f"first {top} rows",
+    kind = f"score >= {conf}" if conf is not None else f"first {top} rows"
+    return {"selection": f"{kind}, ties at the cut dropped",
             "iou_threshold": iou, "reference_detections": n_ref, "matched": n_match,
             "matched_fraction": round(n_match / n_ref, 4) if n_ref else None,
             "mean_iou": round(float(np.mean(ious)), 4) if ious else None,

@@ -109,13 +109,16 @@ def first_mismatch(expected: dict, state: dict) -> str | None:
 
 
 def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
-                 out_info: Path | None = None) -> dict:
+                 out_info: Path | None = None, calib_dir: Path | None = None) -> dict:
     """Export the float model to ``out`` with ``torch.export.save``; record the
     checkpoint actually loaded (path, sha256) in ``out_info`` (JSON).
 
     Input: float32 NCHW ``spec.input_shape``, batch dim dynamic (1..1024).
     ``weights`` None means "look it up now" (random init when the entry says
     ``pretrained = false``); raises :class:`WeightsNotFoundError` when none is found.
+    ``calib_dir``: the calibration set, read only with ``[weights]
+    reestimate_batchnorm = true`` (the calibration selection, preprocessed as the
+    entry says; raises :class:`CalibrationDataError` when it selects no image).
     """
     if weights is None:
         weights = resolve_weights(spec, root)
@@ -123,6 +126,8 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
     # no model name: variants of one network share this output (run-cache, Stage.shared)
     info = {"builder": spec.builder, "pretrained": weights is not None,
             "weights": str(weights) if weights else None, "sha256": digest}
+    if spec.weights.reestimate_batchnorm:
+        info["batchnorm_reestimated_on"] = _reestimate(spec, model, calib_dir)
     example = torch.randn(2, *spec.input_shape[1:])
     with torch.no_grad():
         ep = torch.export.export(model, (example,),
@@ -132,3 +137,13 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
     if out_info is not None:
         write_json(out_info, info)
     return info
+
+
+def _reestimate(spec: ModelSpec, model: torch.nn.Module, calib_dir: Path | None) -> dict:
+    """BatchNorm statistics of ``model`` re-estimated on the calibration selection."""
+    from ..data.images import load_images, select_images
+    from ..models.batchnorm import reestimate_batchnorm
+    paths = select_images(calib_dir, spec.calibration, spec.name)
+    x = load_images(paths, spec.preprocess, desc=f"batchnorm {spec.name}", model=spec.name)
+    layers = reestimate_batchnorm(model, x)
+    return {"set": spec.calibration.set, "images": len(paths), "batchnorm_layers": layers}

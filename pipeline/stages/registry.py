@@ -148,6 +148,36 @@ def _field(spec: ModelSpec, path: str):
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
+#: distributions a builder module of this package runs, beyond torch / torchvision
+#: (their version changes the network, so export re-runs when it changes)
+BUILDER_DISTRIBUTIONS = {"pipeline.models.yolo": ("ultralytics",)}
+
+
+def builder_versions(builder: str) -> dict[str, str]:
+    """Installed versions of what ``builder`` ("module:callable") is built from:
+    :data:`BUILDER_DISTRIBUTIONS` for our own builders, else the distribution of
+    the distribution named like the module's top-level package (``timm``,
+    ``ultralytics``) if one is installed; {} otherwise: torch / torchvision are
+    tracked already, and a project's own module is a file_dep instead. Reads
+    package metadata only (no import, no scan of every distribution)."""
+    module = builder.partition(":")[0]
+    if module in BUILDER_DISTRIBUTIONS:
+        return versions(*BUILDER_DISTRIBUTIONS[module])
+    top = module.split(".")[0]
+    if top in ("torch", "torchvision", "pipeline"):
+        return {}
+    found = versions(top)
+    return found if found[top] != "missing" else {}
+
+
+def _batchnorm_inputs(ctx: StageContext) -> dict:
+    """What a BatchNorm re-estimation reads besides the image files (none without it)."""
+    if not ctx.spec.weights.reestimate_batchnorm:
+        return {}
+    return {"batchnorm_images": [p.name for p in ctx.calibration_images],
+            "calibration": _field(ctx.spec, "calibration"), "preprocess": _field(ctx.spec, "preprocess")}
+
+
 def versions(*dists: str) -> dict[str, str]:
     """Installed version of each distribution ("missing" if absent)."""
     out = {}
@@ -232,13 +262,17 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="export", doc="torch.export the float model (float.pt2)",
         func="pipeline.stages.export:export_model",
-        code=("stages/export.py", "torchenv.py", "weights.py", "frontend/provenance.py"),
+        code=("stages/export.py", "torchenv.py", "weights.py", "frontend/provenance.py",
+              "models/batchnorm.py"),
         params=("builder", "builder_kwargs", "input_shape", "weights.pretrained"),
         versions=("torch", "torchvision"),
-        deps=lambda c: ([c.weights] if c.weights else []) + list(c.builder_sources),
+        extra=lambda c: {**builder_versions(c.spec.builder), **_batchnorm_inputs(c)},
+        deps=lambda c: (([c.weights] if c.weights else []) + list(c.builder_sources)
+                        + (c.calibration_images if c.spec.weights.reestimate_batchnorm else [])),
         outs=lambda c: [c.layout.float_pt2, c.layout.export_json],
         args=lambda c: {"spec": c.spec, "weights": c.weights, "root": c.root,
-                        "out": c.layout.float_pt2, "out_info": c.layout.export_json},
+                        "out": c.layout.float_pt2, "out_info": c.layout.export_json,
+                        "calib_dir": c.calib_root / c.spec.calibration.set},
         task_doc=lambda c: f"export {c.spec.builder} -> float.pt2",
         shared=True,  # export.json does not name the model: variants of one network share it
     ),

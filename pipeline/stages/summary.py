@@ -97,6 +97,31 @@ def _accuracy_lines(report: dict, builds: dict, holdout: dict | None) -> list[st
     return [lead + " | ".join(acc), "  vs float       (top-1 agreement, mean |logit error|) " + " | ".join(err)]
 
 
+def _matched(d: dict) -> str:
+    """``12/20 (0.60) confident, 95/100 top`` of a :func:`pipeline.data.detections.compare_all`."""
+    parts = []
+    for key, label in (("confident", "score >= 0.25"), ("top", "top rows")):
+        c = d[key]
+        frac = "" if c["matched_fraction"] is None else f" ({c['matched_fraction']:.2f})"
+        parts.append(f"{c['matched']}/{c['reference_detections']}{frac} {label}")
+    return ", ".join(parts)
+
+
+def _detection_lines(report: dict, builds: dict, holdout: dict | None) -> list[str]:
+    """A detection model's accuracy: detections IoU-matched (>= 0.5) to float's, held out first."""
+    lines = []
+    if holdout and holdout.get("method") == "k-fold":
+        k, c = holdout["folds"], holdout["c"]
+        lines.append(f"  held-out       {k}-fold on {holdout['evaluation_set']}, detections matched to float "
+                     f"(IoU >= 0.5): Q/DQ {_matched(holdout['qdq']['detections_vs_float'])} | C {c['variant']} "
+                     f"{_matched(c['detections_vs_float'])}")
+    lead = "  in-sample      " if lines else "  vs float       "
+    acc = [f"Q/DQ {_matched(report['detections_qdq_vs_float'])}"]
+    acc += [f"C {v} {_matched(r['accuracy']['detections_vs_float'])}" for v, r in builds.items()]
+    lines.append(lead + "detections matched to float (IoU >= 0.5): " + " | ".join(acc))
+    return lines
+
+
 def mixed_summary(mixed: dict | None) -> dict | None:
     """The summary fields of ``mixed_precision.json`` (None without one)."""
     if not mixed:
@@ -128,13 +153,15 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
     ``holdout``: ``holdout.json``; ``mixed``: the summary of ``mixed_precision.json``
     (int16_layer_count, layer_count, int16_macs, total_macs, budget, method);
     ``siblings``: dtype -> MMALIB manifest summary of the same network's int8/int16 builds."""
-    n = report["labeled"]
+    detecting = "detections_qdq_vs_float" in report
+    images = (f"{report['images']} images, detection" if detecting
+              else f"{report['labeled']} labeled images")
     lines = [f"{name}: {report['dtype']} activations{' (int16 where listed)' if mixed else ''}, "
-             f"{report['weight_dtype']} weights; {n} labeled images ({report['evaluation_set']})"]
+             f"{report['weight_dtype']} weights; {images} ({report['evaluation_set']})"]
     for note in report.get("notes", []):
         lines.append(f"  note           {note}")
     builds = {r["variant"]: r for r in (verify or {}).get("variants", [])}
-    lines += _accuracy_lines(report, builds, holdout)
+    lines += (_detection_lines if detecting else _accuracy_lines)(report, builds, holdout)
     if mixed:
         lines.append(_mixed_line(mixed, manifests, siblings or {}))
     if "mmalib" in manifests:
@@ -149,6 +176,11 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
         exact = ", ".join(f"{v} {r['vs_python_reference']['bit_exact_images']}/{r['images']}"
                           for v, r in builds.items())
         lines.append(f"  bit-exact      host C == Python integer reference on every image: {exact}")
+        if detecting:
+            lines.append("  vs Q/DQ        detections matched (IoU >= 0.5): " + " | ".join(
+                f"C {v} {_matched(r['vs_pytorch_qdq']['detections'])}" for v, r in builds.items()))
+            builds = {}
+    if builds:
         noise = verify["pytorch_qdq"]["self_noise_1_thread_no_mkldnn"]
         diffs = [f"{v} max {r['vs_pytorch_qdq']['max_lsb']:g}, mean {r['vs_pytorch_qdq']['mean_lsb']:.2f}"
                  for v, r in builds.items()]

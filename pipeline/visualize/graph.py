@@ -109,7 +109,8 @@ def build_graph(manifest: dict) -> dict:
                 raise ValueError(f"manifest call {c['index']} ({c.get('func')}) reads {tensor!r}, "
                                  "which no earlier call writes")
             edges.append({"from": writer[tensor], "to": nid, "tensor": tensor})
-        writer[c.get("output")] = nid
+        for tensor in c.get("outputs") or [c.get("output")]:  # a split writes several
+            writer[tensor] = nid
     last = calls[-1] if calls else {}
     nodes.append({"id": "output", "kind": "io", "label": ["output", shape_text(last.get("shape"))],
                   "shape": last.get("shape"), "dtype": last.get("dtype"), "layer": None, "call": None})

@@ -1,0 +1,139 @@
+"""Detections: tie-order-independent selection, matching, BatchNorm re-estimation of a random
+network, and the reports of a detection model (issue 11)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.data import detections
+
+
+def _rows(scores, classes=None):
+    """[D, 6] detections, one distinct box per row, ranked by score."""
+    d = len(scores)
+    boxes = np.stack([np.arange(d) * 20.0, np.zeros(d), np.arange(d) * 20.0 + 10, np.full(d, 10.0)], 1)
+    cls = np.zeros(d) if classes is None else np.asarray(classes, float)
+    return np.concatenate([boxes, np.asarray(scores, float)[:, None], cls[:, None]], 1).astype(np.float32)
+
+
+def test_a_tie_group_at_the_top_cut_is_dropped():
+    det = _rows([0.9, 0.8, 0.5, 0.5, 0.5, 0.1])
+    assert detections.select(det, conf=None, top=3)[:, 4].tolist() == pytest.approx([0.9, 0.8])
+    assert detections.select(det, conf=None, top=2)[:, 4].tolist() == pytest.approx([0.9, 0.8])
+    assert len(detections.select(det, conf=0.3)) == 5  # a threshold cut does not depend on the order
+
+
+def test_the_last_rows_tie_group_is_dropped_when_the_output_is_full():
+    det = _rows([0.9, 0.6, 0.6])  # the model's own top-3 may have cut a larger group of 0.6
+    assert detections.select(det, conf=0.5)[:, 4].tolist() == pytest.approx([0.9])
+    assert len(detections.select(_rows([0.9, 0.6, 0.2]), conf=0.5)) == 2
+
+
+def test_two_tie_orders_of_one_output_match_completely():
+    """What torch's and our C's top-k do differently: the same scores, ties in another order."""
+    rng = np.random.default_rng(0)
+    scores = np.sort(rng.choice([0.9, 0.7, 0.4, 0.3], size=40))[::-1]
+    a = _rows(scores)
+    b = a.copy()
+    for s in np.unique(scores):  # reverse every tie group
+        idx = np.flatnonzero(scores == s)
+        b[idx] = a[idx[::-1]]
+    for conf, top in ((0.25, None), (None, 20)):
+        r = detections.compare(a[None], b[None], conf=conf, top=top)
+        assert r["reference_detections"] > 0 and r["matched_fraction"] == 1.0
+    # without the rule the first 20 rows of the two orders differ
+    assert not np.array_equal(a[:20], b[:20])
+
+
+def test_reestimated_batchnorm_gives_normalised_activations():
+    from pipeline.models.batchnorm import reestimate_batchnorm
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Dropout(0.5))
+    x = torch.rand(16, 3, 12, 12) * 5 + 3  # two equal batches: the mean of the batch means is the mean
+    assert reestimate_batchnorm(net, x) == 1
+    assert not net.training and net[1].momentum == 0.1  # restored
+    with torch.no_grad():
+        y = net(x)
+        again = net(x)
+    assert torch.equal(y, again)  # eval mode: dropout off
+    assert y.mean(dim=(0, 2, 3)).abs().max() < 1e-3 and (y.var(dim=(0, 2, 3)) - 1).abs().max() < 0.05
+    with pytest.raises(ValueError, match="no images"):
+        reestimate_batchnorm(net, x[:0])
+
+
+def test_builder_versions_track_ultralytics_for_the_yolo_builder():
+    from pipeline.stages.registry import builder_versions
+    import importlib.metadata
+    assert builder_versions("pipeline.models.yolo:yolo26n") == {
+        "ultralytics": importlib.metadata.version("ultralytics")}
+    assert builder_versions("torchvision.models:mobilenet_v2") == {}  # tracked as a stage version
+    assert builder_versions("mynets:tiny") == {}  # a project module: its source is a file_dep
+    assert builder_versions("dask.array:ones") == {"dask": importlib.metadata.version("dask")}
+
+
+def test_reestimate_batchnorm_needs_random_weights_and_images(tmp_path):
+    from pipeline.config import parse_model
+    from pipeline.errors import ConfigError
+    base = {"builder": "torchvision.models:resnet18", "input_shape": [1, 3, 224, 224]}
+    spec = parse_model("r", tmp_path / "r.toml", {**base, "weights": {"pretrained": False,
+                                                                      "reestimate_batchnorm": True}})
+    assert spec.weights.reestimate_batchnorm
+    with pytest.raises(ConfigError, match="reestimate_batchnorm needs 'pretrained = false'"):
+        parse_model("r", tmp_path / "r.toml", {**base, "weights": {"file": "x.pth", "reestimate_batchnorm": True}})
+    with pytest.raises(ConfigError, match="reestimate_batchnorm"):
+        parse_model("r", tmp_path / "r.toml", {**base, "calibration": {"source": "random"},
+                                               "weights": {"pretrained": False, "reestimate_batchnorm": True}})
+
+
+def _dets(n_img=2, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_img):
+        scores = np.sort(rng.uniform(0, 1, 12))[::-1]
+        out.append(_rows(scores, classes=rng.integers(0, 3, 12)))
+    return np.stack(out)
+
+
+def test_summary_of_a_detection_model_reports_matched_detections_not_top1():
+    from pipeline.stages.summary import model_lines
+    ref, other = _dets(), _dets(seed=1)
+    same, diff = detections.compare_all(ref, ref), detections.compare_all(ref, other)
+    report = {"dtype": "int8", "weight_dtype": "int8", "images": 2, "evaluation_set": "imagenet20",
+              "detections_qdq_vs_float": diff, "notes": ["NOT FOR DEPLOYMENT: random-init weights"]}
+    verify = {"variants": [{"variant": "mmalib", "images": 2,
+                            "vs_python_reference": {"bit_exact_images": 2},
+                            "vs_pytorch_qdq": {"detections": same},
+                            "accuracy": {"detections_vs_float": diff}}]}
+    holdout = {"method": "k-fold", "folds": 2, "evaluation_set": "imagenet20",
+               "qdq": {"detections_vs_float": diff}, "c": {"variant": "mmalib", "detections_vs_float": same}}
+    text = "\n".join(model_lines("yolo", report, verify, {}, holdout=holdout))
+    n_conf = same["confident"]["reference_detections"]
+    assert "2 images, detection" in text and "top-1" not in text
+    assert f"C mmalib {n_conf}/{n_conf} (1.00) score >= 0.25" in text  # C vs Q/DQ, and held-out C vs float
+    assert "held-out       2-fold" in text and "in-sample" in text
+    assert f"{diff['confident']['matched']}/{diff['confident']['reference_detections']}" in text
+    assert "bit-exact      host C == Python integer reference on every image: mmalib 2/2" in text
+
+
+def test_a_split_kernels_tensors_are_all_its_outputs_in_the_call_graph():
+    """YOLO26's head splits one tensor in two with one TVM kernel: both are written by it."""
+    from pipeline.backend.call_graph import _output_count
+    from pipeline.backend.memory_plan import Tensor
+    from pipeline.visualize.graph import build_graph
+    t = {n: Tensor(n, (1, 4), "float32", "arena", 0) for n in ("t0", "t1", "t2")}
+    w = Tensor("w0", (4,), "int8", "weight", 0)
+    name = lambda a: a.name  # noqa: E731
+    assert _output_count([t["t0"], t["t1"], t["t2"]], name, {"t0": 0}) == 2  # split(t0) -> t1, t2
+    assert _output_count([t["t0"], w, t["t1"]], name, {"t0": 0}) == 1  # a weight is never an output
+    assert _output_count([t["t1"], t["t2"]], name, {"t1": 0}) == 1
+    manifest = {"layers": [], "calls": [
+        {"index": 0, "func": "q", "backend": "tvm", "inputs": ["input"], "output": "t0", "shape": [1, 8]},
+        {"index": 1, "func": "split", "backend": "tvm", "inputs": ["t0"], "output": "t2", "outputs": ["t1", "t2"],
+         "shape": [1, 4]},
+        {"index": 2, "func": "add", "backend": "tvm", "inputs": ["t1", "t2"], "output": "output", "shape": [1, 4]}]}
+    g = build_graph(manifest)
+    assert {(e["from"], e["to"], e["tensor"]) for e in g["edges"]} == {
+        ("input", "c0", "input"), ("c0", "c1", "t0"), ("c1", "c2", "t1"), ("c1", "c2", "t2"),
+        ("c2", "output", "output")}
