@@ -1,11 +1,13 @@
-"""verify's intermediate-tensor compare: the host dump build (ld --wrap around every
-kernel call) against the Python reference's record of every call, on real compiled
-nets; a tampered tensor is reported as the first differing call and its layer."""
+"""verify's intermediate-tensor compare: the host build's kernel-call dump (ld --wrap
+around every kernel call, C7X_DUMP) against the Python reference's record of every
+call, on real compiled nets; a tampered tensor is reported as the first differing
+call and its layer."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ import torch
 from qflow import InvertedResidual, ResidualBlock, quantize, randomize_bn
 
 from pipeline.backend.compile import compile_model
-from pipeline.backend.host import build_dump_host, build_host, kernel_symbols, read_dump, start_host
+from pipeline.backend.host import CFLAGS, build_host, kernel_symbols, read_dump, start_host
 from pipeline.backend.interp import Program
 from pipeline.stages import verify
 
@@ -25,7 +27,7 @@ NETS = {"res": (ResidualBlock, (1, 32, 8, 8)), "inv": (lambda: InvertedResidual(
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """(net, mmalib) -> (codegen dir, dump exe, plain exe, input shape)."""
+    """(net, mmalib) -> (codegen dir, host exe, the same sources built without the wrappers, input shape)."""
     cache = {}
 
     def get(net, mmalib):
@@ -35,11 +37,21 @@ def compiled(tmp_path_factory):
             flow = quantize(randomize_bn(make()), torch.randn(*shape), dtype="int8")
             out = tmp_path_factory.mktemp(f"{net}_{int(mmalib)}")
             compile_model(flow.mod, net, out, mmalib=mmalib)
-            build_dump_host(out, out / "dump.exe")
             build_host(out, out / "model.exe")
-            cache[(net, mmalib)] = (out, out / "dump.exe", out / "model.exe", shape)
+            _build_unwrapped(out, out / "plain.exe")
+            cache[(net, mmalib)] = (out, out / "model.exe", out / "plain.exe", shape)
         return cache[(net, mmalib)]
     return get
+
+
+def _build_unwrapped(out, exe):
+    """The host build's gcc command without the dump flags (host.dump_flags)."""
+    from pipeline.backend.host import dump_flags, host_command
+
+    drop = set(dump_flags(out))
+    cmd = [a for a in host_command(out, exe) if a not in drop]
+    assert len(cmd) < len(host_command(out, exe)) and set(CFLAGS) <= set(cmd)
+    subprocess.run(cmd, check=True)
 
 
 def _images(shape, n):
@@ -57,7 +69,7 @@ def test_every_kernel_call_of_the_host_equals_the_reference(compiled, net, mmali
     out, dump_exe, exe, shape = compiled(net, mmalib)
     x = _images(shape, 3)
     host_out, dump = _dump(dump_exe, out, x, tmp_path)
-    # the dump build computes what the host build computes
+    # the wrapped build computes what the same C without wrappers computes
     plain = start_host(exe, out, x).wait().outputs
     np.testing.assert_array_equal(host_out.view(np.uint32), plain.view(np.uint32))
     ref_out, ref_calls = Program(out).run_recording(x[:1])
@@ -117,8 +129,9 @@ def test_a_missing_call_is_a_difference(compiled, tmp_path):
     assert not r["all_equal"] and r["first_difference"]["call"] == len(calls) - 1
 
 
-def test_without_c7x_dump_the_dump_build_writes_nothing(compiled, tmp_path):
+def test_without_c7x_dump_the_host_build_writes_nothing(compiled, tmp_path, monkeypatch):
     out, dump_exe, _, shape = compiled("res", True)
+    monkeypatch.chdir(tmp_path)
     start_host(dump_exe, out, _images(shape, 1)).wait()
     assert not list(tmp_path.iterdir())
 

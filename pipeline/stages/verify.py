@@ -7,8 +7,8 @@ is compared with
    (``backend.interp``): must be bit-identical on every image, else the stage
    fails (this proves the emitter, the memory plan and the kernels). On the
    first ``INTERMEDIATE_IMAGES`` image(s) every kernel call's output tensor is
-   compared too (a debug build of the same C that dumps them,
-   :func:`pipeline.backend.host.build_dump_host`), so a degenerate output
+   compared too (the host executable dumps them when asked, ``C7X_DUMP``,
+   :func:`pipeline.backend.host.dump_flags`), so a degenerate output
    (constant logits) cannot hide a wrong layer: the stage fails naming the
    first differing call and its layer;
 2. the PyTorch Q/DQ model (``quantized.pt2``): difference in integer steps
@@ -30,9 +30,9 @@ scalar build is judged against it, and exactness is judged against (1).
 That band is measured on the first ``SELF_NOISE_IMAGES`` images (named in
 the report): it is a second full Q/DQ run, and a few images give the band.
 
-Cost: one host process per build for all images, started in the background
-at once, so the host C, the gcc of the dump builds and the PyTorch and Python
-reference work overlap on the cores; each lowered program is parsed and
+Cost: one host process per build for all images (it also writes the dump),
+started in the background at once, so the host C overlaps the PyTorch and
+Python reference work on the other core; each lowered program is parsed and
 built once per build (``interp.Program``).
 """
 
@@ -226,27 +226,25 @@ def draw_detections(x: torch.Tensor, paths: list[Path], outputs: dict[str, np.nd
 
 
 class _Build:
-    """One build variant's verification work, started in the background: the
-    host run on every image and the gcc of its dump build (in ``tmp``)."""
+    """One build variant's verification work. The host executable starts at
+    once in the background on every image, dumping the kernel-call outputs of
+    the first ``INTERMEDIATE_IMAGES`` (``C7X_DUMP``, host_main.c) into ``tmp``."""
 
     def __init__(self, variant: str, codegen_dir: Path, exe: Path, images: np.ndarray, tmp: Path):
         from ..backend import host
 
-        self.variant, self.codegen_dir, self.tmp = variant, codegen_dir, tmp
-        self.images = images
-        self.run = host.start_host(exe, codegen_dir, images)
-        self.dump_exe = tmp / f"{variant}-dump.exe"
-        self.gcc = host.start_dump_build(codegen_dir, self.dump_exe)
+        self.variant, self.codegen_dir, self.exe, self.images = variant, codegen_dir, exe, images
+        self.dump_file = tmp / f"{variant}.dump"
+        self.run = host.start_host(exe, codegen_dir, images, env={
+            "C7X_DUMP": str(self.dump_file), "C7X_DUMP_IMAGES": str(INTERMEDIATE_IMAGES)})
 
     def outputs(self) -> tuple[np.ndarray, np.ndarray, dict]:
-        """(host outputs, Python reference outputs, intermediates compare) of every image."""
+        """(host outputs, Python reference outputs, intermediates compare) of every image.
+        Raises VerificationError if the executable wrote no dump (built without
+        ``host.dump_flags``: re-run host_build)."""
         from ..backend import host
         from ..backend.interp import Program
 
-        host.finish_build(self.gcc, self.codegen_dir)
-        dump_file = self.tmp / f"{self.variant}.dump"
-        dump_run = host.start_host(self.dump_exe, self.codegen_dir, self.images[:INTERMEDIATE_IMAGES],
-                                   env={"C7X_DUMP": str(dump_file), "C7X_DUMP_IMAGES": str(INTERMEDIATE_IMAGES)})
         prog = Program(self.codegen_dir)
         ref, ref_calls = [], []
         for i in range(len(self.images)):
@@ -256,11 +254,14 @@ class _Build:
             else:
                 out = prog.run(self.images[i:i + 1])
             ref.append(out)
-        dump_run.wait()
+        host_out = self.run.wait().outputs
+        if ref_calls and not self.dump_file.exists():
+            raise VerificationError(f"host executable {self.exe} wrote no kernel-call dump (C7X_DUMP): "
+                                    f"it was built without host.dump_flags; re-run its host_build task")
+        dump = host.read_dump(self.dump_file) if ref_calls else []
         manifest = json.loads((self.codegen_dir / "manifest.json").read_text())
-        inter = compare_intermediates(ref_calls, host.read_dump(dump_file), manifest["calls"],
-                                      min(INTERMEDIATE_IMAGES, len(self.images)))
-        return self.run.wait().outputs, np.concatenate(ref, axis=0), inter
+        inter = compare_intermediates(ref_calls, dump, manifest["calls"], min(INTERMEDIATE_IMAGES, len(self.images)))
+        return host_out, np.concatenate(ref, axis=0), inter
 
 
 def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_dir: Path,

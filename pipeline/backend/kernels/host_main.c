@@ -20,13 +20,16 @@
  * runtime prints one per inference (also after a failed run: its block ends at
  * the last call that completed). On the host the counts are nanoseconds.
  *
- * Intermediate tensors: with -DC7X_DUMP_CALLS, linked with the wrappers of
- * pipeline/backend/host.py (dump_wrappers_source: every kernel symbol wrapped
- * with ld's --wrap, so model.c itself is unchanged), every kernel call of the
- * first C7X_DUMP_IMAGES images (environment, default 1) appends its output
- * tensor, the call's last argument, to the file named by the environment
- * variable C7X_DUMP: per call an int32 length of the kernel symbol, the symbol,
- * an int64 byte count and the tensor's bytes (host byte order). Unset: no dump.
+ * Intermediate tensors: built with -DC7X_DUMP_CALLS and
+ * -DC7X_DUMP_SYMBOLS='C7X_WRAP(<sym>) ...' (one per kernel symbol of model.c)
+ * and linked with -Wl,--wrap=<sym> for each (pipeline/backend/host.py does
+ * this for every host build), every kernel call goes through __wrap_<sym>
+ * below: model.c and the kernels compile unchanged, ld routes their calls
+ * through the wrapper. With the environment variable C7X_DUMP=<file>, every
+ * kernel call of the first C7X_DUMP_IMAGES images (default 1) appends its
+ * output tensor, the call's last argument, to <file>: per call an int32
+ * length of the kernel symbol, the symbol, an int64 byte count and the
+ * tensor's bytes (host byte order). Without C7X_DUMP nothing is written.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -57,6 +60,19 @@ void c7x_dump_call(const char* symbol, void* args, int32_t num_args) {
   fwrite(&nbytes, sizeof nbytes, 1, c7x_dump_file);
   fwrite((const char*)t->data + t->byte_offset, 1, (size_t)nbytes, c7x_dump_file);
 }
+
+#ifdef C7X_DUMP_SYMBOLS
+/* One wrapper per kernel symbol s: ld's --wrap=s sends model.c's calls here. */
+#define C7X_WRAP(s)                                                            \
+  int32_t __real_##s(void* self, void* args, int32_t num_args, void* result);  \
+  int32_t __wrap_##s(void* self, void* args, int32_t num_args, void* result);  \
+  int32_t __wrap_##s(void* self, void* args, int32_t num_args, void* result) { \
+    int32_t rc = __real_##s(self, args, num_args, result);                     \
+    if (rc == 0) c7x_dump_call(#s, args, num_args);                            \
+    return rc;                                                                 \
+  }
+C7X_DUMP_SYMBOLS
+#endif
 #endif
 
 #define C7X_CAT_(a, b) a##b
