@@ -3,7 +3,6 @@
 Referenced from test projects' model entries as ``builder = "tinynets:<name>"``.
 """
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -52,7 +51,7 @@ class ActivationCNN(nn.Module):
     def forward(self, x):
         y = F.hardswish(self.c1(x))
         y = y * F.hardsigmoid(self.se2(F.relu(self.se1(F.adaptive_avg_pool2d(y, 1)))))
-        y = F.gelu(torch.sigmoid(F.silu(self.c2(y))))
+        y = F.gelu(F.silu(self.c2(y)).sigmoid())
         return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
 
 

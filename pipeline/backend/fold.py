@@ -317,6 +317,45 @@ def residual_add_params(s_x: float, zp_x: int, s_skip: float, zp_skip: int,
     return np.frombuffer(blob, dtype=np.uint8).copy()
 
 
+#: Bits of the channel-multiply multiplier M (``M < 2**bits``): |dx * dg| is below
+#: 2^16 for int8 and 2^32 for int16, so the product dx * dg * M stays below 2^62.
+CHANNEL_MUL_BITS = {"int8": 31, "int16": 29}
+CHANNEL_MUL_SHIFT_MAX = 62
+
+
+def channel_mul_params(s_x: float, zp_x: int, s_g: float, zp_g: int, s_out: float, zp_out: int,
+                       dtype: str) -> np.ndarray:
+    """16-byte parameter blob of ``c7x_int{8,16}_channel_mul`` (``docs/reference.md``,
+    "Squeeze-excitation multiply"), the residual add's layout with one multiplier.
+
+    ``out = rshift((x - zp_x) * (g - zp_g) * M, shift) + zp_out`` approximates
+    ``(x - zp_x) s_x * (g - zp_g) s_g / s_out + zp_out`` with
+    ``M = round_half_even(r * 2**shift)``, ``r = s_x * s_g / s_out`` (float64 of the
+    float32 scales) and the largest ``shift <= 62`` keeping ``M < 2**bits``
+    (:data:`CHANNEL_MUL_BITS`: 31 for int8, 29 for int16), i.e. a relative
+    precision of 2^-30 / 2^-28 instead of the residual add's Q15.
+    Layout (little-endian): int32 M, int32 shift, int32 0, int8 zp_x, int8 zp_g,
+    int8 zp_out, pad. Returns uint8[16]. Raises :class:`Declined` if ``r`` is not
+    a positive number, needs ``M >= 2**bits`` at shift 0, or a zero point leaves int8.
+    """
+    bits = CHANNEL_MUL_BITS[str(dtype)]
+    r = float(s_x) * float(s_g) / float(s_out)
+    if not (np.isfinite(r) and r > 0.0):
+        raise Declined(f"channel-multiply rescale {r:.6g} is not a positive number")
+    shift = int(np.clip(np.floor(np.log2(2.0**bits / r)), 0, CHANNEL_MUL_SHIFT_MAX))
+    m = int(np.rint(r * 2.0**shift))
+    while m >= 2**bits and shift > 0:
+        shift -= 1
+        m = int(np.rint(r * 2.0**shift))
+    if m >= 2**bits:
+        raise Declined(f"channel-multiply rescale {r:.6g} does not fit M < 2^{bits}")
+    for name, zp in (("zp_x", zp_x), ("zp_g", zp_g), ("zp_out", zp_out)):
+        if not -128 <= int(zp) <= 127:
+            raise Declined(f"{name}={int(zp)} does not fit the int8 field of the channel-multiply params")
+    blob = struct.pack("<iiibbbx", m, shift, 0, int(zp_x), int(zp_g), int(zp_out))
+    return np.frombuffer(blob, dtype=np.uint8).copy()
+
+
 def quantize_value(v: float, scale: float, zp: int, dtype: str) -> int:
     """torch's ``quantize_per_tensor`` of one value: ``clamp(round(v * float32(1/scale)) + zp)``.
 

@@ -78,8 +78,9 @@ class C7xMMAQuantizer(Quantizer):
     float bias; mm / addmm ([M, K] x [K, N], both operands per-tensor);
     add.Tensor / add_.Tensor of two float tensors (residuals); gelu, silu, hardsigmoid, hardswish and the
     average pools (own output observer); layer_norm; relu-like, max_pool2d and
-    shape ops sharing their input's observer. cat, mul, sigmoid and group_norm
-    stay float. Everything observed is a float32 tensor; the Q/DQ dtype is
+    shape ops sharing their input's observer; *ours*: a sigmoid that is a
+    squeeze-excitation gate (own output observer, :func:`rules.is_se_gate`).
+    cat, mul, any other sigmoid and group_norm stay float. Everything observed is a float32 tensor; the Q/DQ dtype is
     int8 or int16 as configured.
     """
 
@@ -112,7 +113,8 @@ class C7xMMAQuantizer(Quantizer):
                                  (rules.BINARY, self._annotate_binary),
                                  (rules.ADDMM, self._annotate_addmm),
                                  (rules.INDEPENDENT | rules.LAYER_NORM, self._annotate_independent),
-                                 (rules.TRANSPARENT, self._annotate_transparent)):
+                                 (rules.TRANSPARENT, self._annotate_transparent),
+                                 (rules.SE_GATE, self._annotate_se_gate)):
             self._handlers.update(dict.fromkeys(targets, handler))
 
     def __repr__(self) -> str:
@@ -177,6 +179,11 @@ class C7xMMAQuantizer(Quantizer):
         if rules.is_float_tensor(src):
             act = self._act(node)
             self._set(node, {src: act}, act)
+
+    def _annotate_se_gate(self, node: Node) -> None:
+        # ours (rules.SE_GATE): only a squeeze-excitation gate; other sigmoids stay float
+        if rules.is_se_gate(node):
+            self._annotate_independent(node)
 
     def _annotate_transparent(self, node: Node) -> None:
         src = node.args[0]

@@ -23,7 +23,15 @@ Per kind: the ops, what is observed on the inputs, and the output.
   (identity in eval). Input act; the output shares the input node's
   observer (SharedQuantizationSpec) when that output is observed, else an
   independent act. Not annotated when it reaches ``topk`` (detection rule).
-* Not annotated: cat (deliberately), group_norm, sigmoid, mul, anything else.
+* SE_GATE (*ours*, an extension) -- sigmoid / sigmoid_ that is a
+  squeeze-excitation gate (:func:`is_se_gate`: its [N, C, 1, 1] output only
+  feeds mul.Tensor / mul_.Tensor with an [N, C, H, W] float tensor, and it does
+  not reach ``topk``). Input act, output an independent act: the gate is then
+  an int8/int16 tensor and the multiply runs on integers (the reference leaves
+  sigmoid float). Graphs without such a gate (MobileNetV2, ResNet, the
+  detection heads) are annotated exactly as before.
+* Not annotated: cat (deliberately), group_norm, any other sigmoid, mul
+  (its SE operands are quantized by their producers), anything else.
 
 Float-tensor gating (``meta["val"]`` is a floating-point tensor) applies to
 every kind except WEIGHTED and ADDMM.
@@ -69,6 +77,10 @@ FUSABLE_PRODUCERS = frozenset({aten.conv2d.default, aten.linear.default,
 #: docs/reference.md, "Kernel math").
 FUSABLE_ACTIVATIONS = frozenset({aten.relu.default, aten.relu_.default, aten.hardtanh.default,
                                  aten.hardtanh_.default, aten.relu6.default})
+
+#: ours: a squeeze-excitation gate (see :func:`is_se_gate`).
+SE_GATE = frozenset({aten.sigmoid.default, aten.sigmoid_.default})
+SE_MULTIPLY = frozenset({aten.mul.Tensor, aten.mul_.Tensor})
 
 TOPK = frozenset({aten.topk.default})
 #: ops a detection score may pass through on its way to topk and still count as
@@ -116,3 +128,32 @@ def reaches_topk(node: Node) -> bool:
         if user.target in RANKING_PATH:
             stack.extend(user.users)
     return False
+
+
+def _shape(node) -> tuple | None:
+    val = node.meta.get("val") if isinstance(node, Node) else None
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def is_se_multiply(node: Node) -> bool:
+    """``node`` is a squeeze-excitation multiply: mul.Tensor / mul_.Tensor of two float
+    tensors, one [N, C, H, W] and the other [N, C, 1, 1] (either order)."""
+    if node.op != "call_function" or node.target not in SE_MULTIPLY or len(node.args) != 2:
+        return False
+    a, b = node.args
+    if not (is_float_tensor(a) and is_float_tensor(b)):
+        return False
+    sa, sb = _shape(a), _shape(b)
+    for x, g in ((sa, sb), (sb, sa)):
+        if len(x) == 4 and len(g) == 4 and g[:2] == x[:2] and g[2:] == (1, 1) and x[2:] != (1, 1):
+            return True
+    return False
+
+
+def is_se_gate(node: Node) -> bool:
+    """``node`` (a sigmoid) is a squeeze-excitation gate: a float [N, C, 1, 1] output
+    whose users are all :func:`is_se_multiply` nodes, and not on a ranking path."""
+    shape = _shape(node)
+    users = list(node.users)
+    return (shape is not None and len(shape) == 4 and shape[2:] == (1, 1) and bool(users)
+            and all(is_se_multiply(u) for u in users) and not reaches_topk(node))

@@ -33,7 +33,7 @@ DTYPES = (np.int8, np.int16)
 SIGS = hostlib.kernel_signatures()
 OPTIONAL = {"bias", "scale", "shift"}        # NULL allowed: defaults 0 / 1 / 0
 # Scalars that are sizes / strides / group counts: 0 is invalid for each.
-SIZE_SCALARS = {"C_in", "H_in", "W_in", "C_out", "KH", "KW", "stride_h", "stride_w", "groups",
+SIZE_SCALARS = {"planes", "hw", "C_in", "H_in", "W_in", "C_out", "KH", "KW", "stride_h", "stride_w", "groups",
                 "C", "num_groups", "M", "K", "N", "n", "H_out", "W_out", "kH", "kW", "sH", "sW"}
 PAD_SCALARS = {"pad_top", "pad_bottom", "pad_left", "pad_right", "pH", "pW"}
 
@@ -210,7 +210,9 @@ def test_header_is_clean_cpp(tmp_path):
 
 def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     assert set(ref.KERNELS) == set(SIGS)
-    assert len(SIGS) == 16  # the 13 of docs/reference.md, "Kernel ABI", our 2 requantize kernels, c7x_int8_lut
+    # the 13 of docs/reference.md, "Kernel ABI", our 2 requantize kernels, c7x_int8_lut and the
+    # two channel multiplies
+    assert len(SIGS) == 18
     for name, params in SIGS.items():
         py = list(inspect.signature(ref.KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -623,6 +625,9 @@ def valid_args(name: str, rng) -> list:
     if name.startswith("c7x_requantize_"):                # tests/backend/test_requantize.py
         src, dst = (np.int8, np.int16) if name.endswith("i8_i16") else (np.int16, np.int8)
         return [rand(rng, src, 10), np.zeros(10, dst), 10, 0, 0.01, 0, 50.0]
+    if "channel_mul" in name:                            # tests/backend/test_channel_mul.py
+        blob = np.frombuffer(struct.pack("<iiibbbx", 2**20, 24, 0, 0, 0, 0), np.uint8).copy()
+        return [rand(rng, dtype, (3, 5)), rand(rng, dtype, 3), blob, np.zeros((3, 5), dtype), 3, 5]
     if name == "c7x_int8_lut":                            # tests/backend/test_activation_lut.py
         return [rand(rng, np.int8, 10), rand(rng, np.int8, 256), np.zeros(10, np.int8), 10]
     assert name == "c7x_int8_clamp"

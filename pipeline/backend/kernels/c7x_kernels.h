@@ -147,6 +147,20 @@ int32_t c7x_int8_relu(const int8_t* in, int8_t* out, int32_t n, int32_t zp);
  * (ReLU6 / clip with equal in/out quantization). */
 int32_t c7x_int8_clamp(const int8_t* in, int8_t* out, int32_t n, int32_t lo, int32_t hi);
 
+/* Squeeze-excitation multiply (ours: TI names no such kernel; docs/reference.md,
+ * "Squeeze-excitation multiply"): x [planes, hw] times a per-plane gate [planes]
+ * (planes = N * C, hw = H * W; the gate is [N, C, 1, 1] broadcast over H, W).
+ * params: 16 bytes, little-endian: int32 M, int32 shift, int32 (unused, 0),
+ * int8 zp_x, int8 zp_g, int8 zp_out, pad (the int16 kernel: zero points 0).
+ * r = rshift((x - zp_x) * (gate - zp_g) * M, shift) + zp_out; out = saturate(r).
+ * int64 arithmetic, rounding per C7X_ROUNDING; requires 0 <= shift <= 62 and
+ * 0 <= M < 2^31 (int8) / 2^29 (int16) so the product stays below 2^62
+ * (else C7X_ERR_PARAM). */
+int32_t c7x_int8_channel_mul(const int8_t* x, const int8_t* gate, const uint8_t* params,
+                             int8_t* out, int32_t planes, int32_t hw);
+int32_t c7x_int16_channel_mul(const int16_t* x, const int16_t* gate, const uint8_t* params,
+                              int16_t* out, int32_t planes, int32_t hw);
+
 /* Element-wise int8 function by a 256-entry table (ours: TI names no such kernel;
  * docs/reference.md, "Activation tables"): out[i] = table[in[i] + 128].
  * The table is built at compile time from the layer's Q/DQ semantics,

@@ -4,8 +4,8 @@
  * On the DSP these names resolve to TI's MMALIB wrappers and C7x kernels; on the
  * host this file stands in for them, so that the generated C can be compiled by
  * gcc and proven bit-exact against pipeline/backend/kernels/reference.py.
- * The semantics (requantization, residual add, max pool, ReLU, clamp, table lookup,
- * int8 <-> int16 requantize) are those
+ * The semantics (requantization, residual add, max pool, ReLU, clamp, channel multiply,
+ * table lookup, int8 <-> int16 requantize) are those
  * of docs/reference.md as pinned down in c7x_kernels.h; read the header first,
  * this file only adds how each is computed.
  *
@@ -673,6 +673,72 @@ int32_t c7x_int8_relu(const int8_t* in, int8_t* out, int32_t n, int32_t zp)
         store_saturated(out, i, in[i] > zp ? in[i] : zp, ELEM_I8);
     }
     return C7X_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Squeeze-excitation (channel-broadcast) multiply                            */
+/* ------------------------------------------------------------------------- */
+
+#define CHANNEL_MUL_SHIFT_MAX 62
+
+/* rshift_round for shifts up to 62 (|v| < 2^62, so adding the half cannot overflow). */
+static int64_t rshift_round_wide(int64_t v, int32_t shift)
+{
+    int64_t d, q;
+#if C7X_ROUNDING == C7X_ROUND_HALF_UP
+    if (shift > 0) {
+        v += (int64_t)1 << (shift - 1);
+    }
+#endif
+    d = (int64_t)1 << shift;
+    q = v / d;
+    if (v < 0 && q * d != v) {
+        q -= 1;
+    }
+    return q;
+}
+
+static int32_t channel_mul_run(const void* x, const void* gate, const uint8_t* params, void* out,
+                               int32_t planes, int32_t hw, elem_type t)
+{
+    int64_t m, shift, zp_x, zp_g, zp_out, p, i;
+    const int64_t m_limit = t == ELEM_I8 ? (INT64_C(1) << 31) : (INT64_C(1) << 29);
+    if (x == NULL || gate == NULL || params == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (elem_count(planes, hw, 1, 1) < 0) {
+        return C7X_ERR_SHAPE;
+    }
+    m = read_le_i32(params);
+    shift = read_le_i32(params + 4);
+    if (m < 0 || m >= m_limit || shift < 0 || shift > CHANNEL_MUL_SHIFT_MAX) {
+        return C7X_ERR_PARAM;
+    }
+    zp_x = read_i8(params[12]);
+    zp_g = read_i8(params[13]);
+    zp_out = read_i8(params[14]);
+    for (p = 0; p < planes; ++p) {
+        /* |dx * dg| < 2^32 (int16) and m < 2^29: the product stays below 2^61. */
+        const int64_t gm = (load_elem(gate, p, t) - zp_g) * m;
+        for (i = p * hw; i < (p + 1) * hw; ++i) {
+            const int64_t r =
+                rshift_round_wide((load_elem(x, i, t) - zp_x) * gm, (int32_t)shift) + zp_out;
+            store_saturated(out, i, r, t);
+        }
+    }
+    return C7X_OK;
+}
+
+int32_t c7x_int8_channel_mul(const int8_t* x, const int8_t* gate, const uint8_t* params,
+                             int8_t* out, int32_t planes, int32_t hw)
+{
+    return channel_mul_run(x, gate, params, out, planes, hw, ELEM_I8);
+}
+
+int32_t c7x_int16_channel_mul(const int16_t* x, const int16_t* gate, const uint8_t* params,
+                              int16_t* out, int32_t planes, int32_t hw)
+{
+    return channel_mul_run(x, gate, params, out, planes, hw, ELEM_I16);
 }
 
 /* ------------------------------------------------------------------------- */

@@ -590,6 +590,60 @@ def c7x_int8_clamp(in_, out, n, lo, hi, rounding=None) -> int:
     return _elementwise(in_, out, n, lambda x: np.minimum(np.maximum(x, lo), hi))
 
 
+CHANNEL_MUL_SHIFT_MAX = 62
+_CHANNEL_MUL_M_LIMIT = {_I8: 2**31, _I16: 2**29}
+
+
+@dataclass(frozen=True)
+class ChannelMulGeometry(_Geometry):
+    """Squeeze-excitation multiply: x / out [planes, hw], gate [planes]."""
+
+    planes: int
+    hw: int
+
+    def status(self) -> int:
+        return C7X_OK if _elem_count(self.planes, self.hw) > 0 else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        v = (self.planes, self.hw)
+        return {"x": v, "out": v, "gate": (self.planes,), "params": (16,)}
+
+
+def _channel_mul(x, gate, params, out, planes, hw, dtype: np.dtype, rounding) -> int:
+    """out = saturate(rshift((x - zp_x) * (gate - zp_g) * M, shift) + zp_out) per plane."""
+    rounding = _check_rounding(rounding)
+    if x is None or gate is None or params is None or out is None:
+        return C7X_ERR_NULL
+    g = ChannelMulGeometry(planes, hw)
+    if g.status() != C7X_OK:
+        return g.status()
+    sh = g.shapes()
+    raw = _array("params", params, sh["params"], _U8).reshape(-1).tobytes()
+    m, shift = (int(v) for v in np.frombuffer(raw[:8], dtype="<i4"))
+    zp_x, zp_g, zp_out = (int(v) for v in np.frombuffer(raw[12:15], dtype=np.int8))
+    xv = _array("x", x, sh["x"], dtype).astype(np.int64)
+    gv = _array("gate", gate, sh["gate"], dtype).astype(np.int64)
+    y = _array("out", out, sh["out"], dtype, output=True)
+    if not (0 <= m < _CHANNEL_MUL_M_LIMIT[dtype] and 0 <= shift <= CHANNEL_MUL_SHIFT_MAX):
+        return C7X_ERR_PARAM
+    # |dx * dg * M| < 2^61 (header): exact in int64.
+    total = (xv - zp_x) * ((gv - zp_g) * m)[:, None]
+    y[...] = saturate(rshift(total, shift, rounding) + zp_out, dtype)
+    return C7X_OK
+
+
+def c7x_int8_channel_mul(x, gate, params, out, planes, hw, rounding=None) -> int:
+    """int8 squeeze-excitation multiply (docs/reference.md, "Squeeze-excitation multiply"):
+    x / out int8 [planes, hw], gate int8 [planes], params uint8 [16] (int32 M, shift at
+    bytes 0-7, int8 zp_x, zp_g, zp_out at 12-14); M < 2^31, shift <= 62."""
+    return _channel_mul(x, gate, params, out, planes, hw, _I8, rounding)
+
+
+def c7x_int16_channel_mul(x, gate, params, out, planes, hw, rounding=None) -> int:
+    """int16 squeeze-excitation multiply: as the int8 one with int16 tensors, M < 2^29."""
+    return _channel_mul(x, gate, params, out, planes, hw, _I16, rounding)
+
+
 def c7x_int8_lut(in_, table, out, n, rounding=None) -> int:
     """out = table[in + 128]; in / out int8 [n], table int8 [256] (docs/reference.md,
     "Activation tables": table[v + 128] = q(f(dq(v))), built at compile time).
@@ -665,7 +719,8 @@ KERNELS: dict[str, Callable[..., int]] = {
         mmalib_matmul_bias_i8, mmalib_matmul_bias_i16,
         c7x_int8_residual_add_relu, c7x_int16_residual_add_relu,
         c7x_int8_max_pool, c7x_int8_max_pool_tidl, c7x_int8_relu, c7x_int8_clamp,
-        c7x_requantize_i8_i16, c7x_requantize_i16_i8, c7x_int8_lut)
+        c7x_requantize_i8_i16, c7x_requantize_i16_i8, c7x_int8_lut,
+        c7x_int8_channel_mul, c7x_int16_channel_mul)
 }
 
 _GEOMETRY = {
@@ -680,6 +735,7 @@ _GEOMETRY = {
     "c7x_int8_relu": ElementwiseGeometry, "c7x_int8_clamp": ElementwiseGeometry,
     "c7x_requantize_i8_i16": ElementwiseGeometry, "c7x_requantize_i16_i8": ElementwiseGeometry,
     "c7x_int8_lut": ElementwiseGeometry,
+    "c7x_int8_channel_mul": ChannelMulGeometry, "c7x_int16_channel_mul": ChannelMulGeometry,
 }
 
 
