@@ -113,13 +113,13 @@ def test_a_timeout_is_listed_as_such(tmp_path):
 @pytest.mark.slow
 def test_ci_subset_is_bit_exact_and_not_degenerate(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep.py"), "--models", ",".join(CI_MODELS),
-                          "--images", "3", "--timeout", "240", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=900)
+                          "--images", "3", "--timeout", "600", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {r["model"]: r for r in json.loads((tmp_path / "sweep.json").read_text())}
     assert set(rows) == set(CI_MODELS)
     for name, r in rows.items():
-        assert r["status"] == "bit-exact", (name, r.get("error"))
+        assert r["status"].startswith("bit-exact"), (name, r.get("error"))
         assert r["bit_exact"] == {"mmalib": 3, "scalar": 3}
         assert r["logit_std"] >= 2.0 and r["top1_distinct"] >= 2, name
         assert r["macs_offloaded"] > 0.9 * r["macs_total"], name
