@@ -20,13 +20,14 @@ import torch
 BATCH = 8
 
 
-def reestimate_batchnorm(model: torch.nn.Module, images: torch.Tensor) -> int:
+def reestimate_batchnorm(model: torch.nn.Module, images: torch.Tensor, batch: int | None = BATCH) -> int:
     """Replace every BatchNorm's running mean / variance by its statistics on ``images``.
 
     ``images``: float32 NCHW ``[N, C, H, W]``, preprocessed as the model expects.
     Only the BatchNorm layers run in training mode (dropout and detection
     heads keep their eval behaviour); ``momentum = None`` makes the running
-    values the plain average over the ``ceil(N / BATCH)`` batches. The model is
+    values the plain average over the ``ceil(N / batch)`` batches (``batch``
+    None: one pass of all images, whose statistics they then are). The model is
     left in eval mode. Returns the number of BatchNorm layers updated (0: the
     model has none, nothing changed). Raises ValueError for an empty ``images``.
     """
@@ -40,8 +41,9 @@ def reestimate_batchnorm(model: torch.nn.Module, images: torch.Tensor) -> int:
         m.momentum = None
         m.train()
     with torch.no_grad():
-        for i in range(0, len(images), BATCH):
-            model(images[i:i + BATCH])
+        step = batch or len(images)
+        for i in range(0, len(images), step):
+            model(images[i:i + step])
     for m, momentum in zip(norms, saved):
         m.momentum = momentum
     model.eval()

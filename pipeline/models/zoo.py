@@ -48,6 +48,8 @@ from pathlib import Path
 
 import torch
 
+from .batchnorm import reestimate_batchnorm
+
 #: builder kwargs that differ from torchvision's defaults: GoogLeNet/Inception without the
 #: auxiliary heads (eval mode never runs them) and with the init they warn about otherwise.
 MODEL_KWARGS = {
@@ -113,27 +115,9 @@ def torchvision_random(name: str, images: str, num_images: int = 0, seed: int = 
     torch.manual_seed(seed)
     model = torchvision.models.get_model(name, weights=None, **{**MODEL_KWARGS.get(name, {}), **model_kwargs})
     with torch.no_grad():
-        reestimate_batchnorm(model, x)
+        reestimate_batchnorm(model, x, batch=None)  # one pass: exactly the images' statistics
         scale_classifier(model, x, logit_std)
     return model.eval()
-
-
-def reestimate_batchnorm(model: torch.nn.Module, x: torch.Tensor) -> int:
-    """Set every BatchNorm's running mean/var to the statistics of one train-mode pass of
-    ``x`` (float32 NCHW batch), ``momentum = None``; other modules stay in eval mode.
-    Returns the number of BatchNorm modules; ``model`` is left in eval mode."""
-    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    model.eval()
-    saved = [m.momentum for m in bns]
-    for m in bns:
-        m.reset_running_stats()
-        m.momentum = None  # cumulative average: after one batch, exactly its statistics
-        m.train()
-    model(x)
-    for m, momentum in zip(bns, saved):
-        m.momentum = momentum
-    model.eval()
-    return len(bns)
 
 
 def final_layer(model: torch.nn.Module) -> torch.nn.Module:
