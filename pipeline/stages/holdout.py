@@ -169,35 +169,34 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
     record.update({"folds": k, "images": len(eval_images), "folds_detail": fold_records})
+    variant = variants(spec)[0]  # the deployed build, the one run_fold compiles
     if spec.task == "detection":
-        record.update(detection_scores(spec, float_logits, qdq, c_out))
+        record.update(detection_scores(variant, float_logits, qdq, c_out))
     else:
-        record.update(classification_scores(spec, eval_images, float_logits, qdq, c_out))
+        record.update(classification_scores(variant, eval_images, float_logits, qdq, c_out))
     record["seconds"] = round(time.perf_counter() - t0, 1)
     write_json(out, record)
     return record
 
 
-def detection_scores(spec: ModelSpec, float_out: np.ndarray, qdq: np.ndarray, c_out: np.ndarray) -> dict:
-    """Held-out detections ``[N, D, 6]`` of the Q/DQ model and the C build, IoU-matched to float's
-    (:func:`pipeline.data.detections.compare_all`)."""
+def detection_scores(variant: str, float_out: np.ndarray, qdq: np.ndarray, c_out: np.ndarray) -> dict:
+    """Held-out detections ``[N, D, 6]`` of the Q/DQ model and the C build ``variant``, IoU-matched
+    to float's (:func:`pipeline.data.detections.compare_all`)."""
     from ..data import detections
-    from ..layout import variants
     return {"qdq": {"detections_vs_float": detections.compare_all(float_out, qdq)},
-            "c": {"variant": variants(spec)[0], "detections_vs_float": detections.compare_all(float_out, c_out)}}
+            "c": {"variant": variant, "detections_vs_float": detections.compare_all(float_out, c_out)}}
 
 
-def classification_scores(spec: ModelSpec, eval_images: list[Path], float_logits: np.ndarray,
+def classification_scores(variant: str, eval_images: list[Path], float_logits: np.ndarray,
                           qdq: np.ndarray, c_out: np.ndarray) -> dict:
-    """Held-out top-1 of float, the Q/DQ model and the C build ([N, K] logits), per image too."""
-    from ..layout import variants
+    """Held-out top-1 of float, the Q/DQ model and the C build ``variant`` ([N, K] logits), per image too."""
     labels = [label_of(p) for p in eval_images]
     lab = [(i, y) for i, y in enumerate(labels) if y is not None]
     return {
         "labeled": len(lab),
         "float_top1": sum(int(float_logits[i].argmax()) == y for i, y in lab),
         "qdq": scores(qdq, float_logits, labels),
-        "c": {"variant": variants(spec)[0], **scores(c_out, float_logits, labels)},
+        "c": {"variant": variant, **scores(c_out, float_logits, labels)},
         "per_image": [{"image": p.name, "label": labels[i], "float": int(float_logits[i].argmax()),
                        "qdq": int(qdq[i].argmax()), "c": int(c_out[i].argmax())}
                       for i, p in enumerate(eval_images)],
