@@ -49,6 +49,18 @@ def _output_count(args, name, producer: dict) -> int:
     return n
 
 
+def io_names(plan: Plan) -> dict[str, str]:
+    """Root tensor name -> ``input`` for the model input, ``output`` for the one
+    output, ``output0``, ``output1``... (return order) for the outputs of a model
+    with several, each written in place; an output copied into its slot (the
+    same tensor returned twice, the input...) keeps its first name."""
+    names = {_root(plan, plan.input): "input"}
+    several = len(plan.outputs) > 1
+    for i, t in enumerate(plan.outputs or [plan.output]):
+        names.setdefault(_root(plan, t), f"output{i}" if several else "output")
+    return names
+
+
 def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: list[dict],
                  fused: dict[str, list[str]] | None = None) -> list[dict]:
     """Records of ``plan.calls`` (``mod``: the lowered module the plan was made from).
@@ -58,13 +70,13 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
     ``fused``: fused kernel -> the bindings it computes (``Lowered.fused``). Each
     record: ``index``, ``func`` (PrimFunc, the C symbol ``__tvm_ffi_<model>_<func>``),
     ``kernel``, ``backend``, ``inputs`` / ``output`` (tensor names; ``input`` and
-    ``output`` for the model's own; a kernel writing several tensors also has
+    ``output`` for the model's own, :func:`io_names`; a kernel writing several tensors also has
     ``outputs``, ``output`` being the last), ``shape``, ``dtype`` (of ``output``), ``vars``
     (binding names of the output) and ``layer`` (the layer ``id`` or None).
     """
     anchors = sorted((order[lay["name"]], lay["id"]) for lay in layers if lay["name"] in order)
     keys = [a for a, _ in anchors]
-    names = {_root(plan, plan.input): "input", _root(plan, plan.output): "output"}
+    names = io_names(plan)
     records, producer = [], {}
     for k, (func, args) in enumerate(plan.calls):
         backend, kernel = _backend(mod, func)

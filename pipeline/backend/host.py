@@ -40,12 +40,22 @@ _ROUNDING = {"half_up": "C7X_ROUND_HALF_UP", "floor": "C7X_ROUND_FLOOR"}
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What model.h says: C name, float32 input/output shapes, weights size."""
+    """What model.h says: C name, float32 input/output shapes, weights size.
+    ``output_shapes``: every output in return order; ``output_shape`` is the
+    one output's shape, or ``(1, <M>_OUTPUT_SIZE)`` (the packed buffer of one
+    image) for a model with several outputs."""
 
     c_name: str
     input_shape: tuple[int, ...]
     output_shape: tuple[int, ...]
     weights_bytes: int
+    output_shapes: tuple[tuple[int, ...], ...] = ()
+
+    def split(self, packed: np.ndarray) -> list[np.ndarray]:
+        """Host outputs [N, ...] (packed per image) -> one [N, *shape[1:]] array per output."""
+        from .interp import split_outputs
+
+        return split_outputs(packed, list(self.output_shapes or (self.output_shape,)))
 
 
 def model_info(codegen_dir: Path) -> ModelInfo:
@@ -62,7 +72,12 @@ def model_info(codegen_dir: Path) -> ModelInfo:
         return tuple(int(d) for d in s.split(","))
 
     wbytes = int(re.search(rf"#define {up}_WEIGHTS_BYTES (\d+)u", text).group(1))
-    return ModelInfo(name, shape("INPUT"), shape("OUTPUT"), wbytes)
+    count = re.search(rf"#define {up}_OUTPUT_COUNT (\d+)", text)
+    if count is None:
+        return ModelInfo(name, shape("INPUT"), shape("OUTPUT"), wbytes, (shape("OUTPUT"),))
+    total = int(re.search(rf"#define {up}_OUTPUT_SIZE (\d+)", text).group(1))
+    shapes = tuple(shape(f"OUTPUT{i}") for i in range(int(count.group(1))))
+    return ModelInfo(name, shape("INPUT"), (1, total), wbytes, shapes)
 
 
 def _kernel_sources() -> list[Path]:

@@ -199,8 +199,17 @@ class Program:
         self.lib = tvm.tirx.build(tvm.IRModule(scalar), target=llvm_target()) if scalar else None
         self._funcs = {}
 
+    @property
+    def output_shapes(self) -> list[tuple[int, ...]]:
+        """Shape of each model output, in return order (a tuple of one is one output)."""
+        ret = self.mod["main"].ret_ty
+        return [_shape(t) for t in (ret.fields if isinstance(ret, relax.TupleType) else [ret])]
+
     def run(self, image: np.ndarray, observer=None) -> np.ndarray:
-        """One image: float32 array of the model input shape. Returns the output.
+        """One image: float32 array of the model input shape. Returns the output:
+        the model's output array, or for a model with several outputs all of them
+        packed as ``<m>_run`` packs them, float32 [1, total] (each output
+        flattened, back to back in return order; :meth:`run_outputs` splits).
 
         ``observer``: optional ``observer(index, func, output)``, called after
         each kernel call of ``main`` in order (``index`` counts them from 0, as
@@ -225,7 +234,13 @@ class Program:
                     calls += 1
         out = env[main.body.body]
         out = out if isinstance(out, list) else [out]
-        return np.array(out[0])
+        if len(out) == 1:
+            return np.array(out[0])
+        return np.concatenate([np.asarray(a, np.float32).ravel() for a in out])[None]
+
+    def run_outputs(self, image: np.ndarray, observer=None) -> list[np.ndarray]:
+        """:meth:`run` with every output apart, each in its own shape (return order)."""
+        return split_outputs(self.run(image, observer), self.output_shapes)
 
     def _arg(self, env, expr):
         return env[expr]
@@ -280,6 +295,20 @@ def _kernels() -> dict:
     return KERNELS
 
 
+def split_outputs(packed: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """The outputs in a packed buffer (``<m>_run``'s layout): ``packed`` holds N
+    images, [N, ...] with ``sum(prod(shape))`` elements per image; returns one
+    [N, *shape[1:]] array per shape ([N, *shape] for a shape without batch axis 1).
+    Raises ValueError when the sizes do not add up."""
+    n, sizes = len(packed), [int(np.prod(s)) for s in shapes]
+    flat = np.asarray(packed).reshape(n, -1)
+    if flat.shape[1] != sum(sizes):
+        raise ValueError(f"{flat.shape[1]} elements per image do not hold outputs of shapes {shapes}")
+    bounds = np.cumsum([0] + sizes)
+    return [flat[:, a:b].reshape(n, *(s[1:] if s and s[0] == 1 else s))
+            for a, b, s in zip(bounds[:-1], bounds[1:], shapes)]
+
+
 def run_reference(codegen_dir: Path, inputs: np.ndarray, rounding: str = "half_up") -> np.ndarray:
     """Reference outputs of the model compiled into ``codegen_dir``.
 
@@ -287,7 +316,8 @@ def run_reference(codegen_dir: Path, inputs: np.ndarray, rounding: str = "half_u
     input, each run separately like one ``<model>_run`` call. Returns the
     outputs stacked on axis 0: [N, *output_shape[1:]] float32. ``rounding``:
     right-shift rounding of the offload kernels ("half_up" | "floor"), as
-    the host build's ``C7X_ROUNDING``.
+    the host build's ``C7X_ROUNDING``. A model with several outputs gives
+    them packed per image, [N, total] (:func:`split_outputs`).
     """
     prog = Program(codegen_dir, rounding)
     x = np.asarray(inputs, np.float32)

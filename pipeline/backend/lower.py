@@ -201,9 +201,13 @@ def _static_shape(ty) -> list[int] | None:
     return [int(d) for d in dims] if all(isinstance(d, tirx.IntImm) for d in dims) else None
 
 
+def _bound(main) -> dict:
+    return {b.var: b.value for block in main.body.blocks for b in block.bindings}
+
+
 def _producer(main, expr) -> str:
     """Name of the Relax op whose binding is ``expr`` (through tuples / aliases), else "main"."""
-    bound = {b.var: b.value for block in main.body.blocks for b in block.bindings}
+    bound = _bound(main)
     for _ in range(len(bound) + 1):
         if isinstance(expr, relax.Tuple) and len(expr.fields) == 1:
             expr = expr.fields[0]
@@ -216,12 +220,32 @@ def _producer(main, expr) -> str:
     return "main"
 
 
+def returned_fields(main) -> list:
+    """The expressions ``main`` returns, one per output: the fields of the
+    returned tuple (followed through variable bindings), else ``[body]``."""
+    bound, expr = _bound(main), main.body.body
+    for _ in range(len(bound) + 1):
+        if isinstance(expr, relax.Var) and expr in bound and isinstance(bound[expr], (relax.Var, relax.Tuple)):
+            expr = bound[expr]
+        else:
+            break
+    return list(expr.fields) if isinstance(expr, relax.Tuple) else [expr]
+
+
+def output_types(ret) -> list:
+    """The Relax types of the model outputs: the fields of a tuple return
+    (a tuple of one tensor is one output, as a plain tensor), else ``[ret]``."""
+    return list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+
+
 def check_interface(mod: tvm.IRModule) -> None:
     """Reject a ``main`` the static C entry cannot express, before lowering.
 
     The entry is ``<m>_run(weights, const float* input, float* output)``:
-    exactly one float32 input and one float32 output, all shapes static.
-    Raises UnsupportedOpError (one line: what, and what to do) otherwise.
+    exactly one float32 input, one or more float32 outputs (a tuple return,
+    packed back to back in ``output`` in return order, :mod:`.emit_c`), all
+    shapes static. Raises UnsupportedOpError (one line: what, and what to do)
+    otherwise.
     """
     main = mod["main"]
     if len(main.params) != 1:
@@ -231,20 +255,21 @@ def check_interface(mod: tvm.IRModule) -> None:
     if str(x.ty.dtype) != "float32" or _static_shape(x.ty) is None:
         raise UnsupportedOpError(f"model input {x.ty} is not a float32 tensor of static shape: export "
                                  "it with a fixed input shape (batch 1)")
-    ret = main.ret_ty
-    if isinstance(ret, relax.TupleType) and len(ret.fields) == 1:
-        ret = ret.fields[0]
-    if isinstance(ret, relax.TupleType):
-        raise UnsupportedOpError(f"the model returns {len(ret.fields)} tensors; the static C entry has "
-                                 "one output: return a single tensor (cut the model or concatenate the outputs)")
-    op = _producer(main, main.body.body)
-    if not isinstance(ret, relax.TensorType) or str(ret.dtype) != "float32":
-        dtype = getattr(ret, "dtype", type(ret).__name__)
-        raise UnsupportedOpError(f"the model output is {dtype} (from {op}); the static C entry returns one "
-                                 f"float32 tensor: cut the model before {op} and run it on the host")
-    if _static_shape(ret) is None:
-        raise UnsupportedOpError(f"the model output {ret} (from {op}) has no static shape: export "
-                                 "the model with a fixed input shape")
+    types = output_types(main.ret_ty)
+    fields = returned_fields(main) if len(types) > 1 else [main.body.body]
+    for i, ret in enumerate(types):
+        what = "the model output" if len(types) == 1 else f"model output {i}"
+        op = _producer(main, fields[i] if i < len(fields) else main.body.body)
+        if isinstance(ret, relax.TupleType):
+            raise UnsupportedOpError(f"{what} is a nested tuple of {len(ret.fields)} tensors (from {op}); the "
+                                     "static C entry packs plain tensors: return a flat tuple of tensors")
+        if not isinstance(ret, relax.TensorType) or str(ret.dtype) != "float32":
+            dtype = getattr(ret, "dtype", type(ret).__name__)
+            raise UnsupportedOpError(f"{what} is {dtype} (from {op}); the static C entry returns "
+                                     f"float32 tensors: cut the model before {op} and run it on the host")
+        if _static_shape(ret) is None:
+            raise UnsupportedOpError(f"{what} {ret} (from {op}) has no static shape: export "
+                                     "the model with a fixed input shape")
 
 
 _ALLOWED_AFTER_LEGALIZE = {"relax.call_tir"}
@@ -332,7 +357,8 @@ def lower_module(mod: tvm.IRModule, *, mmalib: bool = True) -> Lowered:
 
     ``mmalib=True`` runs the MMALIB/C7x offload passes first (ImportError if
     ``pipeline.backend.passes.pipeline`` is missing). ``main`` must take one
-    float32 tensor and return one, static shapes (:func:`check_interface`).
+    float32 tensor and return float32 tensors (one, or a tuple), static shapes
+    (:func:`check_interface`).
     Returns :class:`Lowered`. Raises UnsupportedOpError (one line naming the
     op or TVM pass) for a graph that cannot be lowered to static C.
     """

@@ -2,13 +2,22 @@
 
 :func:`plan_main` flattens the lowered ``main`` (after TVM's
 ``StaticPlanBlockMemory``) into a :class:`Plan`: one :class:`Tensor` per
-DLTensor of the entry point (model input, caller's output buffer, a slice of
-the one activation arena, each storage at a 64-byte aligned offset, or a
-weights.bin entry), the kernel calls in ``main``'s order, and the distinct
-constants (equal contents share one weights.bin entry, :func:`const_key`).
+DLTensor of the entry point (model input, a slot of the caller's output
+buffer, a slice of the one activation arena, each storage at a 64-byte
+aligned offset, or a weights.bin entry), the kernel calls in ``main``'s
+order, and the distinct constants (equal contents share one weights.bin
+entry, :func:`const_key`).
 :func:`call_counts` counts the calls by backend. The emitter (:mod:`.emit_c`)
 prints the plan as model.c; the writer of ``lowered.py`` (:mod:`.interp`)
 names the constants after the plan's weights.bin entries.
+
+Several outputs (a tuple return) are packed back to back in the caller's
+buffer in return order: output ``i`` starts at float element
+``Plan.output_offsets[i]``. A returned tensor TVM left unplanned
+(``builtin.alloc_tensor``) is written by its kernel straight into its slot,
+and a later call reading it reads it there; any other returned tensor (the
+same tensor returned twice, the model input, a weight, a tensor of the
+arena) is copied into its slot after the last call (:meth:`Plan.copies`).
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ ARENA_ALIGN = 64
 
 @dataclass
 class Tensor:
-    """A DLTensor of the entry point. ``home``: "input", "output", "arena"
+    """A DLTensor of the entry point. ``home``: "input", "output" (``offset`` =
+    float32 element offset in the caller's packed output buffer), "arena"
     (``offset`` = byte offset in the arena) or "weight" (``offset`` = entry
     index). ``view``: True for a reshape view of another tensor."""
 
@@ -42,11 +52,16 @@ class Tensor:
 
 @dataclass
 class Plan:
-    """The lowered ``main`` flattened: tensors, kernel calls, weights."""
+    """The lowered ``main`` flattened: tensors, kernel calls, weights.
+    ``outputs``: the returned tensors in return order, ``output_offsets``:
+    where each starts in the packed output buffer (float32 elements);
+    ``output`` is ``outputs[0]``."""
 
     input: Tensor
     output: Tensor
     arena_bytes: int
+    outputs: list[Tensor] = field(default_factory=list)
+    output_offsets: list[int] = field(default_factory=list)
     tensors: list[Tensor] = field(default_factory=list)
     calls: list[tuple[str, list[Tensor]]] = field(default_factory=list)
     weights: list[np.ndarray] = field(default_factory=list)
@@ -58,8 +73,18 @@ class Plan:
 
     @property
     def output_aliased(self) -> bool:
-        """True when the last kernel writes straight into the caller's buffer."""
-        return self.output.home == "output"
+        """True when every output is written straight into its slot of the caller's buffer."""
+        return not self.copies()
+
+    def copies(self) -> list[tuple[int, Tensor]]:
+        """``(i, tensor)`` of the outputs not written in place: their slot is filled by a
+        copy after the last call (see the module docstring)."""
+        return [(i, t) for i, (t, off) in enumerate(zip(self.outputs, self.output_offsets))
+                if not (t.home == "output" and t.offset == off)]
+
+    def output_size(self, i: int) -> int:
+        """Float32 elements of output ``i``."""
+        return int(np.prod(self.outputs[i].shape))
 
 
 def const_key(const: GenericConst) -> tuple[np.ndarray, tuple]:
@@ -118,7 +143,9 @@ class _Planner:
         for block in self.main.body.blocks:
             for b in block.bindings:
                 self.bind(b.var, b.value)
-        self.plan.output = self.output()
+        self.plan.outputs = self.outputs()
+        self.plan.output = self.plan.outputs[0]
+        self.place_outputs()
         self.plan.arena_bytes = max(self.arena, ARENA_ALIGN)
         return self.plan
 
@@ -133,14 +160,29 @@ class _Planner:
         self.env[x] = self.tensor(x.ty, "input", 0)
         return self.env[x]
 
-    def output(self) -> Tensor:
-        """The one float32 tensor main returns."""
+    def outputs(self) -> list[Tensor]:
+        """The float32 tensors main returns (one, or a flat tuple of them)."""
         ret = self.main.body.body
         out = self.env.get(ret) if isinstance(ret, relax.Var) else None
         out = out if isinstance(out, list) else [out]
-        if len(out) != 1 or not isinstance(out[0], Tensor) or out[0].dtype != "float32":
-            raise UnsupportedOpError("the model must return exactly one float32 tensor")
-        return out[0]
+        if not out or not all(isinstance(t, Tensor) and t.dtype == "float32" for t in out):
+            raise UnsupportedOpError("the model must return float32 tensors (one, or a flat tuple)")
+        return out
+
+    def place_outputs(self) -> None:
+        """Give each output its slot: ``output_offsets`` back to back; the unplanned
+        tensor behind output ``i`` (and every view of it) moves to that offset unless
+        an earlier output already holds it (then :meth:`Plan.copies` copies it)."""
+        plan, off, placed = self.plan, 0, set()
+        for t in plan.outputs:
+            plan.output_offsets.append(off)
+            root = plan.views.get(t.name, t.name)
+            if t.home == "output" and root not in placed:
+                placed.add(root)
+                for other in plan.tensors:
+                    if other.home == "output" and plan.views.get(other.name, other.name) == root:
+                        other.offset = off
+            off += int(np.prod(t.shape))
 
     def bind(self, var, value):
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
@@ -183,14 +225,15 @@ def plan_main(mod: tvm.IRModule) -> Plan:
     """Flatten the lowered ``main`` (after StaticPlanBlockMemory) into a :class:`Plan`.
 
     Raises UnsupportedOpError for a construct the emitter cannot express
-    (dynamic shapes, more than one input or output, a non-float32 output,
-    an op other than allocation / kernel call / reshape view).
+    (dynamic shapes, more than one input, a non-float32 output, an op other
+    than allocation / kernel call / reshape view).
     """
     plan = _Planner(mod["main"]).run()
     # builtin.alloc_tensor is left by StaticPlanBlockMemory for the returned
-    # tensor only; it becomes the caller's buffer. Any other one would alias it.
-    unplanned = [t for t in plan.tensors if t.home == "output" and not t.view]
-    if len(unplanned) > 1 or (unplanned and plan.output.home != "output"):
+    # tensors only; they become slots of the caller's buffer. Any other one
+    # would have no home.
+    returned = {plan.views.get(t.name, t.name) for t in plan.outputs if t.home == "output"}
+    if any(t.name not in returned for t in plan.tensors if t.home == "output" and not t.view):
         raise UnsupportedOpError("unplanned intermediate tensor in the lowered main")
     return plan
 
