@@ -58,3 +58,37 @@ class ActivationCNN(nn.Module):
 def activation_cnn(classes: int = 10) -> nn.Module:
     """Builder: :class:`ActivationCNN` (random init)."""
     return ActivationCNN(classes)
+
+
+class TwoHeadCNN(nn.Module):
+    """3x32x32 -> (10 logits, the 16x16x16 feature map the classifier reads): a
+    model with two outputs, returned in that order."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU())
+        self.c1 = nn.Conv2d(16, 16, 3, 1, 1)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x):
+        y = F.relu(self.c1(self.stem(x)))
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1)), y
+
+
+def two_head_cnn(classes: int = 10) -> nn.Module:
+    """Builder: :class:`TwoHeadCNN` (random init)."""
+    return TwoHeadCNN(classes)
+
+
+class SharedHeadCNN(TwoHeadCNN):
+    """3x32x32 -> (10 logits, their softmax): the first output is also the input
+    of the second head, so the C reads it back from the caller's buffer."""
+
+    def forward(self, x):
+        logits = super().forward(x)[0]
+        return logits, F.softmax(logits, 1)
+
+
+def shared_head_cnn(classes: int = 10) -> nn.Module:
+    """Builder: :class:`SharedHeadCNN` (random init)."""
+    return SharedHeadCNN(classes)

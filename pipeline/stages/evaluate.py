@@ -1,4 +1,8 @@
-"""Stage ``evaluate``: float vs quantized accuracy on labeled images (``report.json``)."""
+"""Stage ``evaluate``: float vs quantized accuracy on labeled images (``report.json``).
+
+A model with several outputs (a tuple return) is scored on output 0 (top-1,
+logit error, detections); every output's float-vs-Q/DQ error is listed under
+``outputs`` and a note says so."""
 
 from __future__ import annotations
 
@@ -14,22 +18,57 @@ from ..fsutil import write_json
 import torch  # noqa: E402
 
 
+def model_outputs(out, model: str) -> list[torch.Tensor]:
+    """The output tensors of a model call, in return order (a tensor, or a flat
+    tuple / list of tensors, as the C entry packs them). Raises UnsupportedOpError
+    for anything else (a nested tuple, a dict, a non-tensor)."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
+        kinds = sorted({type(t).__name__ for t in outs})
+        raise UnsupportedOpError(f"model {model!r} returns {type(out).__name__} of {kinds}; the C7x entry "
+                                 f"point packs tensors: return a tensor or a flat tuple of tensors")
+    return outs
+
+
 def single_output(out, model: str) -> torch.Tensor:
-    """The one output tensor of a model call; raises UnsupportedOpError otherwise."""
-    if isinstance(out, (tuple, list)):
-        if len(out) != 1:
-            raise UnsupportedOpError(f"model {model!r} returns {len(out)} outputs; the C7x entry point "
-                                     f"and the reports support one output tensor: return only the logits")
-        out = out[0]
-    return out
+    """Output 0 of a model call, the one the accuracy reports score (:func:`model_outputs`)."""
+    return model_outputs(out, model)[0]
+
+
+def outputs_note(count: int) -> str | None:
+    """The one-line caveat of a model with several outputs, else None."""
+    if count < 2:
+        return None
+    return f"model has {count} outputs; accuracy is on output 0, bit-exactness on all"
+
+
+def run_outputs(module, images: torch.Tensor, model: str = "") -> list[torch.Tensor]:
+    """Every output of a batch-1 module on ``images`` [N, ...], one image at a time:
+    one [N, ...] tensor per output, in return order."""
+    with torch.no_grad():
+        per_image = [model_outputs(module(images[i:i + 1]), model) for i in range(len(images))]
+    return [torch.cat(parts) for parts in zip(*per_image)]
+
+
+def run_program_outputs(pt2: Path, images: torch.Tensor, model: str = "") -> list[torch.Tensor]:
+    """:func:`run_outputs` of an exported program (the Q/DQ program is exported with batch 1)."""
+    return run_outputs(torch.export.load(pt2).module(), images, model)
 
 
 def run_program(pt2: Path, images: torch.Tensor, model: str = "") -> torch.Tensor:
-    """Logits [N, classes] float32 of an exported program, one image at a time
-    (the Q/DQ program is exported with batch 1)."""
-    module = torch.export.load(pt2).module()
-    with torch.no_grad():
-        return torch.cat([single_output(module(images[i:i + 1]), model) for i in range(len(images))])
+    """Logits [N, classes] float32 of an exported program (output 0 of a model
+    with several), one image at a time."""
+    return run_program_outputs(pt2, images, model)[0]
+
+
+def output_errors(float_outs: list[torch.Tensor], quant_outs: list[torch.Tensor]) -> list[dict]:
+    """Per output: shape (one image) and mean / max |float - Q/DQ|, in output units."""
+    out = []
+    for i, (f, q) in enumerate(zip(float_outs, quant_outs)):
+        err = (f - q).abs()
+        out.append({"index": i, "shape": [1, *f.shape[1:]], "mean_abs_error": round(float(err.mean()), 6),
+                    "max_abs_error": round(float(err.max()), 6)})
+    return out
 
 
 def compare_logits(float_logits: torch.Tensor, quant_logits: torch.Tensor,
@@ -76,7 +115,8 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
                    export_json: Path, images_dir: Path, out: Path) -> dict:
     """Run float.pt2 and quantized.pt2 on the evaluation set; write ``report.json``.
 
-    Classification: top-1 of both against the labels, agreement, logit error. A
+    Classification: top-1 of both against the labels, agreement, logit error
+    (on output 0 of a model with several; ``outputs``: every output's error). A
     detection model (``task = "detection"``): the Q/DQ model's detections matched
     to float's at IoU >= 0.5 (:func:`pipeline.data.detections.compare_all`).
 
@@ -89,9 +129,10 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
         raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images; "
                                    f"add images or set [evaluation] set in {spec.source}")
     x = load_images(paths, spec.preprocess, desc=f"evaluate {spec.name}", model=spec.name)
-    float_logits = run_program(float_pt2, x, spec.name)
+    float_outs = run_program_outputs(float_pt2, x, spec.name)
+    quant_outs = run_program_outputs(quantized_pt2, x, spec.name)
+    float_logits, quant_out = float_outs[0], quant_outs[0]
     labels = [label_of(p) for p in paths]
-    quant_out = run_program(quantized_pt2, x, spec.name)
     if spec.task == "detection":  # [N, D, 6] detections: IoU-matched against float, no labels
         from ..data import detections
         result = {"images": len(paths), "detections_qdq_vs_float":
@@ -100,6 +141,9 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
     else:
         result, classes = compare_logits(float_logits, quant_out, labels), float_logits.shape[1]
     notes = report_notes(calib, export, [p.name for p in paths], labels, classes)
+    if outputs_note(len(quant_outs)):
+        notes.append(outputs_note(len(quant_outs)))
+        result["outputs"] = output_errors(float_outs, quant_outs)
     report = {
         "model": spec.name,
         "dtype": spec.dtype,

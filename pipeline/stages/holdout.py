@@ -17,6 +17,9 @@ gives the held-out estimate a user will see on new photos:
   images, or calibration uses random tensors): the deployed build's own
   numbers are already held out; the stage records that and measures nothing.
 
+A model with several outputs is scored on output 0, as evaluate and verify
+score it (``note`` says so).
+
 Fold artifacts live in a temporary folder under ``artifacts/<model>/`` and are
 removed afterwards, whatever happens; only ``holdout.json`` is kept.
 """
@@ -76,13 +79,14 @@ def _fold_spec(spec: ModelSpec) -> ModelSpec:
 def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], train: list[Path],
              test: torch.Tensor, work: Path, int16_selection: Path | None) -> dict[str, np.ndarray]:
     """Calibrate on ``train`` and run ``test`` [N, 3, H, W] float32 through the Q/DQ model
-    and the deployed build's host C. Returns {"qdq": [N, K], "c": [N, K]} float32 logits."""
-    from ..backend.host import build_host, run_host
+    and the deployed build's host C. Returns {"qdq": [N, K], "c": [N, K]} float32 logits
+    (output 0 of a model with several) and "outputs" (how many the model returns)."""
+    from ..backend.host import build_host, model_info, run_host
     from ..layout import variants
     from .calibrate import calibrate_model
     from .codegen import codegen_model
     from .convert import convert_model
-    from .evaluate import run_program
+    from .evaluate import run_program_outputs
     from .prepare import prepare_model
     from .relax_import import import_model
 
@@ -98,7 +102,8 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], trai
     calibrate_model(fspec, float_pt2, state, table, calib_dir, work / "calibrated.pt",
                     work / "calibration.json", int16_selection)
     convert_model(fspec, float_pt2, work / "calibrated.pt", work / "quantized.pt2", int16_selection)
-    qdq = run_program(work / "quantized.pt2", test, spec.name).numpy()
+    qdq_outs = run_program_outputs(work / "quantized.pt2", test, spec.name)
+    qdq = qdq_outs[0].numpy()
     import_model(work / "quantized.pt2", work / "module.py", work / "params.bin", work / "layers.json")
     variant = variants(spec)[0]
     codegen_model(fspec, work / "module.py", work / "params.bin", {variant: work / "c" / variant},
@@ -106,7 +111,8 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], trai
     exe = work / f"{variant}.exe"
     build_host(work / "c" / variant, exe)
     c_out = run_host(exe, work / "c" / variant, test.numpy().astype(np.float32))
-    return {"qdq": qdq.astype(np.float32), "c": np.asarray(c_out, dtype=np.float32).reshape(qdq.shape)}
+    c_out = model_info(work / "c" / variant).split(np.asarray(c_out, dtype=np.float32))[0]
+    return {"qdq": qdq.astype(np.float32), "c": c_out.reshape(qdq.shape), "outputs": len(qdq_outs)}
 
 
 def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
@@ -126,7 +132,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     Raises :class:`CalibrationDataError` when the evaluation folder is empty or holds
     fewer images than ``[evaluation] folds``."""
     from ..layout import variants
-    from .evaluate import run_program
+    from .evaluate import outputs_note, run_program
 
     eval_images = list_images(images_dir)
     if not eval_images:
@@ -152,7 +158,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     qdq = np.zeros_like(float_logits)
     c_out = np.zeros_like(float_logits)
     folds = folds_of(eval_images, k)
-    fold_records = []
+    fold_records, outputs = [], 1
     work_root = Path(tempfile.mkdtemp(prefix=".holdout-", dir=out.parent))
     try:
         for f, test_paths in enumerate(folds):
@@ -162,6 +168,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
             got = run_fold(spec, float_pt2, (prepared_state, prepared_table), train, x[rows],
                            work_root / f"fold{f}", int16_selection)
             qdq[rows], c_out[rows] = got["qdq"], got["c"]
+            outputs = got["outputs"]
             fold_records.append({"fold": f, "calibrated_on": len(train), "held_out": [p.name for p in test_paths]})
             shutil.rmtree(work_root / f"fold{f}")
             print(f"holdout {spec.name}: fold {f + 1}/{k} done (calibrated on {len(train)}, "
@@ -169,6 +176,8 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
     record.update({"folds": k, "images": len(eval_images), "folds_detail": fold_records})
+    if outputs_note(outputs):
+        record["note"] = outputs_note(outputs)
     variant = variants(spec)[0]  # the deployed build, the one run_fold compiles
     if spec.task == "detection":
         record.update(detection_scores(variant, float_logits, qdq, c_out))

@@ -175,7 +175,9 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
     if builds:
         exact = ", ".join(f"{v} {r['vs_python_reference']['bit_exact_images']}/{r['images']}"
                           for v, r in builds.items())
-        lines.append(f"  bit-exact      host C == Python integer reference on every image: {exact}")
+        several = max(len(r.get("outputs", [])) for r in builds.values())
+        every = f" (all {several} outputs)" if several > 1 else ""
+        lines.append(f"  bit-exact      host C == Python integer reference on every image{every}: {exact}")
         if detecting:
             lines.append("  vs Q/DQ        detections matched (IoU >= 0.5): " + " | ".join(
                 f"C {v} {_matched(r['vs_pytorch_qdq']['detections'])}" for v, r in builds.items()))

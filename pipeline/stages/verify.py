@@ -22,6 +22,13 @@ the Q/DQ model and against float; the detections of float, Q/DQ and every C
 build are drawn on the evaluation images (``detections/*.jpg`` and an
 ``index.html`` linking them).
 
+A model with several outputs (a tuple return; the C packs them back to back
+in its output buffer, :mod:`pipeline.backend.memory_plan`): (1) compares the
+whole packed buffer, so bit-exactness covers every output; (2) and (3), which
+need one tensor (LSB against one scale, top-1, detections), are on output 0;
+``outputs`` lists every output's exactness and LSB distance to its Q/DQ twin
+(each at its own scale), and a summary line says so.
+
 Measured on MobileNetV2 with real weights: the PyTorch Q/DQ model is not
 stable at the bit level itself (1 vs 2 threads, or MKLDNN on/off, changes
 outputs by up to ~16 LSB), because a 1-LSB rounding flip in an early layer
@@ -51,6 +58,7 @@ from ..data import detections
 from ..data.images import label_of, load_images
 from ..errors import CalibrationDataError, PipelineError
 from ..fsutil import write_json
+from .evaluate import outputs_note, run_outputs
 
 import torch  # noqa: E402
 
@@ -63,15 +71,19 @@ class VerificationError(PipelineError):
     """The host C disagrees with the Python reference of the same program."""
 
 
-def output_scale(quantized_pt2) -> float | None:
-    """Scale of the dequantize feeding the program output (one LSB, in logit
-    units), or None when the model ends in float ops (e.g. a softmax).
-    ``quantized_pt2``: the file, or its already loaded ExportedProgram."""
+def output_scales(quantized_pt2) -> list[float | None]:
+    """Per program output (return order): the scale of the dequantize feeding it
+    (one LSB, in output units), or None when it comes from float ops (e.g. a
+    softmax). ``quantized_pt2``: the file, or its already loaded ExportedProgram."""
     ep = torch.export.load(quantized_pt2) if isinstance(quantized_pt2, (str, Path)) else quantized_pt2
-    out = next(n for n in ep.graph.nodes if n.op == "output").args[0][0]
-    if "dequantize_per_tensor" not in str(getattr(out, "target", "")):
-        return None
-    return float(out.args[1])
+    outs = next(n for n in ep.graph.nodes if n.op == "output").args[0]
+    return [float(o.args[1]) if "dequantize_per_tensor" in str(getattr(o, "target", "")) else None
+            for o in outs]
+
+
+def output_scale(quantized_pt2) -> float | None:
+    """:func:`output_scales` of output 0 (the one the accuracy reports score)."""
+    return output_scales(quantized_pt2)[0]
 
 
 def lsb_stats(a: np.ndarray, b: np.ndarray, lsb: float | None) -> dict:
@@ -101,22 +113,39 @@ def accuracy(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | No
 
 
 def verify_variant(variant: str, host: np.ndarray, ref: np.ndarray, intermediates: dict,
-                   torch_out: np.ndarray, float_out: np.ndarray, labels: list, lsb: float) -> dict:
+                   torch_out: np.ndarray, float_out: np.ndarray, labels: list, lsb: float,
+                   packed: tuple[np.ndarray, np.ndarray] | None = None, outputs: list[dict] | None = None) -> dict:
     """Compare one build's host outputs ``host`` with its Python reference
     ``ref``, the Q/DQ model ``torch_out`` and the float model (all [N, ...]
-    float32, shaped alike); ``intermediates``: :func:`compare_intermediates`.
-    The host outputs are returned under ``"_outputs"``."""
-    per_image_exact = [bool(np.array_equal(host[i], ref[i])) for i in range(len(host))]
+    float32, shaped alike: output 0 of a model with several); ``intermediates``:
+    :func:`compare_intermediates`. ``packed``: (host, reference) buffers [N, total]
+    of a model with several outputs, whose equality decides ``bit_exact_images``;
+    ``outputs``: :func:`outputs_detail`. The host outputs are returned under ``"_outputs"``."""
+    a, b = packed if packed is not None else (host, ref)
+    per_image_exact = [bool(np.array_equal(a[i], b[i])) for i in range(len(a))]
     out = {"variant": variant, "images": len(host),
            "vs_python_reference": {"bit_exact_images": sum(per_image_exact), **lsb_stats(host, ref, lsb),
                                    "intermediates": intermediates},
            "vs_pytorch_qdq": lsb_stats(host, torch_out, lsb), "_outputs": host}
+    if outputs:
+        out["outputs"] = outputs
     if detections.is_detection_output(torch_out.shape):
         out["vs_pytorch_qdq"]["detections"] = detections.compare_all(torch_out, host)
         out["accuracy"] = {"detections_vs_float": detections.compare_all(float_out, host)}
     else:
         out["accuracy"] = accuracy(host, float_out, labels)
     return out
+
+
+def outputs_detail(host: list[np.ndarray], ref: list[np.ndarray], torch_outs: list[np.ndarray],
+                   lsbs: list[float | None]) -> list[dict]:
+    """Per output of a model with several (lists in return order, each [N, ...]):
+    shape, images bit-exact with the Python reference, and :func:`lsb_stats` against
+    the Q/DQ model at that output's own scale."""
+    return [{"index": i, "shape": [1, *h.shape[1:]],
+             "bit_exact_images": sum(bool(np.array_equal(h[k], r[k])) for k in range(len(h))),
+             "vs_pytorch_qdq": lsb_stats(h, t, lsb)}
+            for i, (h, r, t, lsb) in enumerate(zip(host, ref, torch_outs, lsbs))]
 
 
 def compare_intermediates(ref_calls: list[tuple[str, np.ndarray]], dump: list[tuple[str, bytes]],
@@ -157,11 +186,14 @@ def _describe(diff: dict) -> str:
     return (f"call {diff['call']} ({diff['func']}, layer {diff['layer']}) on image {diff['image']}")
 
 
+def run_torch_outputs(module, x: torch.Tensor, model: str = "") -> list[np.ndarray]:
+    """Every output of a batch-1 program on ``x``, one image at a time: [N, ...] each."""
+    return [t.numpy() for t in run_outputs(module, x, model)]
+
+
 def run_torch(module, x: torch.Tensor, model: str = "") -> np.ndarray:
-    """Outputs [N, K] of a batch-1 program, one image at a time."""
-    from .evaluate import single_output
-    with torch.no_grad():
-        return torch.cat([single_output(module(x[i:i + 1]), model) for i in range(len(x))]).numpy()
+    """Outputs [N, K] of a batch-1 program (output 0 of one with several), one image at a time."""
+    return run_torch_outputs(module, x, model)[0]
 
 
 def pytorch_self_noise(module, x: torch.Tensor, reference: np.ndarray, lsb: float) -> dict:
@@ -239,7 +271,8 @@ class _Build:
             "C7X_DUMP": str(self.dump_file), "C7X_DUMP_IMAGES": str(INTERMEDIATE_IMAGES)})
 
     def outputs(self) -> tuple[np.ndarray, np.ndarray, dict]:
-        """(host outputs, Python reference outputs, intermediates compare) of every image.
+        """(host outputs, Python reference outputs, intermediates compare) of every image;
+        a model with several outputs gives them packed, [N, total] (``host.ModelInfo.split``).
         Raises VerificationError if the executable wrote no dump (built without
         ``host.dump_flags``: re-run host_build)."""
         from ..backend import host
@@ -281,9 +314,11 @@ def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_d
         work = {v: _Build(v, cdir, exe, images, Path(tmp)) for v, (cdir, exe) in builds.items()}
         qdq_ep = torch.export.load(quantized_pt2)  # loaded once: its module and its output scale
         qdq = qdq_ep.module()
-        torch_out = run_torch(qdq, x, spec.name)
-        float_out = run_torch(torch.export.load(float_pt2).module(), x, spec.name)
-        lsb = output_scale(qdq_ep)
+        torch_outs = run_torch_outputs(qdq, x, spec.name)
+        float_outs = run_torch_outputs(torch.export.load(float_pt2).module(), x, spec.name)
+        torch_out, float_out = torch_outs[0], float_outs[0]
+        lsbs = output_scales(qdq_ep)
+        lsb = lsbs[0]
         k = min(SELF_NOISE_IMAGES, len(paths))
         noise = {**pytorch_self_noise(qdq, x[:k], torch_out[:k], lsb), "images": [p.name for p in paths[:k]]}
         labels = [label_of(p) for p in paths]
@@ -291,8 +326,15 @@ def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_d
         results = []
         for v, w in work.items():
             host_out, ref_out, inter = w.outputs()
-            results.append(verify_variant(v, host_out.reshape(shape), ref_out.reshape(shape), inter,
-                                          torch_out, float_out, labels, lsb))
+            if len(torch_outs) == 1:
+                results.append(verify_variant(v, host_out.reshape(shape), ref_out.reshape(shape), inter,
+                                              torch_out, float_out, labels, lsb))
+                continue
+            host_parts = _split(w.codegen_dir, host_out, torch_outs)
+            ref_parts = _split(w.codegen_dir, ref_out, torch_outs)
+            results.append(verify_variant(v, host_parts[0], ref_parts[0], inter, torch_out, float_out, labels,
+                                          lsb, packed=(host_out, ref_out),
+                                          outputs=outputs_detail(host_parts, ref_parts, torch_outs, lsbs)))
     host_outputs = {f"c_{r['variant']}": r.pop("_outputs") for r in results}
     detecting = spec.task == "detection"
     if detecting and not detections.is_detection_output(torch_out.shape):
@@ -305,12 +347,27 @@ def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_d
               "images": [p.name for p in paths], "variants": results,
               "pytorch_qdq": {"accuracy": qdq_acc, "self_noise_1_thread_no_mkldnn": noise},
               "summary_lines": [summary_line(r, noise) for r in results]}
+    if outputs_note(len(torch_outs)):  # one line: which output the numbers above are on
+        report["notes"] = [outputs_note(len(torch_outs))]
+        report["summary_lines"].append(outputs_note(len(torch_outs)))
     if detecting:
         report["detections_drawn"] = draw_detections(
             x, paths, {"float": float_out, "qdq": torch_out, **host_outputs}, out.parent / "detections")
     write_json(out, report)
     _raise_if_inexact(spec, results, len(paths), out)
     return report
+
+
+def _split(codegen_dir: Path, packed: np.ndarray, torch_outs: list[np.ndarray]) -> list[np.ndarray]:
+    """The outputs in a build's packed [N, total] buffer, [N, ...] each as model.h
+    shapes them. Raises PipelineError when they are not the program's outputs."""
+    from ..backend.host import model_info
+    parts = model_info(codegen_dir).split(packed)
+    if [p.shape for p in parts] != [t.shape for t in torch_outs]:
+        raise PipelineError(f"{codegen_dir}/model.h declares outputs {[list(p.shape[1:]) for p in parts]} per "
+                            f"image, the Q/DQ program returns {[list(t.shape[1:]) for t in torch_outs]}: "
+                            f"re-run codegen")
+    return parts
 
 
 def _raise_if_inexact(spec: ModelSpec, results: list[dict], n: int, out: Path) -> None:

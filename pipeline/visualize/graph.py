@@ -5,7 +5,10 @@ TVM scalar), plus an ``input`` and an ``output`` node: a build with N calls
 has N + 2 nodes. One edge per tensor and reader: each name in a call's
 ``inputs`` gives an edge from the call that wrote it (or from ``input``) to
 that call, a call reading the same tensor twice gets one edge, and the call
-writing ``output`` gets an edge to the ``output`` node.
+writing ``output`` gets an edge to the ``output`` node. A model with several
+outputs has one node per output instead, ``output0``, ``output1``... (the
+manifest's names, :func:`pipeline.backend.call_graph.io_names`), each with an
+edge from the call writing it: N calls and K outputs give N + 1 + K nodes.
 
 Node labels are computed here (tested in Python, drawn as given by the
 page): the call that runs a layer's kernel (its ``func``, else the layer's
@@ -74,6 +77,30 @@ def _layer_title(lay: dict) -> str:
     return f"{lay['op']} {lay['dtype']}"
 
 
+def _output_names(writer: dict[str, str]) -> list[str]:
+    """The model outputs some call writes: ``["output0", "output1", ...]`` in return
+    order for a model with several, else ``["output"]`` (a node even when no call writes it)."""
+    several = sorted((n for n in writer if re.fullmatch(r"output\d+", n)), key=lambda n: int(n[6:]))
+    return several or ["output"]
+
+
+def _output_nodes(outputs: list[str], calls: list[dict], writer: dict[str, str]) -> list[dict]:
+    """The io node of each output: one output is labelled with the last call's shape;
+    output ``i`` of several with the shape of the call writing it."""
+    if outputs == ["output"]:
+        last = calls[-1] if calls else {}
+        return [{"id": "output", "kind": "io", "label": ["output", shape_text(last.get("shape"))],
+                 "shape": last.get("shape"), "dtype": last.get("dtype"), "layer": None, "call": None}]
+    by_node = {f"c{c['index']}": c for c in calls}
+    nodes = []
+    for name in outputs:
+        call = by_node[writer[name]]
+        shape = call.get("shape") if call.get("output") == name else None  # a split's other outputs: unknown
+        nodes.append({"id": name, "kind": "io", "label": [f"output {name[6:]}", shape_text(shape)],
+                      "shape": shape, "dtype": "float32", "layer": None, "call": None})
+    return nodes
+
+
 def build_graph(manifest: dict) -> dict:
     """Page data of one build: ``layers``, ``calls``, ``nodes``, ``edges``, ``summary``.
 
@@ -111,11 +138,9 @@ def build_graph(manifest: dict) -> dict:
             edges.append({"from": writer[tensor], "to": nid, "tensor": tensor})
         for tensor in c.get("outputs") or [c.get("output")]:  # a split writes several
             writer[tensor] = nid
-    last = calls[-1] if calls else {}
-    nodes.append({"id": "output", "kind": "io", "label": ["output", shape_text(last.get("shape"))],
-                  "shape": last.get("shape"), "dtype": last.get("dtype"), "layer": None, "call": None})
-    if "output" in writer:
-        edges.append({"from": writer["output"], "to": "output", "tensor": "output"})
+    outputs = _output_names(writer)
+    nodes += _output_nodes(outputs, calls, writer)
+    edges += [{"from": writer[n], "to": n, "tensor": n} for n in outputs if n in writer]
     return {"layers": layers, "calls": calls, "nodes": nodes, "edges": edges,
             "summary": manifest.get("summary", {})}
 

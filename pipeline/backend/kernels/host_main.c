@@ -5,8 +5,10 @@
  *
  * Reads n_images raw float32 inputs (each <M>_INPUT_SIZE floats, as the model
  * expects them: NCHW, batch 1), runs <m>_run on each, writes the raw float32
- * outputs back to back. "-" as weights uses the C array of weights_data.c
- * (build with -DC7X_WEIGHTS_ARRAY). Prints "c7x-host: <n> images, <t> ms/image"
+ * outputs back to back (<M>_OUTPUT_SIZE floats per image: for a model with
+ * several outputs, all of them, packed as model.h's <M>_OUTPUT<i>_OFFSET
+ * say). "-" as weights uses the C array of weights_data.c (build with
+ * -DC7X_WEIGHTS_ARRAY). Prints "c7x-host: <n> images, <t> ms/image"
  * (CPU time, clock()) to stderr. Exit status 0, or 2 for bad usage / I/O,
  * 3 for a weights blob that fails <m>_check_weights, 4 if <m>_run fails (the
  * code is printed).
