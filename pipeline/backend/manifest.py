@@ -61,8 +61,8 @@ _POOLS = {"relax.nn.max_pool2d": "max_pool2d", "relax.nn.avg_pool2d": "avg_pool2
 _WRAPPERS = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.astype",
              "relax.permute_dims", "relax.dequantize")
 _KERNEL_OPS = {"conv2d", "grouped_conv2d", "depthwise_conv2d", "fc", "residual_add", "max_pool2d",
-               "relu", "clip", "requantize", "hardswish", "hardsigmoid", "silu", "sigmoid", "gelu",
-               "gelu_tanh"}
+               "avg_pool2d", "adaptive_avg_pool2d", "mean", "relu", "clip", "requantize",
+               "hardswish", "hardsigmoid", "silu", "sigmoid", "gelu", "gelu_tanh"}
 
 
 def _is_constant_derived(graph: Graph, expr) -> bool:

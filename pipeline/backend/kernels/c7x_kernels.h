@@ -185,6 +185,49 @@ int32_t c7x_requantize_i8_i16(const int8_t* in, int16_t* out, int32_t n, int32_t
 int32_t c7x_requantize_i16_i8(const int16_t* in, int8_t* out, int32_t n, int32_t in_zp,
                               float in_scale, int32_t out_zp, float out_inv_scale);
 
+/* Average pools (ours: TI names no such kernel; docs/reference.md, "Average pools").
+ * What torch's Q/DQ model computes, quantize_per_tensor(pool(dequantize_per_tensor(in))),
+ * in float32 and in torch's order of additions, so bit-exact with torch's CPU ops when
+ * float32 operations are rounded to nearest (no FMA, no wider intermediates):
+ *   y = (float)(in - in_zp) * in_scale                       (each value rounded once)
+ *   out = saturate(round_half_even(m * out_inv_scale) + out_zp)
+ * with out_inv_scale = float32(1.0 / (double)s_out), computed by the caller, and m:
+ *
+ * global average pool (torch's mean over H, W; adaptive_avg_pool2d to 1 x 1):
+ * in [planes, hw] (planes = N * C, hw = H * W), out [planes];
+ *   m = S / (float)hw, S = the float32 sum of a plane's hw values in the order of
+ *   torch's x86 CPU sum (SumKernel.cpp, cascade_sum; reference.py, torch_order_sum):
+ *   hw < 8: row_sum of the values; hw >= 8: row_sum of the hw / 8 vectors of 8
+ *   consecutive values (lane-wise), then 0 + the hw % 8 trailing values in order +
+ *   lane 0 + ... + lane 7. row_sum(items): the columns k = 0..3 of the full rows of 4
+ *   items are summed by torch's 4-level cascade (multi_row_sum: chunks of 2^P rows,
+ *   P = max(4, ceil_log2(rows) / 4), move up a level after each chunk), the leftover
+ *   items are added to column 0, then columns 1, 2, 3.
+ *
+ * average pool (avg_pool2d): the max pool's geometry (pH < kH; H_out the floor- or
+ * ceil-mode size, so no window is empty); in [N, C, H_in, W_in], out [N, C, H_out, W_out];
+ *   m = (0 + the window's input pixels, row by row) / (float)divisor, the divisor the
+ *   window clipped to [-pad, size + pad) if count_include_pad != 0, else to the input.
+ *
+ * Requires in_zp / out_zp inside the dtype and both scales finite and > 0 (else
+ * C7X_ERR_PARAM); a NaN (only when the scales overflow float32) stores out_zp. */
+int32_t c7x_int8_global_avg_pool(const int8_t* in, int8_t* out, int32_t planes, int32_t hw,
+                                 int32_t in_zp, float in_scale, int32_t out_zp,
+                                 float out_inv_scale);
+int32_t c7x_int16_global_avg_pool(const int16_t* in, int16_t* out, int32_t planes, int32_t hw,
+                                  int32_t in_zp, float in_scale, int32_t out_zp,
+                                  float out_inv_scale);
+int32_t c7x_int8_avg_pool(const int8_t* in, int8_t* out, int32_t N, int32_t C, int32_t H_in,
+                          int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
+                          int32_t sH, int32_t sW, int32_t pH, int32_t pW,
+                          int32_t count_include_pad, int32_t in_zp, float in_scale,
+                          int32_t out_zp, float out_inv_scale);
+int32_t c7x_int16_avg_pool(const int16_t* in, int16_t* out, int32_t N, int32_t C, int32_t H_in,
+                           int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
+                           int32_t sH, int32_t sW, int32_t pH, int32_t pW,
+                           int32_t count_include_pad, int32_t in_zp, float in_scale,
+                           int32_t out_zp, float out_inv_scale);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,7 +5,7 @@
  * host this file stands in for them, so that the generated C can be compiled by
  * gcc and proven bit-exact against pipeline/backend/kernels/reference.py.
  * The semantics (requantization, residual add, max pool, ReLU, clamp, channel multiply,
- * table lookup, int8 <-> int16 requantize) are those
+ * table lookup, int8 <-> int16 requantize, average pools) are those
  * of docs/reference.md as pinned down in c7x_kernels.h; read the header first,
  * this file only adds how each is computed.
  *
@@ -836,4 +836,291 @@ int32_t c7x_requantize_i16_i8(const int16_t* in, int8_t* out, int32_t n, int32_t
                               float in_scale, int32_t out_zp, float out_inv_scale)
 {
     return requantize_run(in, out, n, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I16, ELEM_I8);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Average pools (float32, as torch's Q/DQ)                                   */
+/* ------------------------------------------------------------------------- */
+
+/* torch's x86 CPU float32 sum (aten/src/ATen/native/cpu/SumKernel.cpp, "cascade_sum"):
+ * 8-lane vectors, 4 interleaved partial sums, 4 cascade levels. */
+#define SUM_LANES 8
+#define SUM_ILP 4
+#define SUM_LEVELS 4
+
+/* One plane of a quantized tensor, read as torch's dequantize_per_tensor. */
+typedef struct {
+    const void* in;
+    int64_t base;
+    int32_t zp;
+    float scale;
+    elem_type type;
+} dq_plane;
+
+/* (float)(x - zp) * scale: x - zp is an integer below 2^17, exact in float32,
+ * and the product is rounded once, as torch's (input.to(float32) - zp) * scale. */
+static float dq_value(const dq_plane* p, int64_t i)
+{
+    return (float)(load_elem(p->in, p->base + i, p->type) - p->zp) * p->scale;
+}
+
+static int64_t ceil_log2(int64_t x)
+{
+    int64_t bits = 0;
+    if (x <= 2) {
+        return 1;
+    }
+    for (x -= 1; x > 0; x >>= 1) {
+        ++bits;
+    }
+    return bits;
+}
+
+/* acc[k][l] += item (g * SUM_ILP + k), lane l, for the `width` lanes of each item
+ * (width SUM_LANES: items are vectors of consecutive values; width 1: single values). */
+static void add_group(float acc[SUM_ILP][SUM_LANES], const dq_plane* p, int64_t g, int32_t width)
+{
+    int32_t k, l;
+    for (k = 0; k < SUM_ILP; ++k) {
+        for (l = 0; l < width; ++l) {
+            acc[k][l] += dq_value(p, (g * SUM_ILP + k) * width + l);
+        }
+    }
+}
+
+static void add_level(float dst[SUM_ILP][SUM_LANES], float src[SUM_ILP][SUM_LANES], int clear)
+{
+    int32_t k, l;
+    for (k = 0; k < SUM_ILP; ++k) {
+        for (l = 0; l < SUM_LANES; ++l) {
+            dst[k][l] += src[k][l];
+            if (clear) {
+                src[k][l] = 0.0f;
+            }
+        }
+    }
+}
+
+/* torch's multi_row_sum over `groups` groups of SUM_ILP items: chunks of 2^power
+ * groups go into level 0; after each chunk a level moves up into the next until
+ * the group count has a nonzero digit (base 2^power) at that level. */
+static void cascade_sum(const dq_plane* p, int64_t groups, int32_t width,
+                        float cols[SUM_ILP][SUM_LANES])
+{
+    float acc[SUM_LEVELS][SUM_ILP][SUM_LANES];
+    const int64_t log = ceil_log2(groups) / SUM_LEVELS;
+    const int64_t power = log > 4 ? log : 4;
+    const int64_t step = (int64_t)1 << power;
+    int64_t i = 0, j;
+    int32_t level, k, l;
+    for (level = 0; level < SUM_LEVELS; ++level) {
+        for (k = 0; k < SUM_ILP; ++k) {
+            for (l = 0; l < SUM_LANES; ++l) {
+                acc[level][k][l] = 0.0f;
+            }
+        }
+    }
+    while (i + step <= groups) {
+        for (j = 0; j < step; ++j, ++i) {
+            add_group(acc[0], p, i, width);
+        }
+        for (level = 1; level < SUM_LEVELS; ++level) {
+            add_level(acc[level], acc[level - 1], 1);
+            if ((i & ((step - 1) << (level * power))) != 0) {
+                break;
+            }
+        }
+    }
+    for (; i < groups; ++i) {
+        add_group(acc[0], p, i, width);
+    }
+    for (level = 1; level < SUM_LEVELS; ++level) {
+        add_level(acc[0], acc[level], 0);
+    }
+    for (k = 0; k < SUM_ILP; ++k) {
+        for (l = 0; l < SUM_LANES; ++l) {
+            cols[k][l] = acc[0][k][l];
+        }
+    }
+}
+
+/* torch's row_sum of `items` items: the column sums of the full groups of
+ * SUM_ILP items, the leftover items added to column 0, then columns 1..3. */
+static void row_sum(const dq_plane* p, int64_t items, int32_t width, float sum[SUM_LANES])
+{
+    float cols[SUM_ILP][SUM_LANES];
+    const int64_t groups = items / SUM_ILP;
+    int64_t j;
+    int32_t k, l;
+    cascade_sum(p, groups, width, cols);
+    for (l = 0; l < SUM_LANES; ++l) {
+        sum[l] = cols[0][l];
+    }
+    for (j = groups * SUM_ILP; j < items; ++j) {
+        for (l = 0; l < width; ++l) {
+            sum[l] += dq_value(p, j * width + l);
+        }
+    }
+    for (k = 1; k < SUM_ILP; ++k) {
+        for (l = 0; l < SUM_LANES; ++l) {
+            sum[l] += cols[k][l];
+        }
+    }
+}
+
+/* Sum of the n dequantized values of one plane in torch's order (header). */
+static float torch_order_sum(const dq_plane* p, int64_t n)
+{
+    float lanes[SUM_LANES], total = 0.0f;
+    int64_t vectors, k;
+    int32_t l;
+    if (n < SUM_LANES) {
+        row_sum(p, n, 1, lanes);
+        return lanes[0];
+    }
+    vectors = n / SUM_LANES;
+    row_sum(p, vectors, SUM_LANES, lanes);
+    for (k = vectors * SUM_LANES; k < n; ++k) {
+        total += dq_value(p, k);
+    }
+    for (l = 0; l < SUM_LANES; ++l) {
+        total += lanes[l];
+    }
+    return total;
+}
+
+/* torch's quantize_per_tensor of one float32: round_half_even(v * inv) + zp, saturated.
+ * A NaN (only from scales so large that +inf and -inf meet in a sum) stores zp. */
+static void store_quantized(void* out, int64_t idx, float v, float inv, int32_t zp, elem_type t)
+{
+    const float q = v * inv;
+    store_saturated(out, idx, (q == q ? round_half_even(q) : 0) + zp, t);
+}
+
+static int32_t global_avg_pool_run(const void* in, void* out, int32_t planes, int32_t hw,
+                                   int32_t in_zp, float in_scale, int32_t out_zp,
+                                   float out_inv_scale, elem_type t)
+{
+    dq_plane p;
+    int64_t c;
+    if (in == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (elem_count(planes, hw, 1, 1) < 0) {
+        return C7X_ERR_SHAPE;
+    }
+    if (!zp_fits(in_zp, t) || !zp_fits(out_zp, t) || !positive_finite(in_scale) ||
+        !positive_finite(out_inv_scale)) {
+        return C7X_ERR_PARAM;
+    }
+    p.in = in;
+    p.zp = in_zp;
+    p.scale = in_scale;
+    p.type = t;
+    for (c = 0; c < planes; ++c) {
+        p.base = c * hw;
+        /* torch's mean: sum, then a float32 division by the element count */
+        store_quantized(out, c, torch_order_sum(&p, hw) / (float)hw, out_inv_scale, out_zp, t);
+    }
+    return C7X_OK;
+}
+
+int32_t c7x_int8_global_avg_pool(const int8_t* in, int8_t* out, int32_t planes, int32_t hw,
+                                 int32_t in_zp, float in_scale, int32_t out_zp,
+                                 float out_inv_scale)
+{
+    return global_avg_pool_run(in, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scale,
+                               ELEM_I8);
+}
+
+int32_t c7x_int16_global_avg_pool(const int16_t* in, int16_t* out, int32_t planes, int32_t hw,
+                                  int32_t in_zp, float in_scale, int32_t out_zp,
+                                  float out_inv_scale)
+{
+    return global_avg_pool_run(in, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scale,
+                               ELEM_I16);
+}
+
+typedef struct {
+    int32_t N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW, count_include_pad;
+} avg_pool_geometry;
+
+/* torch's avg_pool2d of the window at (oh, ow): the sum from 0.0f over the window's
+ * input pixels, rows then columns, divided by float32(divisor); the divisor counts the
+ * window clipped to [-pad, size + pad) (count_include_pad) or to the input. */
+static float avg_window(const dq_plane* p, const avg_pool_geometry* g, int64_t oh, int64_t ow)
+{
+    const int64_t h0 = oh * g->sH - g->pH, w0 = ow * g->sW - g->pW;
+    const int64_t h1 = h0 + g->kH < (int64_t)g->H_in + g->pH ? h0 + g->kH : (int64_t)g->H_in + g->pH;
+    const int64_t w1 = w0 + g->kW < (int64_t)g->W_in + g->pW ? w0 + g->kW : (int64_t)g->W_in + g->pW;
+    const int64_t h_lo = h0 < 0 ? 0 : h0, w_lo = w0 < 0 ? 0 : w0;
+    const int64_t h_hi = h1 < g->H_in ? h1 : g->H_in, w_hi = w1 < g->W_in ? w1 : g->W_in;
+    const int64_t divisor =
+        g->count_include_pad ? (h1 - h0) * (w1 - w0) : (h_hi - h_lo) * (w_hi - w_lo);
+    float sum = 0.0f;
+    int64_t h, w;
+    for (h = h_lo; h < h_hi; ++h) {
+        for (w = w_lo; w < w_hi; ++w) {
+            sum += dq_value(p, h * g->W_in + w);
+        }
+    }
+    return sum / (float)divisor;
+}
+
+static int32_t avg_pool_run(const void* in, void* out, const avg_pool_geometry* g, int32_t in_zp,
+                            float in_scale, int32_t out_zp, float out_inv_scale, elem_type t)
+{
+    dq_plane p;
+    int64_t planes, c, oh, ow;
+    if (in == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    planes = elem_count(g->N, g->C, 1, 1);
+    if (planes < 0 || elem_count(g->N, g->C, g->H_in, g->W_in) < 0 ||
+        elem_count(g->N, g->C, g->H_out, g->W_out) < 0 ||
+        !pool_size_ok(g->H_in, g->kH, g->sH, g->pH, g->H_out) ||
+        !pool_size_ok(g->W_in, g->kW, g->sW, g->pW, g->W_out)) {
+        return C7X_ERR_SHAPE;
+    }
+    if (!zp_fits(in_zp, t) || !zp_fits(out_zp, t) || !positive_finite(in_scale) ||
+        !positive_finite(out_inv_scale)) {
+        return C7X_ERR_PARAM;
+    }
+    p.in = in;
+    p.zp = in_zp;
+    p.scale = in_scale;
+    p.type = t;
+    for (c = 0; c < planes; ++c) {
+        const int64_t dst = c * g->H_out * g->W_out;
+        p.base = c * g->H_in * g->W_in;
+        for (oh = 0; oh < g->H_out; ++oh) {
+            for (ow = 0; ow < g->W_out; ++ow) {
+                store_quantized(out, dst + oh * g->W_out + ow, avg_window(&p, g, oh, ow),
+                                out_inv_scale, out_zp, t);
+            }
+        }
+    }
+    return C7X_OK;
+}
+
+int32_t c7x_int8_avg_pool(const int8_t* in, int8_t* out, int32_t N, int32_t C, int32_t H_in,
+                          int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
+                          int32_t sH, int32_t sW, int32_t pH, int32_t pW,
+                          int32_t count_include_pad, int32_t in_zp, float in_scale,
+                          int32_t out_zp, float out_inv_scale)
+{
+    const avg_pool_geometry g = {N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
+                                 count_include_pad};
+    return avg_pool_run(in, out, &g, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I8);
+}
+
+int32_t c7x_int16_avg_pool(const int16_t* in, int16_t* out, int32_t N, int32_t C, int32_t H_in,
+                           int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
+                           int32_t sH, int32_t sW, int32_t pH, int32_t pW,
+                           int32_t count_include_pad, int32_t in_zp, float in_scale,
+                           int32_t out_zp, float out_inv_scale)
+{
+    const avg_pool_geometry g = {N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
+                                 count_include_pad};
+    return avg_pool_run(in, out, &g, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I16);
 }

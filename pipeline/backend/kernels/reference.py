@@ -712,6 +712,226 @@ def c7x_requantize_i16_i8(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, r
     return _requantize(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, _I16, _I8)
 
 
+# --------------------------------------------------------------------------
+# Average pools (float32, as torch's Q/DQ: dequantize, float pool, quantize)
+# --------------------------------------------------------------------------
+
+#: Lanes of torch's ``Vectorized<float>`` in its x86 CPU sum kernel (the DEFAULT, AVX2
+#: and AVX512 builds all sum float32 in 8-lane vectors; measured, tests/backend/test_avg_pool.py).
+SUM_LANES = 8
+_SUM_ILP = 4        # torch's row_sum: 4 interleaved partial sums
+_SUM_LEVELS = 4     # torch's multi_row_sum: 4 cascade levels
+
+
+def _ceil_log2(x: int) -> int:
+    """torch's ``utils::CeilLog2``: 1 for x <= 2, else the bit length of x - 1."""
+    return 1 if x <= 2 else (x - 1).bit_length()
+
+
+def _cascade(groups: list) -> list:
+    """torch's ``multi_row_sum`` over ``groups`` (each a list of ``_SUM_ILP`` float32
+    arrays, one per column): chunks of ``2^P`` groups (P = max(4, ceil_log2(G) / 4))
+    go into level 0, a full chunk moves up the levels; returns the column sums."""
+    power = max(4, _ceil_log2(len(groups)) // _SUM_LEVELS)
+    step, mask = 1 << power, (1 << power) - 1
+    zero = np.zeros_like(groups[0][0])
+    acc = [[zero] * _SUM_ILP for _ in range(_SUM_LEVELS)]
+    i = 0
+    while i + step <= len(groups):
+        for _ in range(step):
+            acc[0] = [a + g for a, g in zip(acc[0], groups[i])]
+            i += 1
+        for j in range(1, _SUM_LEVELS):
+            acc[j] = [a + b for a, b in zip(acc[j], acc[j - 1])]
+            acc[j - 1] = [zero] * _SUM_ILP
+            if i & (mask << (j * power)):
+                break
+    for g in groups[i:]:
+        acc[0] = [a + b for a, b in zip(acc[0], g)]
+    for j in range(1, _SUM_LEVELS):
+        acc[0] = [a + b for a, b in zip(acc[0], acc[j])]
+    return acc[0]
+
+
+def _row_sum(items: list) -> np.ndarray:
+    """torch's ``row_sum``: ``items`` (float32 arrays, added elementwise) read as rows of
+    ``_SUM_ILP``; the column sums by :func:`_cascade`, the leftover items into column 0,
+    then column 0 + column 1 + column 2 + column 3."""
+    full = len(items) // _SUM_ILP
+    if full:
+        parts = _cascade([items[g * _SUM_ILP:(g + 1) * _SUM_ILP] for g in range(full)])
+    else:
+        parts = [np.zeros_like(items[0])] * _SUM_ILP
+    first = parts[0]
+    for item in items[full * _SUM_ILP:]:
+        first = first + item
+    for p in parts[1:]:
+        first = first + p
+    return first
+
+
+def torch_order_sum(y: np.ndarray) -> np.ndarray:
+    """Sum of float32 ``y`` [planes, n] over its last axis in the order of torch's CPU
+    ``sum`` of a contiguous row (``cascade_sum`` of aten/src/ATen/native/cpu/SumKernel.cpp,
+    :data:`SUM_LANES` lanes), every addition rounded to float32. n >= 8: ``_row_sum`` of the
+    n // 8 vectors of 8 lanes, then ``0 + tail elements (in order) + lane 0 + ... + lane 7``;
+    n < 8: ``_row_sum`` of the n elements. Returns float32 [planes]."""
+    planes, n = y.shape
+    if n < SUM_LANES:
+        return _row_sum([y[:, k] for k in range(n)])
+    vectors = n // SUM_LANES
+    lanes = _row_sum([y[:, v * SUM_LANES:(v + 1) * SUM_LANES] for v in range(vectors)])
+    total = np.zeros(planes, np.float32)
+    for k in range(vectors * SUM_LANES, n):
+        total = total + y[:, k]
+    for k in range(SUM_LANES):
+        total = total + lanes[:, k]
+    return total
+
+
+def _quant_floats_ok(in_zp, in_scale, out_zp, out_inv_scale, dtype) -> bool:
+    info = np.iinfo(dtype)
+    finite = lambda s: bool(np.isfinite(s) and s > 0)  # noqa: E731
+    return (info.min <= in_zp <= info.max and info.min <= out_zp <= info.max
+            and finite(in_scale) and finite(out_inv_scale))
+
+
+def _dequantize(x: np.ndarray, zp: int, scale: np.float32) -> np.ndarray:
+    """torch's ``dequantize_per_tensor``: ``(float32(x) - zp) * scale`` in float32."""
+    with np.errstate(over="ignore"):
+        return (x.astype(np.float32) - np.float32(zp)) * scale
+
+
+def _quantize(v: np.ndarray, zp: int, inv_scale: np.float32, dtype) -> np.ndarray:
+    """torch's ``quantize_per_tensor``: ``rint(v * inv_scale) + zp`` (half to even), saturated."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = np.clip(np.rint(v * inv_scale), -2.0**24, 2.0**24)
+    return saturate(np.nan_to_num(r).astype(np.int64) + zp, dtype)
+
+
+@dataclass(frozen=True)
+class GlobalPoolGeometry(_Geometry):
+    """Global average pool: in [planes, hw], out [planes]."""
+
+    planes: int
+    hw: int
+
+    def status(self) -> int:
+        return C7X_OK if _elem_count(self.planes, self.hw) > 0 else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"in": (self.planes, self.hw), "out": (self.planes,)}
+
+
+def _global_avg_pool(in_, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scale,
+                     dtype: np.dtype) -> int:
+    in_zp, out_zp = _int32("in_zp", in_zp), _int32("out_zp", out_zp)
+    in_scale, out_inv_scale = _float32("in_scale", in_scale), _float32("out_inv_scale", out_inv_scale)
+    if in_ is None or out is None:
+        return C7X_ERR_NULL
+    g = GlobalPoolGeometry(planes, hw)
+    if g.status() != C7X_OK:
+        return g.status()
+    if not _quant_floats_ok(in_zp, in_scale, out_zp, out_inv_scale, dtype):
+        return C7X_ERR_PARAM
+    sh = g.shapes()
+    x = _array("in", in_, sh["in"], dtype)
+    y = _array("out", out, sh["out"], dtype, output=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = torch_order_sum(_dequantize(x, in_zp, in_scale)) / np.float32(g.hw)
+    y[...] = _quantize(mean, out_zp, out_inv_scale, dtype)
+    return C7X_OK
+
+
+def c7x_int8_global_avg_pool(in_, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scale,
+                             rounding=None) -> int:
+    """int8 global average pool (ours; docs/reference.md, "Average pools"): in int8
+    [planes, hw] (planes = N * C, hw = H * W), out int8 [planes]; torch's
+    ``quantize(mean(dequantize(in), (H, W)))`` in float32: each plane's dequantized values
+    summed by :func:`torch_order_sum`, divided by float32(hw), times ``out_inv_scale``
+    (= float32(1 / s_out)), rounded half to even, plus ``out_zp``, saturated. Zero points
+    outside int8 or a scale that is not a finite float32 > 0: C7X_ERR_PARAM.
+    ``rounding`` is unused (the rounding is torch's)."""
+    return _global_avg_pool(in_, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scale, _I8)
+
+
+def c7x_int16_global_avg_pool(in_, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scale,
+                              rounding=None) -> int:
+    """int16 global average pool: as :func:`c7x_int8_global_avg_pool` with int16 tensors."""
+    return _global_avg_pool(in_, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scale, _I16)
+
+
+@dataclass(frozen=True)
+class AvgPoolGeometry(PoolGeometry):
+    """Average pool: the max pool's geometry (pH < kH, floor or ceil-mode output size)
+    plus the divisor flag."""
+
+    count_include_pad: int = 1
+
+
+def avg_pool_divisors(size: int, k: int, stride: int, pad: int, out: int,
+                      count_include_pad: bool) -> np.ndarray:
+    """Per output index along one axis: torch's divisor factor, the window length
+    clipped to ``[-pad, size + pad)`` (count_include_pad) or to ``[0, size)``."""
+    start = np.arange(out) * stride - pad
+    if count_include_pad:
+        return np.minimum(start + k, size + pad) - start
+    return np.minimum(start + k, size) - np.maximum(start, 0)
+
+
+def _avg_pool(in_, out, g: AvgPoolGeometry, in_zp, in_scale, out_zp, out_inv_scale,
+              dtype: np.dtype) -> int:
+    in_zp, out_zp = _int32("in_zp", in_zp), _int32("out_zp", out_zp)
+    in_scale, out_inv_scale = _float32("in_scale", in_scale), _float32("out_inv_scale", out_inv_scale)
+    if in_ is None or out is None:
+        return C7X_ERR_NULL
+    if g.status() != C7X_OK:
+        return g.status()
+    if not _quant_floats_ok(in_zp, in_scale, out_zp, out_inv_scale, dtype):
+        return C7X_ERR_PARAM
+    sh = g.shapes()
+    x = _array("in", in_, sh["in"], dtype)
+    y = _array("out", out, sh["out"], dtype, output=True)
+    bottom = max(0, (g.H_out - 1) * g.sH + g.kH - g.pH - g.H_in)
+    right = max(0, (g.W_out - 1) * g.sW + g.kW - g.pW - g.W_in)
+    # Padding adds +0.0, which leaves every float32 sum as torch's (it skips padding).
+    padded = np.pad(_dequantize(x, in_zp, in_scale), ((0, 0), (0, 0), (g.pH, bottom), (g.pW, right)))
+    total = np.zeros(sh["out"], np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for dh in range(g.kH):          # torch's order: window rows, then columns
+            for dw in range(g.kW):
+                total = total + padded[:, :, dh:dh + (g.H_out - 1) * g.sH + 1:g.sH,
+                                       dw:dw + (g.W_out - 1) * g.sW + 1:g.sW]
+        div = np.outer(avg_pool_divisors(g.H_in, g.kH, g.sH, g.pH, g.H_out, g.count_include_pad),
+                       avg_pool_divisors(g.W_in, g.kW, g.sW, g.pW, g.W_out, g.count_include_pad))
+        mean = total / div.astype(np.float32)
+    y[...] = _quantize(mean, out_zp, out_inv_scale, dtype)
+    return C7X_OK
+
+
+def c7x_int8_avg_pool(in_, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
+                      count_include_pad, in_zp, in_scale, out_zp, out_inv_scale,
+                      rounding=None) -> int:
+    """int8 average pool (ours; docs/reference.md, "Average pools"): in int8
+    [N, C, H_in, W_in], out int8 [N, C, H_out, W_out], the max pool's window geometry;
+    torch's ``quantize(avg_pool2d(dequantize(in)))`` in float32: the window's
+    dequantized input pixels summed row by row from 0.0 (padding skipped), divided by
+    float32(divisor) (:func:`avg_pool_divisors`; ``count_include_pad`` nonzero counts the
+    padding inside ``[-p, size + p)``), quantized as in :func:`c7x_int8_global_avg_pool`."""
+    g = AvgPoolGeometry(N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
+                        1 if _int32("count_include_pad", count_include_pad) else 0)
+    return _avg_pool(in_, out, g, in_zp, in_scale, out_zp, out_inv_scale, _I8)
+
+
+def c7x_int16_avg_pool(in_, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
+                       count_include_pad, in_zp, in_scale, out_zp, out_inv_scale,
+                       rounding=None) -> int:
+    """int16 average pool: as :func:`c7x_int8_avg_pool` with int16 tensors."""
+    g = AvgPoolGeometry(N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
+                        1 if _int32("count_include_pad", count_include_pad) else 0)
+    return _avg_pool(in_, out, g, in_zp, in_scale, out_zp, out_inv_scale, _I16)
+
+
 KERNELS: dict[str, Callable[..., int]] = {
     f.__name__: f for f in (
         mmalib_conv2d_i8, mmalib_conv2d_i16, mmalib_conv2d_i8_grouped_loop,
@@ -720,7 +940,8 @@ KERNELS: dict[str, Callable[..., int]] = {
         c7x_int8_residual_add_relu, c7x_int16_residual_add_relu,
         c7x_int8_max_pool, c7x_int8_max_pool_tidl, c7x_int8_relu, c7x_int8_clamp,
         c7x_requantize_i8_i16, c7x_requantize_i16_i8, c7x_int8_lut,
-        c7x_int8_channel_mul, c7x_int16_channel_mul)
+        c7x_int8_channel_mul, c7x_int16_channel_mul,
+        c7x_int8_global_avg_pool, c7x_int16_global_avg_pool, c7x_int8_avg_pool, c7x_int16_avg_pool)
 }
 
 _GEOMETRY = {
@@ -736,6 +957,8 @@ _GEOMETRY = {
     "c7x_requantize_i8_i16": ElementwiseGeometry, "c7x_requantize_i16_i8": ElementwiseGeometry,
     "c7x_int8_lut": ElementwiseGeometry,
     "c7x_int8_channel_mul": ChannelMulGeometry, "c7x_int16_channel_mul": ChannelMulGeometry,
+    "c7x_int8_global_avg_pool": GlobalPoolGeometry, "c7x_int16_global_avg_pool": GlobalPoolGeometry,
+    "c7x_int8_avg_pool": AvgPoolGeometry, "c7x_int16_avg_pool": AvgPoolGeometry,
 }
 
 

@@ -6,7 +6,8 @@ depthwise, i8 FC, i8 residual add, i16 conv, i16 FC, i16 residual add, i16
 depthwise, i8 max pool, i8 relu/clip, i8 activation tables (ours: hardswish,
 hardsigmoid, SiLU, sigmoid, GELU; after relu/clip, whose patterns are single
 clips that never contain an activation's chain), the int8 / int16
-squeeze-excitation multiply (ours), requantize, transparent Q/DQ
+squeeze-excitation multiply (ours), the int8 / int16 global and windowed average
+pools (ours; the reference's step 4 names an avgpool fusion), requantize, transparent Q/DQ
 elimination, Q/DQ pair elimination, then CanonicalizeBindings and
 DeadCodeElimination (the float weights' dequantize bindings die here).
 
@@ -31,6 +32,7 @@ import tvm
 from tvm import relax
 
 from .activation import offload_activation_lut_i8
+from .avg_pool import offload_avg_pools
 from .channel_mul import offload_channel_mul
 from .cleanup import eliminate_qdq_pairs, eliminate_qdq_transparent
 from .conv import offload_conv2d_i8, offload_conv2d_i16
@@ -69,7 +71,7 @@ def run_offload(mod: tvm.IRModule, log: OffloadLog | None = None, *,
     log = log if log is not None else OffloadLog()
     passes = (*OFFLOAD_PASSES, partial(offload_max_pool2d_i8, tidl_kernels=tidl_kernels),
               offload_relu_i8, offload_activation_lut_i8, offload_channel_mul,
-              offload_requantize, *CLEANUP_PASSES)
+              offload_avg_pools, offload_requantize, *CLEANUP_PASSES)
     for p in passes:
         mod = p(mod, log)
     mod = relax.transform.CanonicalizeBindings()(mod)

@@ -1,0 +1,165 @@
+"""Offload of int8 / int16 average pooling to the C7x average-pool kernels.
+
+Patterns (``docs/reference.md``, "Average pools")::
+
+    q(mean(dq(x), axis=[H, W]))              ->  call_tir(c7x_int{8,16}_global_avg_pool, x)
+    q(adaptive_avg_pool2d(dq(x), [1, 1]))    ->  call_tir(c7x_int{8,16}_global_avg_pool, x)
+    q(avg_pool2d(dq(x)))                     ->  call_tir(c7x_int{8,16}_avg_pool, x)
+
+torchvision's classifiers write the global pool as ``adaptive_avg_pool2d(x, 1)``,
+which ATen computes (and ``torch.export`` records) as ``mean(x, (-1, -2),
+keepdim=True)``; DenseNet's transitions are ``avg_pool2d(2, 2)``, Inception's
+branches ``avg_pool2d(3, 1, 1)`` with ``count_include_pad``. The quantizer gives
+the pool an output quantization of its own, so the kernels requantize: they
+compute torch's dequantize -> float32 pool -> quantize with torch's order of
+float32 additions (``c7x_kernels.h``), bit-exact with the Q/DQ model.
+
+Eligibility: input and output of one dtype (int8 or int16), constant scalar
+scales (finite, > 0) and zero points, a computed (not constant) input, NCHW,
+static shapes, a float pool result used only by the quantize. ``mean``: a 4-D
+input reduced over exactly its last two axes (keepdims either way: the output
+bytes are the same). ``avg_pool2d``: dilation 1, symmetric padding smaller than
+the window, the floor- or ceil-mode output size (the max pool's geometry,
+:mod:`.pool`), no divisor override (Relax has none).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..refusal import Declined, declining
+from .graph import QDQ, Graph, const_array, dequantize_of, quantize_of, static_shape, var_name
+from .log import OffloadLog
+from .pool import pooled_sizes
+from .primfunc import TensorArg, offload_primfunc
+from .requantize import inverse_scale
+from .rewrite import Offload, run_pass
+
+DTYPES = ("int8", "int16")
+_GLOBAL_OPS = ("relax.mean", "relax.nn.adaptive_avg_pool2d")
+
+
+def _quant_scalars(data: QDQ, out: QDQ, dtype: str) -> list:
+    """``[in_zp, in_scale, out_zp, out_inv_scale]`` of the kernels (float32 scales,
+    torch's reciprocal); raises :class:`Declined` if the quantization does not fit."""
+    if out.out_dtype != dtype:
+        raise Declined(f"input {dtype} and output {out.out_dtype} differ (no requantizing pool kernel)")
+    if not (data.scalar and out.scalar):
+        raise Declined("scales and zero points are not constant scalars")
+    if const_array(data.data) is not None:
+        raise Declined("input is a compile-time constant")
+    s_in, s_out = np.float32(data.s), np.float32(out.s)
+    if not (np.isfinite(s_in) and np.isfinite(s_out) and s_in > 0 and s_out > 0):
+        raise Declined(f"scales {data.s}, {out.s} are not finite and positive")
+    return [data.z, float(s_in), out.z, inverse_scale(float(s_out))]
+
+
+def _common(graph: Graph, pool_var, data: QDQ, out: QDQ, dtype: str):
+    """(input shape, output shape, quantization scalars) after the checks shared by both
+    patterns; raises :class:`Declined`."""
+    scalars = _quant_scalars(data, out, dtype)
+    in_shape, out_shape = static_shape(data.data), static_shape(pool_var)
+    if in_shape is None or out_shape is None or len(in_shape) != 4:
+        raise Declined("dynamic or non-4-D shapes")
+    if not graph.single_use(pool_var):
+        raise Declined(f"float intermediate {var_name(pool_var)} has other users")
+    return in_shape, out_shape, scalars
+
+
+def _is_global(call, in_shape) -> bool:
+    """``call`` averages each [H, W] plane of an NCHW tensor down to one value."""
+    if call.op.name == "relax.mean":
+        axes = call.attrs.axis
+        return axes is not None and sorted(int(a) % 4 for a in axes) == [2, 3]
+    a = call.attrs
+    size = [int(d) for d in a.output_size] if a.output_size is not None else list(in_shape[2:])
+    return str(a.layout) == "NCHW" and str(a.out_layout) == "NCHW" and size == [1, 1]
+
+
+def _plan_global(graph: Graph, call, pool_var, data: QDQ, out: QDQ, dtype: str) -> Offload:
+    in_shape, out_shape, scalars = _common(graph, pool_var, data, out, dtype)
+    if not _is_global(call, in_shape):
+        raise Declined("not an average over the last two axes of an NCHW tensor")
+    kernel = f"c7x_{dtype}_global_avg_pool"
+    planes, hw = in_shape[0] * in_shape[1], in_shape[2] * in_shape[3]
+    prim = offload_primfunc(kernel, [TensorArg("data", in_shape, dtype),   # "in": a Python keyword
+                                     TensorArg("out", out_shape, dtype)], [planes, hw, *scalars])
+
+    def build(ctx):
+        return ctx.call_offload(prim, [data.data], out_shape, dtype)
+
+    op = "mean" if call.op.name == "relax.mean" else "adaptive_avg_pool2d"
+    return Offload(var_name(pool_var), op, dtype, kernel, build,
+                   note="torch's dequantize, mean (its summation order) and quantize in float32")
+
+
+def _plan_window(graph: Graph, call, pool_var, data: QDQ, out: QDQ, dtype: str) -> Offload:
+    in_shape, out_shape, scalars = _common(graph, pool_var, data, out, dtype)
+    a = call.attrs
+    if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
+        raise Declined(f"layout {a.layout} (kernel takes NCHW)")
+    if any(int(d) != 1 for d in a.dilation):
+        raise Declined("dilation is not 1")
+    top, left, bottom, right = [int(p) for p in a.padding]
+    kh, kw = [int(k) for k in a.pool_size]
+    if top != bottom or left != right:
+        raise Declined(f"asymmetric padding {[top, left, bottom, right]}")
+    if top >= kh or left >= kw:
+        raise Declined(f"padding {[top, left]} not smaller than the window {[kh, kw]}")
+    n, c, h, w = in_shape
+    sh, sw = [int(s) for s in a.strides]
+    if (out_shape[2] not in pooled_sizes(h, kh, sh, top)
+            or out_shape[3] not in pooled_sizes(w, kw, sw, left)):
+        raise Declined(f"output size {list(out_shape[2:])} is neither the floor- nor the ceil-mode size")
+    kernel = f"c7x_{dtype}_avg_pool"
+    geometry = [n, c, h, w, out_shape[2], out_shape[3], kh, kw, sh, sw, top, left,
+                int(bool(a.count_include_pad))]
+    prim = offload_primfunc(kernel, [TensorArg("data", in_shape, dtype),
+                                     TensorArg("out", out_shape, dtype)], [*geometry, *scalars])
+
+    def build(ctx):
+        return ctx.call_offload(prim, [data.data], out_shape, dtype)
+
+    return Offload(var_name(pool_var), "avg_pool2d", dtype, kernel, build,
+                   note="torch's dequantize, avg_pool2d and quantize in float32")
+
+
+def _planner(ops: tuple[str, ...], plan):
+    def planner(graph: Graph, binding):
+        out = quantize_of(graph, binding.value)
+        if out is None or not isinstance(out.data, relax.Var):
+            return None
+        call = graph.call(out.data, *ops)
+        data = dequantize_of(graph, call.args[0]) if call is not None else None
+        if data is None:
+            return None
+        dtype = str(data.data.ty.dtype)
+        if dtype not in DTYPES:
+            return None
+        op = call.op.name.split(".")[-1]
+        with declining(var_name(out.data), op, dtype):
+            return plan(graph, call, out.data, data, out, dtype)
+
+    return planner
+
+
+def offload_global_avg_pool(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """int8 / int16 ``q(mean(dq(x), [H, W]))`` and ``q(adaptive_avg_pool2d(dq(x), 1))`` ->
+    ``c7x_int{8,16}_global_avg_pool(in, out, planes = N*C, hw = H*W, in_zp, in_scale,
+    out_zp, out_inv_scale)``; in [N, C, H, W], out [N, C, 1, 1] or [N, C]."""
+    return run_pass(mod, log, "global_avg_pool", _planner(_GLOBAL_OPS, _plan_global))
+
+
+def offload_avg_pool2d(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """int8 / int16 ``q(avg_pool2d(dq(x)))`` -> ``c7x_int{8,16}_avg_pool(in, out, N, C, H_in,
+    W_in, H_out, W_out, kH, kW, sH, sW, pH, pW, count_include_pad, in_zp, in_scale, out_zp,
+    out_inv_scale)``."""
+    return run_pass(mod, log, "avg_pool2d", _planner(("relax.nn.avg_pool2d",), _plan_window))
+
+
+def offload_avg_pools(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """Both average-pool passes, global first."""
+    return offload_avg_pool2d(offload_global_avg_pool(mod, log), log)
+
