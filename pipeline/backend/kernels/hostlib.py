@@ -32,7 +32,7 @@ ROUNDINGS = ("half_up", "floor")
 
 # Host flags (issue 4): C99, no FMA contraction (the requantize kernels and the
 # generated code linked with the kernels use float32, and must match numpy).
-HOST_CFLAGS = ("-std=c99", "-O2", "-fPIC", "-shared", "-ffp-contract=off")
+HOST_CFLAGS = ("-std=c99", "-O3", "-fPIC", "-shared", "-ffp-contract=off")
 # What the "compiles cleanly" test and a strict host build add.
 WARNING_FLAGS = ("-std=c99", "-Wall", "-Wextra", "-Wpedantic", "-Werror")
 
