@@ -290,6 +290,23 @@ def test_int8_accumulation_is_exact_at_the_int32_bound(c_in, kh):
     assert (out == expected).all() and expected == 64
 
 
+@pytest.mark.parametrize("c_in", [1024, 1025], ids=["float32_at_2^24", "float64_past_it"])
+def test_python_conv_accumulators_are_exact_across_the_float32_bound(c_in):
+    """The Python twin sums in float32 when K * max|x| * max|w| <= 2^24, else in
+    float64. 1024 products of -128 * -128 sum to exactly 2^24 (float32 path);
+    with a 1025th product of 1 the sum is 2^24 + 1, which float32 cannot hold
+    (float64 path). A second output channel mixes random signs."""
+    rng = np.random.default_rng(c_in)
+    x = np.full((1, c_in, 2, 3), -128, np.int8)
+    w = np.full((2, c_in, 1, 1), -128, np.int8)
+    x[0, 1024:], w[0, 1024:] = 1, 1
+    w[1] = rng.integers(-128, 128, (c_in, 1, 1))
+    g = ref.ConvGeometry(c_in, 2, 3, 2, 1, 1, 1, 1, 0, 0, 0, 0, 1)
+    acc = ref.conv_accumulate(x, w, g)
+    np.testing.assert_array_equal(acc, naive_conv(x, w, (1, 1), (0, 0, 0, 0)))
+    assert (acc[0] == 2**24 + (c_in - 1024)).all()
+
+
 # (C_in, H_in, W_in, C_out, KH, KW, sh, sw, pt, pb, pl, pr, groups)
 GROUPED_CASES = {
     "g3_s2": (6, 7, 5, 9, 3, 3, 2, 2, 1, 0, 0, 1, 3),
