@@ -822,3 +822,20 @@ def test_missing_gcc_is_a_toolchain_error(tmp_path, monkeypatch):
     with pytest.raises(ToolchainError, match="gcc"):
         hostlib.build_library("half_up", cache_dir=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_python_rshift_is_floor_division(rounding):
+    """reference.rshift shifts int64 right (numpy's shift is arithmetic); it must
+    equal floor division by 2^shift after the rounding half, over the whole
+    |v| < 2^62 range, negative values, and every shift 0..31."""
+    rng = np.random.default_rng(7)
+    v = np.concatenate([rng.integers(-2**62 + 2**31, 2**62 - 2**31, 4000, dtype=np.int64),
+                        np.arange(-70, 70, dtype=np.int64)])
+    shift = rng.integers(0, 32, v.size, dtype=np.int64)
+    shift[:32] = np.arange(32)
+    half = np.where(shift > 0, np.left_shift(np.int64(1), np.maximum(shift - 1, 0)), 0)
+    expected = np.floor_divide(v + (half if rounding == "half_up" else 0), np.left_shift(np.int64(1), shift))
+    np.testing.assert_array_equal(ref.rshift(v, shift, rounding), expected)
+    assert [int(ref.rshift(np.int64(x), 1, rounding)) for x in (-3, -2, -1)] == \
+        ([-1, -1, 0] if rounding == "half_up" else [-2, -1, -1])

@@ -73,15 +73,16 @@ def rshift(v: np.ndarray, shift, rounding: str | None = None) -> np.ndarray:
 
     ``v``: int64 array, |v| < 2^62; ``shift``: int or int array in [0, 31],
     broadcast against ``v``. "half_up": floor((v + 2^(shift-1)) / 2^shift) for
-    shift > 0; "floor": floor(v / 2^shift); shift 0 returns v. Exact (numpy
-    floor division of int64), the twin of ``rshift_round`` in c7x_kernels_ref.c.
+    shift > 0; "floor": floor(v / 2^shift); shift 0 returns v. Exact: numpy's
+    right shift of int64 is arithmetic, i.e. floor division by 2^shift (tested
+    against floor_divide), the twin of ``rshift_round`` in c7x_kernels_ref.c.
     """
     rounding = _check_rounding(rounding)
     v = np.asarray(v, dtype=np.int64)
     shift = np.asarray(shift, dtype=np.int64)
     if rounding == "half_up":
         v = v + np.where(shift > 0, np.left_shift(np.int64(1), np.maximum(shift - 1, 0)), 0)
-    return np.floor_divide(v, np.left_shift(np.int64(1), shift))
+    return np.right_shift(v, shift)
 
 
 def saturate(v: np.ndarray, dtype) -> np.ndarray:
@@ -366,9 +367,11 @@ def conv_accumulate(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray
     """
     dtype = np.float32 if _max_abs(x) * _max_abs(w) * g.reduction <= FLOAT32_EXACT else np.float64
     xt = torch.from_numpy(x.astype(dtype))
-    xt = F.pad(xt, (g.pad_left, g.pad_right, g.pad_top, g.pad_bottom))
     wt = torch.from_numpy(w.astype(dtype))
-    acc = F.conv2d(xt, wt, stride=(g.stride_h, g.stride_w), groups=g.groups)
+    padding = (g.pad_top, g.pad_left)
+    if padding != (g.pad_bottom, g.pad_right):   # conv2d pads symmetrically only; a pad op is slower
+        xt, padding = F.pad(xt, (g.pad_left, g.pad_right, g.pad_top, g.pad_bottom)), (0, 0)
+    acc = F.conv2d(xt, wt, stride=(g.stride_h, g.stride_w), padding=padding, groups=g.groups)
     return acc[0].numpy().astype(np.int64)
 
 
