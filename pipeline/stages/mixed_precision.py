@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from ..fsutil import write_json
 from ..quant import mixed
 from .calibrate import calibration_batches
+from .evaluate import single_output
 from .prepare import build_prepared, load_program, make_quantizer
 
 import torch  # noqa: E402
@@ -116,15 +117,17 @@ def _simulator(spec: ModelSpec, ep, batches: list[torch.Tensor]):
 
 
 class _Metric:
-    """Mean squared logit error vs the float outputs ``reference`` (one per batch), and SQNR."""
+    """Mean squared logit error vs the float outputs ``reference`` (one per batch), and SQNR;
+    on output 0 of a model with several (what ``MixedSimulator.run_variants`` scores)."""
 
-    def __init__(self, reference: list[torch.Tensor]):
+    def __init__(self, reference: list):
+        reference = [single_output(r, "") for r in reference]
         self.reference = reference
         self.power = sum(float((r.double() ** 2).sum()) for r in reference)
         self.count = sum(r.numel() for r in reference)
 
-    def squared(self, out: torch.Tensor, k: int) -> float:
-        return float(((out.double() - self.reference[k].double()) ** 2).sum())
+    def squared(self, out, k: int) -> float:
+        return float(((single_output(out, "").double() - self.reference[k].double()) ** 2).sum())
 
     def summary(self, squared: float) -> dict:
         mse = squared / self.count

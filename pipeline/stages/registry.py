@@ -282,7 +282,7 @@ STAGES: tuple[Stage, ...] = (
         name="mixed_precision", doc="choose the int16 layers of an int8 model (patterns, sensitivity pass)",
         func="pipeline.stages.mixed_precision:mixed_precision_model",
         code=("stages/mixed_precision.py", "stages/prepare.py", "stages/calibrate.py", "stages/calibrate_shards.py",
-              "torchenv.py", "quant", "data"),
+              "stages/evaluate.py", "torchenv.py", "quant", "data"),
         params=QUANT + ("calibration", "preprocess"), versions=("torchao",),
         extra=lambda c: {"images": [p.name for p in c.calibration_images]},
         deps=lambda c: [c.layout.float_pt2, *c.calibration_images],
@@ -370,7 +370,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="verify", doc="bit-exactness and accuracy of the host build",
         func="pipeline.stages.verify:verify_model",
-        code=("stages/verify.py", "backend", "data", "torchenv.py"),
+        code=("stages/verify.py", "stages/evaluate.py", "backend", "data", "torchenv.py"),
         params=("preprocess",),
         extra=lambda c: {"images": [p.name for p in c.evaluation_images], **_task(c)},
         deps=lambda c: [c.layout.float_pt2, c.layout.quantized_pt2, *c.layout.codegen_files(c.spec),
