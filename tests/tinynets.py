@@ -92,3 +92,28 @@ class SharedHeadCNN(TwoHeadCNN):
 def shared_head_cnn(classes: int = 10) -> nn.Module:
     """Builder: :class:`SharedHeadCNN` (random init)."""
     return SharedHeadCNN(classes)
+
+
+class ShuffleCNN(nn.Module):
+    """3x32x32 -> 10: conv-BN-ReLU stem, then torchvision's ShuffleNetV2 units: one
+    stride-2 (two branches concatenated, channel shuffle) and two stride-1 (channel
+    split, one branch, concat, channel shuffle, so a shuffle feeds the next split),
+    a 1x1 conv, global average pool, linear."""
+
+    def __init__(self, classes: int = 10):
+        from torchvision.models.shufflenetv2 import InvertedResidual
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.units = nn.Sequential(InvertedResidual(16, 32, 2), InvertedResidual(32, 32, 1),
+                                   InvertedResidual(32, 32, 1))
+        self.head = nn.Sequential(nn.Conv2d(32, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x):
+        y = self.head(self.units(self.stem(x)))
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+def shuffle_cnn(classes: int = 10) -> nn.Module:
+    """Builder: :class:`ShuffleCNN` (random init)."""
+    return ShuffleCNN(classes)

@@ -32,7 +32,12 @@ layer (after a fused ReLU/ReLU6; conv-BN folded):
     Also cumulative. ``max_lsb``: the largest difference in integer steps of
     that scale. Where a fused kernel already dequantized (a clip feeding a
     float mean, the model's final slice + dequantize), its float output is
-    compared as it is.
+    compared as it is. Where the last call is a TVM function that fused the
+    layer's end with ops mixing or reordering tensors (ShuffleNetV2: the
+    branch conv's clip + concat + channel shuffle + the next split, returning
+    a split half), or the layer has no call of its own, the layer's tensor
+    does not exist in the C program: the row gets no number and the note
+    "<build>: not comparable: ..." naming the function (:func:`_not_layer_output`).
 
 Numbers per comparison, over every element of every image, for a value x
 against its reference ref (x = Q/DQ, ref = float for (a); x = C, ref = Q/DQ
@@ -61,6 +66,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -313,6 +319,40 @@ def _last_calls(manifest: dict) -> dict[str, dict]:
     return out
 
 
+# Ops of a TVM function after which its output is no longer one layer's tensor:
+# they mix several tensors, reorder or select elements (ShuffleNetV2's concat +
+# channel shuffle + split). Element-wise ops, casts, (de)quantize, a reshape that
+# keeps the element order (a mean's [1, C, 1, 1] -> [1, C]) and the strided slice
+# that drops an FC's padding leave it the layer's value.
+_MIXING = re.compile(r"(?:^|_)(concatenate|split|transpose|stack|take|gather|layout_transform|tile|repeat|flip)"
+                     r"\d*(?=_|$)")
+
+
+def _not_layer_output(call: dict | None, relax_layers: dict) -> str | None:
+    """Why the output of ``call`` (a layer's last kernel call in ``manifest.json``,
+    None: the layer has none) is not that layer's output tensor, else None.
+
+    A call whose output binding is named in ``relax/layers.json`` is that
+    binding's tensor. An unnamed TVM call's ops are read from its PrimFunc
+    name, which TVM's FuseOps makes ``fused_`` + the names of the primitive
+    functions it fused, in order, each with its dedup digits (``fused_tir_clip1_
+    dequantize_concatenate_quantize1_reshape_transpose_reshape1_dequantize2_split``):
+    one of :data:`_MIXING` there means the layer's own result (the clip after
+    its MMALIB conv, say) exists only inside that function, and the function
+    returns something else (a split half of the shuffled concat)."""
+    if call is None:
+        return "no kernel call of this build is tied to the layer (manifest.json calls)"
+    if any(relax_layers.get(v, {}).get("id") for v in call["vars"]) or call["backend"] != "tvm":
+        return None
+    ops = list(dict.fromkeys(m.group(1) for m in _MIXING.finditer(call["func"])))
+    outs = call.get("outputs") or [call["output"]]
+    if not ops and len(outs) == 1:
+        return None
+    what = f"fused with {', '.join(ops)}" if ops else f"a call writing {len(outs)} tensors"
+    return (f"{what} in one TVM function ({call['func']}, call {call['index']}); its output is not this "
+            f"layer's tensor")
+
+
 def _named_points(last: dict[str, dict], relax_layers: dict) -> dict[str, str]:
     """Layer id -> float node id the last call's output binding was named after
     (``relax/layers.json``), where it has a name there."""
@@ -377,9 +417,13 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
     # float and Q/DQ models from ONE in-memory program: the debugger matches by from_node
     ep = load_program(float_pt2)
     q = load_converted(spec, ep, calibrated_state, read_int16_selection(int16_selection))
-    named = _named_points(last[variants[0]], json.loads(Path(relax_layers).read_text()))
+    relax_names = json.loads(Path(relax_layers).read_text())
+    named = _named_points(last[variants[0]], relax_names)
     requantize = {lay["id"]: lay["out_dtype"] for lay in layers if lay["op"] == "requantize"}
     points = output_points(q, [lay["id"] for lay in layers], named, requantize)
+    # variant -> layer id -> why its C build has no tensor to compare there (never a wrong number)
+    fused = {v: {lid: why for lid in points if (why := _not_layer_output(last[v].get(lid), relax_names))}
+             for v in variants}
     keep = {p.node for p in points.values()}
     ref_model = keep_loggers(prepare_for_propagation_comparison(out_of_place(float_reference(ep))), keep)
     qdq_model = prepare_for_propagation_comparison(out_of_place(q))
@@ -391,10 +435,15 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
     every_logger = list(_loggers(ref_model).values()) + list(qdq_loggers.values())
 
     programs = {v: Program(d) for v, d in builds.items()}
-    wanted = {v: {last[v][lid]["index"]: lid for lid in points if lid in last[v]} for v in variants}
+    wanted = {v: {last[v][lid]["index"]: lid for lid in points if lid in last[v] and lid not in fused[v]}
+              for v in variants}
     a_stats = {lid: Stats() for lid in points}
     b_stats = {v: {lid: Stats() for lid in wanted[v].values()} for v in variants}
     notes: dict[str, list[str]] = {}
+    unmatched: set[str] = set()  # layers whose float and Q/DQ values cannot be compared
+    for v in variants:
+        for lid, why in fused[v].items():
+            notes.setdefault(lid, []).append(f"{v}: not comparable: {why}")
 
     x = load_images(paths, spec.preprocess, desc=f"layers {spec.name}", model=spec.name)
     threads = torch.get_num_threads()
@@ -419,19 +468,21 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
                 qdq = res.actual if s.actual_node_name in p.dq else qdq_loggers[p.dq[0]].stats[0]
                 skip = _not_comparable(res.ref, qdq)
                 if skip:  # e.g. a split's tuple of tensors in YOLO26's head: one line, not a crash
-                    if lid not in notes:
-                        notes[lid] = [f"Q/DQ vs float not compared: {skip}"]
+                    if lid not in unmatched:
+                        unmatched.add(lid)
+                        notes.setdefault(lid, []).append(f"Q/DQ vs float not compared: {skip}")
                     continue
                 a_stats[lid].add(res.ref, qdq)
                 qdq_at[lid] = (qdq.numpy(), qdq_loggers[p.q].stats[0].numpy())
             for v, prog in programs.items():
                 for lid, c_out in _capture(prog, image.numpy(), manifests[v]["calls"], wanted[v]).items():
-                    if lid not in qdq_at or lid in notes:
+                    if lid not in qdq_at or lid in unmatched:
                         continue
                     value, ints = qdq_at[lid]
                     if not _same_layout(c_out, value.shape):
-                        notes.setdefault(lid, []).append(f"{v}: not compared, C shape {list(c_out.shape)} "
-                                                         f"vs Q/DQ {list(value.shape)}")
+                        note = f"{v}: not compared, C shape {list(c_out.shape)} vs Q/DQ {list(value.shape)}"
+                        if note not in notes.setdefault(lid, []):  # once, not once per image
+                            notes[lid].append(note)
                         continue
                     c_value, c_ints = dequantize(c_out, points[lid])
                     b_stats[v][lid].add(value, c_value, ints, c_ints)
@@ -450,7 +501,8 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
         if p is not None:
             entry["compared_at"] = {"float_node": p.node, "qdq_node": p.dq[0], "scale": p.scale,
                                     "zero_point": p.zero_point,
-                                    "c_call": last[variants[0]].get(lid, {}).get("index")}
+                                    "c_call": None if lid in fused[variants[0]] else
+                                    last[variants[0]].get(lid, {}).get("index")}
             if a_stats[lid].n:
                 entry["qdq_vs_float"] = a_stats[lid].result()
             for v in variants:
