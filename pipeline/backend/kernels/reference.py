@@ -20,9 +20,9 @@ Arithmetic is exact: products and sums in int64, convolutions in float64 via
 integer of magnitude <= K * 2^30 <= 2^53 (int16 products are <= 2^30, int8 ones
 <= 2^14, and the reduction length K is limited to ``MAX_REDUCTION`` = 2^23, the
 header's ``C7X_MAX_REDUCTION``), and every such integer is a float64.
-The exception is the int8 <-> int16 requantize, which is float32 by definition
-(torch's dequantize then quantize) and computed with numpy float32 operations,
-each rounded like the C's.
+The exceptions are the int8 <-> int16 requantize and the average pools, which are
+float32 by definition (torch's dequantize, pool, quantize) and computed with numpy
+float32 operations in the C's order, each rounded like the C's.
 """
 
 from __future__ import annotations
