@@ -35,9 +35,12 @@ layer (after a fused ReLU/ReLU6; conv-BN folded):
     compared as it is. Where the last call is a TVM function that fused the
     layer's end with ops mixing or reordering tensors (ShuffleNetV2: the
     branch conv's clip + concat + channel shuffle + the next split, returning
-    a split half), or the layer has no call of its own, the layer's tensor
-    does not exist in the C program: the row gets no number and the note
-    "<build>: not comparable: ..." naming the function (:func:`_not_layer_output`).
+    a split half), an earlier call of the layer computing all of it (the
+    scalar build's fused conv ... quantize) is compared instead; with none
+    (an MMALIB conv whose clip is inside that function), or when the layer has
+    no call of its own, the layer's tensor does not exist in the C program: the
+    row gets no number and the note "<build>: not comparable: ..." naming the
+    function (:func:`layer_calls`).
 
 Numbers per comparison, over every element of every image, for a value x
 against its reference ref (x = Q/DQ, ref = float for (a); x = C, ref = Q/DQ
@@ -310,15 +313,6 @@ def dequantize(c_out: np.ndarray, point: Point) -> tuple[np.ndarray, np.ndarray]
     return (c_out.astype(np.float32) - np.float32(zp)) * np.float32(scale), c_out
 
 
-def _last_calls(manifest: dict) -> dict[str, dict]:
-    """Layer id -> the last kernel call of that layer (its output is the layer's result)."""
-    out = {}
-    for c in manifest["calls"]:
-        if c["layer"] is not None:
-            out[c["layer"]] = c
-    return out
-
-
 # Ops of a TVM function after which its output is no longer one layer's tensor:
 # they mix several tensors, reorder or select elements (ShuffleNetV2's concat +
 # channel shuffle + split). Element-wise ops, casts, (de)quantize, a reshape that
@@ -351,6 +345,49 @@ def _not_layer_output(call: dict | None, relax_layers: dict) -> str | None:
     what = f"fused with {', '.join(ops)}" if ops else f"a call writing {len(outs)} tensors"
     return (f"{what} in one TVM function ({call['func']}, call {call['index']}); its output is not this "
             f"layer's tensor")
+
+
+# The main op of a layer kind as TVM's scalar path names it in a PrimFunc.
+_MAIN_OP = {"conv2d": "conv2d", "depthwise_conv2d": "conv2d", "fc": "matmul"}
+
+
+def _whole_layer(call: dict, op: str) -> bool:
+    """``call`` is one TVM function computing a layer of kind ``op`` from its
+    input to its output quantize (TVM's scalar path: ``fused_conv2d2_cast1_
+    multiply1_add1_relu1_quantize6``): its name holds the main op, ends in the
+    quantize, and it mixes no tensors and writes one."""
+    main, f = _MAIN_OP.get(op), call["func"]
+    return (call["backend"] == "tvm" and main is not None and len(call.get("outputs") or [call["output"]]) == 1
+            and not _MIXING.search(f) and bool(re.search(rf"(?:^|_){main}\d*_", f))
+            and bool(re.search(r"_quantize\d*$", f)))
+
+
+def layer_calls(manifest: dict, relax_layers: dict) -> tuple[dict[str, dict], dict[str, str]]:
+    """(layer id -> the kernel call whose output is the layer's tensor, layer id
+    -> why no call's is) for the layers of ``manifest``.
+
+    The layer's last call (``calls``, tied to layers by :mod:`pipeline.backend.
+    call_graph`), unless :func:`_not_layer_output` says its output is something
+    else; then an earlier call of the layer that computes the whole layer
+    (:func:`_whole_layer`: the scalar build's conv whose clip TVM did not fuse
+    into the next concat) if there is one. An MMALIB kernel's output before its
+    fused clip is not the layer's tensor (negative values a ReLU clips), so
+    there the layer is not comparable."""
+    by_layer: dict[str, list[dict]] = {}
+    for c in manifest["calls"]:
+        if c["layer"] is not None:
+            by_layer.setdefault(c["layer"], []).append(c)
+    chosen, why = {}, {}
+    for lay in manifest["layers"]:
+        lid, calls = lay["id"], by_layer.get(lay["id"], [])
+        reason = _not_layer_output(calls[-1] if calls else None, relax_layers)
+        pick = calls[-1] if reason is None else next((c for c in reversed(calls[:-1])
+                                                       if _whole_layer(c, lay["op"])), None)
+        if pick is not None:
+            chosen[lid] = pick
+        else:
+            why[lid] = reason
+    return chosen, why
 
 
 def _named_points(last: dict[str, dict], relax_layers: dict) -> dict[str, str]:
@@ -412,18 +449,19 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
     variants = list(builds)
     manifests = {v: json.loads((Path(d) / "manifest.json").read_text()) for v, d in builds.items()}
     layers = manifests[variants[0]]["layers"]
-    last = {v: _last_calls(m) for v, m in manifests.items()}
 
     # float and Q/DQ models from ONE in-memory program: the debugger matches by from_node
     ep = load_program(float_pt2)
     q = load_converted(spec, ep, calibrated_state, read_int16_selection(int16_selection))
     relax_names = json.loads(Path(relax_layers).read_text())
+    # per variant: layer id -> the call compared, and layer id -> why none is (never a wrong number)
+    last, fused = {}, {}
+    for v in variants:
+        last[v], fused[v] = layer_calls(manifests[v], relax_names)
     named = _named_points(last[variants[0]], relax_names)
     requantize = {lay["id"]: lay["out_dtype"] for lay in layers if lay["op"] == "requantize"}
     points = output_points(q, [lay["id"] for lay in layers], named, requantize)
-    # variant -> layer id -> why its C build has no tensor to compare there (never a wrong number)
-    fused = {v: {lid: why for lid in points if (why := _not_layer_output(last[v].get(lid), relax_names))}
-             for v in variants}
+    fused = {v: {lid: why for lid, why in fused[v].items() if lid in points} for v in variants}
     keep = {p.node for p in points.values()}
     ref_model = keep_loggers(prepare_for_propagation_comparison(out_of_place(float_reference(ep))), keep)
     qdq_model = prepare_for_propagation_comparison(out_of_place(q))
@@ -435,8 +473,7 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
     every_logger = list(_loggers(ref_model).values()) + list(qdq_loggers.values())
 
     programs = {v: Program(d) for v, d in builds.items()}
-    wanted = {v: {last[v][lid]["index"]: lid for lid in points if lid in last[v] and lid not in fused[v]}
-              for v in variants}
+    wanted = {v: {last[v][lid]["index"]: lid for lid in points if lid in last[v]} for v in variants}
     a_stats = {lid: Stats() for lid in points}
     b_stats = {v: {lid: Stats() for lid in wanted[v].values()} for v in variants}
     notes: dict[str, list[str]] = {}
@@ -501,8 +538,7 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
         if p is not None:
             entry["compared_at"] = {"float_node": p.node, "qdq_node": p.dq[0], "scale": p.scale,
                                     "zero_point": p.zero_point,
-                                    "c_call": None if lid in fused[variants[0]] else
-                                    last[variants[0]].get(lid, {}).get("index")}
+                                    "c_call": last[variants[0]].get(lid, {}).get("index")}
             if a_stats[lid].n:
                 entry["qdq_vs_float"] = a_stats[lid].result()
             for v in variants:
