@@ -210,9 +210,9 @@ def test_header_is_clean_cpp(tmp_path):
 
 def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     assert set(ref.KERNELS) == set(SIGS)
-    # the 13 of docs/reference.md, "Kernel ABI", our 2 requantize kernels, c7x_int8_lut and the
-    # two channel multiplies
-    assert len(SIGS) == 18
+    # the 13 of docs/reference.md, "Kernel ABI", our 2 requantize kernels, c7x_int8_lut, the
+    # two channel multiplies and the four average pools
+    assert len(SIGS) == 22
     for name, params in SIGS.items():
         py = list(inspect.signature(ref.KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -664,6 +664,11 @@ def valid_args(name: str, rng) -> list:
     if "channel_mul" in name:                            # tests/backend/test_channel_mul.py
         blob = np.frombuffer(struct.pack("<iiibbbx", 2**20, 24, 0, 0, 0, 0), np.uint8).copy()
         return [rand(rng, dtype, (3, 5)), rand(rng, dtype, 3), blob, np.zeros((3, 5), dtype), 3, 5]
+    if "global_avg_pool" in name:                        # tests/backend/test_avg_pool.py
+        return [rand(rng, dtype, (3, 10)), np.zeros(3, dtype), 3, 10, 0, 0.01, 0, 50.0]
+    if "avg_pool" in name:
+        return [rand(rng, dtype, (1, 2, 5, 5)), np.zeros((1, 2, 3, 3), dtype),
+                1, 2, 5, 5, 3, 3, 3, 3, 2, 2, 1, 1, 1, 0, 0.01, 0, 50.0]
     if name == "c7x_int8_lut":                            # tests/backend/test_activation_lut.py
         return [rand(rng, np.int8, 10), rand(rng, np.int8, 256), np.zeros(10, np.int8), 10]
     assert name == "c7x_int8_clamp"

@@ -40,7 +40,7 @@ def test_layers_in_graph_order_with_shapes_and_macs(crp_int8):
         ("conv2d", "mmalib", "mmalib_conv2d_i8", "relu", MACS["conv1"]),
         ("max_pool2d", "c7x", "c7x_int8_max_pool_tidl", None, 0),
         ("conv2d", "mmalib", "mmalib_conv2d_i8", "clip(0, 6)", MACS["conv2"]),
-        ("mean", "scalar", None, None, 0),
+        ("mean", "c7x", "c7x_int8_global_avg_pool", None, 0),
         ("fc", "mmalib", "mmalib_matmul_bias_i8", None, MACS["fc"]),
     ]
     conv1, pool, conv2, mean, fc = m["layers"]
@@ -49,21 +49,22 @@ def test_layers_in_graph_order_with_shapes_and_macs(crp_int8):
     assert (pool["input_shape"], pool["output_shape"]) == ([1, 32, 16, 16], [1, 32, 8, 8])
     assert conv2["weight_shape"] == [32, 32, 1, 1]
     assert (fc["input_shape"], fc["weight_shape"], fc["output_shape"]) == ([1, 32], [64, 32], [1, 64])
-    assert mean["reason"] == "no MMALIB/C7x kernel for mean" and "reason" not in conv1
+    assert "reason" not in mean and "reason" not in conv1 and "float32" in mean["note"]
     assert {e["dtype"] for e in m["layers"]} == {"int8"}
     assert [e["func"] for e in m["layers"] if e["func"]] == [
-        "mmalib_conv2d_i8_0", "c7x_int8_max_pool_tidl_0", "mmalib_conv2d_i8_1", "mmalib_matmul_bias_i8_0"]
+        "mmalib_conv2d_i8_0", "c7x_int8_max_pool_tidl_0", "mmalib_conv2d_i8_1",
+        "c7x_int8_global_avg_pool_0", "mmalib_matmul_bias_i8_0"]
 
 
 def test_summary(crp_int8):
     flow, mod, log = crp_int8
     s = build_manifest(flow.mod, mod, log)["summary"]
     total = sum(MACS.values())
-    assert (s["layers"], s["layers_offloaded"], s["macs_total"], s["macs_offloaded"]) == (5, 4, total, total)
-    assert s["by_backend"] == {"mmalib": {"layers": 3, "macs": total}, "c7x": {"layers": 1, "macs": 0},
-                               "scalar": {"layers": 1, "macs": 0}}
+    assert (s["layers"], s["layers_offloaded"], s["macs_total"], s["macs_offloaded"]) == (5, 5, total, total)
+    assert s["by_backend"] == {"mmalib": {"layers": 3, "macs": total}, "c7x": {"layers": 2, "macs": 0},
+                               "scalar": {"layers": 0, "macs": 0}}
     assert s["by_op"]["conv2d"] == {"layers": 2, "offloaded": 2}
-    assert s["offload_funcs"] == 4 and s["cleanups"] == 1
+    assert s["offload_funcs"] == 5 and s["cleanups"] == 1
 
 
 def test_json_serialisable_and_deterministic(crp_int8):
@@ -86,7 +87,7 @@ def test_int16_declines_carry_reasons():
     m = build_manifest(flow.mod, mod, log)
     reasons = {e["op"]: e.get("reason") for e in m["layers"] if e["backend"] == "scalar"}
     assert reasons == {"relu": "only int8 relu has a kernel", "max_pool2d": "only int8 max pooling has a kernel",
-                       "clip": "only int8 clip has a kernel", "mean": "no MMALIB/C7x kernel for mean"}
+                       "clip": "only int8 clip has a kernel"}
     assert all("widened" in e["note"] for e in m["layers"] if e["op"] in ("conv2d", "fc"))
 
 

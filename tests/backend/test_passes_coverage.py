@@ -78,10 +78,11 @@ def _check_mobilenet(m):
     assert s["by_op"]["fc"] == {"layers": 1, "offloaded": 1}
     assert {e["backend"] for e in _by(m, "conv2d") + _by(m, "depthwise_conv2d") + _by(m, "fc")} == {"mmalib"}
     assert {e["backend"] for e in _by(m, "residual_add")} == {"c7x"}
-    # Only the global average pool (imported as mean) stays scalar; every MAC is offloaded.
-    assert [(e["op"], e["backend"]) for e in m["layers"] if e["backend"] == "scalar"] == [("mean", "scalar")]
+    # The global average pool (imported as mean) is a C7x kernel too: no layer stays scalar.
+    assert {e["kernel"] for e in _by(m, "mean")} == {f"c7x_{m['layers'][0]['dtype']}_global_avg_pool"}
+    assert [e["op"] for e in m["layers"] if e["backend"] == "scalar"] == []
     assert s["macs_offloaded"] == s["macs_total"] == 300_774_272
-    assert s["layers"] == 64 and s["layers_offloaded"] == 63
+    assert s["layers"] == 64 and s["layers_offloaded"] == 64
 
 
 def test_mobilenet_v2_int8_coverage(mobilenet_v2_int8):
@@ -135,4 +136,5 @@ def _check_resnet18(m):
     assert {e["activation"] for e in _by(m, "residual_add")} == {"relu"}
     assert {e["kernel"] for e in _by(m, "residual_add")} == {"c7x_int8_residual_add_relu"}
     assert s["macs_offloaded"] == s["macs_total"] == 1_814_073_344
-    assert [e["op"] for e in m["layers"] if e["backend"] == "scalar"] == ["mean"]
+    assert [e["op"] for e in m["layers"] if e["backend"] == "scalar"] == []
+    assert {e["kernel"] for e in _by(m, "mean")} == {"c7x_int8_global_avg_pool"}

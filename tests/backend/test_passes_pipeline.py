@@ -13,8 +13,8 @@ from pipeline.backend.passes.offload_calls import offload_calls
 from pipeline.backend.passes.pipeline import run_offload
 
 ORDER = ["conv2d_i8", "depthwise_conv2d_i8", "fc_i8", "residual_add_i8", "conv2d_i16", "fc_i16",
-         "residual_add_i16", "depthwise_conv2d_i16", "max_pool2d_i8", "relu_i8", "qdq_transparent",
-         "qdq_pair"]
+         "residual_add_i16", "depthwise_conv2d_i16", "max_pool2d_i8", "relu_i8", "global_avg_pool",
+         "avg_pool2d", "qdq_transparent", "qdq_pair"]
 
 
 def _flow(model, shape, **kw):
@@ -34,7 +34,8 @@ def test_passes_run_in_the_reference_order():
     _, returned = run_offload(flow.mod, log)
     assert returned is log
     seen = [d.pass_name for d in log.decisions]
-    assert set(seen) == {"conv2d_i8", "fc_i8", "max_pool2d_i8", "relu_i8", "qdq_transparent"}
+    assert set(seen) == {"conv2d_i8", "fc_i8", "max_pool2d_i8", "relu_i8", "global_avg_pool",
+                         "qdq_transparent"}
     assert seen == sorted(seen, key=ORDER.index)
 
 
