@@ -40,6 +40,7 @@ class Layout:
         self.relax_params = self.dir / "relax" / "params.bin"
         self.relax_layers = self.dir / "relax" / "layers.json"
         self.report = self.dir / "report.json"
+        self.torch_outputs = self.dir / "torch_outputs.npz"  # evaluate's PyTorch outputs, verify reads them
         self.holdout = self.dir / "holdout.json"  # k-fold held-out accuracy
         self.verify = self.dir / "verify.json"
         self.layers_json = self.dir / "layers.json"  # layers: per-layer numerics

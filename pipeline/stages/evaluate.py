@@ -12,53 +12,12 @@ from pathlib import Path
 from .. import torchenv  # noqa: F401
 from ..config import ModelSpec, list_images
 from ..data.images import label_of, load_images
-from ..errors import CalibrationDataError, UnsupportedOpError
+from ..errors import CalibrationDataError
 from ..fsutil import write_json
+from . import torch_outputs
+from .torch_outputs import outputs_note
 
 import torch  # noqa: E402
-
-
-def model_outputs(out, model: str) -> list[torch.Tensor]:
-    """The output tensors of a model call, in return order (a tensor, or a flat
-    tuple / list of tensors, as the C entry packs them). Raises UnsupportedOpError
-    for anything else (a nested tuple, a dict, a non-tensor)."""
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
-        kinds = sorted({type(t).__name__ for t in outs})
-        raise UnsupportedOpError(f"model {model!r} returns {type(out).__name__} of {kinds}; the C7x entry "
-                                 f"point packs tensors: return a tensor or a flat tuple of tensors")
-    return outs
-
-
-def single_output(out, model: str) -> torch.Tensor:
-    """Output 0 of a model call, the one the accuracy reports score (:func:`model_outputs`)."""
-    return model_outputs(out, model)[0]
-
-
-def outputs_note(count: int) -> str | None:
-    """The one-line caveat of a model with several outputs, else None."""
-    if count < 2:
-        return None
-    return f"model has {count} outputs; accuracy is on output 0, bit-exactness on all"
-
-
-def run_outputs(module, images: torch.Tensor, model: str = "") -> list[torch.Tensor]:
-    """Every output of a batch-1 module on ``images`` [N, ...], one image at a time:
-    one [N, ...] tensor per output, in return order."""
-    with torch.no_grad():
-        per_image = [model_outputs(module(images[i:i + 1]), model) for i in range(len(images))]
-    return [torch.cat(parts) for parts in zip(*per_image)]
-
-
-def run_program_outputs(pt2: Path, images: torch.Tensor, model: str = "") -> list[torch.Tensor]:
-    """:func:`run_outputs` of an exported program (the Q/DQ program is exported with batch 1)."""
-    return run_outputs(torch.export.load(pt2).module(), images, model)
-
-
-def run_program(pt2: Path, images: torch.Tensor, model: str = "") -> torch.Tensor:
-    """Logits [N, classes] float32 of an exported program (output 0 of a model
-    with several), one image at a time."""
-    return run_program_outputs(pt2, images, model)[0]
 
 
 def output_errors(float_outs: list[torch.Tensor], quant_outs: list[torch.Tensor]) -> list[dict]:
@@ -112,8 +71,9 @@ def report_notes(calib: dict, export: dict, eval_images: list[str], labels: list
 
 
 def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibration_json: Path,
-                   export_json: Path, images_dir: Path, out: Path) -> dict:
-    """Run float.pt2 and quantized.pt2 on the evaluation set; write ``report.json``.
+                   export_json: Path, images_dir: Path, out: Path, outputs: Path) -> dict:
+    """Run float.pt2 and quantized.pt2 on the evaluation set; write ``report.json``
+    and the outputs themselves to ``outputs`` (``torch_outputs.npz``, which verify reads).
 
     Classification: top-1 of both against the labels, agreement, logit error
     (on output 0 of a model with several; ``outputs``: every output's error). A
@@ -129,8 +89,10 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
         raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images; "
                                    f"add images or set [evaluation] set in {spec.source}")
     x = load_images(paths, spec.preprocess, desc=f"evaluate {spec.name}", model=spec.name)
-    float_outs = run_program_outputs(float_pt2, x, spec.name)
-    quant_outs = run_program_outputs(quantized_pt2, x, spec.name)
+    kept = torch_outputs.compute(float_pt2, quantized_pt2, x, [p.name for p in paths], spec.name)
+    torch_outputs.write(outputs, kept)
+    float_outs = [torch.from_numpy(a) for a in kept.float_outs]
+    quant_outs = [torch.from_numpy(a) for a in kept.qdq_outs]
     float_logits, quant_out = float_outs[0], quant_outs[0]
     labels = [label_of(p) for p in paths]
     if spec.task == "detection":  # [N, D, 6] detections: IoU-matched against float, no labels

@@ -86,7 +86,7 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], trai
     from .calibrate import calibrate_model
     from .codegen import codegen_model
     from .convert import convert_model
-    from .evaluate import run_program_outputs
+    from .torch_outputs import run_program_outputs
     from .prepare import prepare_model
     from .relax_import import import_model
 
@@ -132,7 +132,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     Raises :class:`CalibrationDataError` when the evaluation folder is empty or holds
     fewer images than ``[evaluation] folds``."""
     from ..layout import variants
-    from .evaluate import outputs_note, run_program
+    from .torch_outputs import outputs_note, run_program
 
     eval_images = list_images(images_dir)
     if not eval_images:

@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from ..fsutil import write_json
 from ..quant import mixed
 from .calibrate import calibration_batches
-from .evaluate import single_output
+from .torch_outputs import single_output
 from .prepare import build_prepared, load_program, make_quantizer
 
 import torch  # noqa: E402

@@ -15,6 +15,10 @@ is compared with
    (LSB) of the output scale, and top-1 agreement;
 3. the float model and the labels: the accuracy of what would actually run.
 
+The PyTorch outputs of (2) and (3) are the ones ``evaluate`` computed on the
+same images (``torch_outputs.npz``, :mod:`.torch_outputs`): neither program is
+loaded or run again here.
+
 A detection model (``task = "detection"``, output ``[1, D, 6]``) is compared
 by IoU-matched detections instead of top-1 (:mod:`pipeline.data.detections`):
 matched fraction at IoU >= 0.5 and score difference, for the C build against
@@ -35,19 +39,18 @@ outputs by up to ~16 LSB), because a 1-LSB rounding flip in an early layer
 propagates. So the report also gives that self-noise band of PyTorch; the
 scalar build is judged against it, and exactness is judged against (1).
 That band is measured on the first ``SELF_NOISE_IMAGES`` images (named in
-the report): it is a second full Q/DQ run, and a few images give the band.
+the report): a second full Q/DQ run (by evaluate), and a few images give the band.
 
 Cost: one host process per build for all images (it also writes the dump),
-started in the background at once, so the host C overlaps the PyTorch and
-Python reference work on the other core; each lowered program is parsed and
-built once per build (``interp.Program``).
+started in the background at once, so the host C overlaps the Python
+reference work on the other core; each lowered program is parsed and built
+once per build (``interp.Program``).
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -58,32 +61,18 @@ from ..data import detections
 from ..data.images import label_of, load_images
 from ..errors import CalibrationDataError, PipelineError
 from ..fsutil import write_json
-from .evaluate import outputs_note, run_outputs
+from .torch_outputs import outputs_note
+from .torch_outputs import SELF_NOISE_IMAGES, output_scale, output_scales, run_torch  # noqa: F401 (API)
+from .torch_outputs import read as read_torch_outputs
 
 import torch  # noqa: E402
 
 
-SELF_NOISE_IMAGES = 5     # first images of the PyTorch self-noise pass (1 thread, no MKLDNN)
 INTERMEDIATE_IMAGES = 1   # first images whose every kernel-call output is compared
 
 
 class VerificationError(PipelineError):
     """The host C disagrees with the Python reference of the same program."""
-
-
-def output_scales(quantized_pt2) -> list[float | None]:
-    """Per program output (return order): the scale of the dequantize feeding it
-    (one LSB, in output units), or None when it comes from float ops (e.g. a
-    softmax). ``quantized_pt2``: the file, or its already loaded ExportedProgram."""
-    ep = torch.export.load(quantized_pt2) if isinstance(quantized_pt2, (str, Path)) else quantized_pt2
-    outs = next(n for n in ep.graph.nodes if n.op == "output").args[0]
-    return [float(o.args[1]) if "dequantize_per_tensor" in str(getattr(o, "target", "")) else None
-            for o in outs]
-
-
-def output_scale(quantized_pt2) -> float | None:
-    """:func:`output_scales` of output 0 (the one the accuracy reports score)."""
-    return output_scales(quantized_pt2)[0]
 
 
 def lsb_stats(a: np.ndarray, b: np.ndarray, lsb: float | None) -> dict:
@@ -186,31 +175,6 @@ def _describe(diff: dict) -> str:
     return (f"call {diff['call']} ({diff['func']}, layer {diff['layer']}) on image {diff['image']}")
 
 
-def run_torch_outputs(module, x: torch.Tensor, model: str = "") -> list[np.ndarray]:
-    """Every output of a batch-1 program on ``x``, one image at a time: [N, ...] each."""
-    return [t.numpy() for t in run_outputs(module, x, model)]
-
-
-def run_torch(module, x: torch.Tensor, model: str = "") -> np.ndarray:
-    """Outputs [N, K] of a batch-1 program (output 0 of one with several), one image at a time."""
-    return run_torch_outputs(module, x, model)[0]
-
-
-def pytorch_self_noise(module, x: torch.Tensor, reference: np.ndarray, lsb: float) -> dict:
-    """How far PyTorch's own Q/DQ outputs on ``x`` (a few images) move with 1
-    thread and without MKLDNN; ``reference``: the default run's outputs of ``x``."""
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # oneDNN's TF32-on-Intel-GPU notice on enter/exit
-            with torch.backends.mkldnn.flags(enabled=False):
-                other = run_torch(module, x)
-    finally:
-        torch.set_num_threads(threads)
-    return lsb_stats(other, reference, lsb)
-
-
 def summary_line(r: dict, noise: dict) -> str:
     """One line per build for the run's summary."""
     ref, pt, acc = r["vs_python_reference"], r["vs_pytorch_qdq"], r["accuracy"]
@@ -297,9 +261,11 @@ class _Build:
         return host_out, np.concatenate(ref, axis=0), inter
 
 
-def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_dir: Path,
+def verify_model(spec: ModelSpec, torch_outputs: Path, images_dir: Path,
                  builds: dict[str, tuple[Path, Path]], out: Path) -> dict:
     """Verify every build variant on the evaluation images; write ``verify.json``.
+    ``torch_outputs``: evaluate's PyTorch outputs of the same images
+    (:mod:`.torch_outputs`; PipelineError if they are of other images).
 
     Raises :class:`VerificationError` (after writing the JSON) if any image's
     host output, or any intermediate tensor of the first ``INTERMEDIATE_IMAGES``
@@ -312,15 +278,11 @@ def verify_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, images_d
     images = x.numpy().astype(np.float32)
     with tempfile.TemporaryDirectory(prefix="c7x-verify-") as tmp:
         work = {v: _Build(v, cdir, exe, images, Path(tmp)) for v, (cdir, exe) in builds.items()}
-        qdq_ep = torch.export.load(quantized_pt2)  # loaded once: its module and its output scale
-        qdq = qdq_ep.module()
-        torch_outs = run_torch_outputs(qdq, x, spec.name)
-        float_outs = run_torch_outputs(torch.export.load(float_pt2).module(), x, spec.name)
-        torch_out, float_out = torch_outs[0], float_outs[0]
-        lsbs = output_scales(qdq_ep)
-        lsb = lsbs[0]
-        k = min(SELF_NOISE_IMAGES, len(paths))
-        noise = {**pytorch_self_noise(qdq, x[:k], torch_out[:k], lsb), "images": [p.name for p in paths[:k]]}
+        kept = read_torch_outputs(torch_outputs, [p.name for p in paths], images, spec.name)
+        torch_outs, float_outs, lsbs = kept.qdq_outs, kept.float_outs, kept.lsbs
+        torch_out, float_out, lsb = torch_outs[0], float_outs[0], lsbs[0]
+        k = len(kept.noise)
+        noise = {**lsb_stats(kept.noise, torch_out[:k], lsb), "images": [p.name for p in paths[:k]]}
         labels = [label_of(p) for p in paths]
         shape = torch_out.shape
         results = []
