@@ -22,7 +22,9 @@ with the semantics of ``<model>_run``, but independently of the C:
 
 from __future__ import annotations
 
+import collections
 import functools
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,14 +105,67 @@ def lowered_script(mod: tvm.IRModule, plan: Plan) -> str:
     """TVMScript of the lowered module, every constant of ``main`` replaced by
     the parameter ``w<i>`` (weights.bin entry ``i``): ``main(x, w0, w1, ...)``.
     Tensor constants cannot be printed inline (tvm 0.27 crashes on
-    ``show_meta=True``), and the blob already holds them."""
+    ``show_meta=True``), and the blob already holds them. The printed module is
+    remembered for :class:`Program` in this process (:data:`_COMPILED`)."""
     lifter = _ConstToParam(mod, plan)
     main = mod["main"]
     body = lifter.visit_expr(main.body)
     func = relax.Function([main.params[0], *lifter.params], body, main.ret_ty, main.is_pure, main.attrs)
     out = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
     out["main"] = func
-    return out.script(show_meta=False) + "\n"
+    text = out.script(show_meta=False) + "\n"
+    _remember(text, out)
+    return text
+
+
+# Parsing lowered.py back (TVMScript, pure Python) and building its scalar
+# PrimFuncs with LLVM cost MobileNetV2 1.5 s + 5 s per build, repeated by
+# verify, layers and holdout. Keyed by the sha256 of the file's text, so only
+# a byte-identical lowered.py reuses an entry (a hand edit is parsed afresh);
+# the few most recent stay, a codegen of the same process seeds them.
+_COMPILED: "collections.OrderedDict[str, _Compiled]" = collections.OrderedDict()
+_COMPILED_MAX = 4
+
+
+@dataclass
+class _Compiled:
+    mod: tvm.IRModule
+    lib: object = None          # tvm runtime module of the scalar PrimFuncs (None before the build)
+    externs: dict | None = None
+
+
+def _remember(text: str, mod: tvm.IRModule) -> "_Compiled":
+    key = hashlib.sha256(text.encode()).hexdigest()
+    entry = _COMPILED.pop(key, None) or _Compiled(mod)
+    _COMPILED[key] = entry
+    while len(_COMPILED) > _COMPILED_MAX:
+        _COMPILED.popitem(last=False)
+    return entry
+
+
+def _compiled(path: Path) -> "_Compiled":
+    """The parsed and built ``lowered.py`` at ``path`` (from :data:`_COMPILED` when
+    its text was seen). Raises ValueError (one line) when it does not parse."""
+    text = path.read_text()
+    entry = _COMPILED.get(hashlib.sha256(text.encode()).hexdigest())
+    if entry is None:
+        try:
+            mod = tvm.script.from_source(text)
+        except Exception as e:  # TVMScript diagnostics: one message, not a dump
+            raise ValueError(f"{path}: cannot parse the lowered module: {e}") from None
+        entry = _remember(text, mod)
+    if entry.externs is None:
+        externs, scalar = {}, {}
+        for gv, f in entry.mod.functions.items():
+            if is_offload(f):
+                externs[gv.name_hint] = _extern_call(f)
+            elif isinstance(f, tirx.PrimFunc):
+                # libm_calls: already applied by lower (idempotent); kept so a
+                # hand-written lowered.py computes intrinsics as the C does.
+                scalar[gv] = tir_c.libm_calls(f).with_attr("global_symbol", gv.name_hint)
+        entry.lib = tvm.tirx.build(tvm.IRModule(scalar), target=llvm_target()) if scalar else None
+        entry.externs = externs
+    return entry
 
 
 # ---------------------------------------------------------------------------
@@ -177,26 +232,14 @@ class Program:
 
     def __init__(self, codegen_dir: Path, rounding: str = "half_up"):
         codegen_dir = Path(codegen_dir)
-        try:
-            self.mod = tvm.script.from_source((codegen_dir / "lowered.py").read_text())
-        except Exception as e:  # TVMScript diagnostics: one message, not a dump
-            raise ValueError(f"{codegen_dir / 'lowered.py'}: cannot parse the lowered module: {e}") from None
+        compiled = _compiled(codegen_dir / "lowered.py")
+        self.mod, self.lib, self.externs = compiled.mod, compiled.lib, compiled.externs
         self.rounding = rounding
         self.weights = []
         for w in weights_bin.unpack((codegen_dir / "weights.bin").read_bytes()):
             a = _aligned_zeros(w.shape, w.dtype)
             a[...] = w
             self.weights.append(a)
-        self.externs = {}
-        scalar = {}
-        for gv, f in self.mod.functions.items():
-            if is_offload(f):
-                self.externs[gv.name_hint] = _extern_call(f)
-            elif isinstance(f, tirx.PrimFunc):
-                # libm_calls: already applied by lower (idempotent); kept so a
-                # hand-written lowered.py computes intrinsics as the C does.
-                scalar[gv] = tir_c.libm_calls(f).with_attr("global_symbol", gv.name_hint)
-        self.lib = tvm.tirx.build(tvm.IRModule(scalar), target=llvm_target()) if scalar else None
         self._funcs = {}
 
     @property

@@ -92,3 +92,27 @@ def test_unparsable_lowered_module_is_a_clear_error(tmp_path):
     (tmp_path / "lowered.py").write_text("this is not TVMScript\n")
     with pytest.raises(ValueError, match="cannot parse the lowered module"):
         Program(tmp_path)
+
+
+@pytest.mark.parametrize("mmalib", [True, False], ids=["mmalib", "scalar"])
+def test_module_remembered_by_codegen_equals_the_parsed_lowered_py(tmp_path, mmalib):
+    """codegen's printed module is reused by a Program of the same process (no
+    TVMScript parse, no second LLVM build): it must be the module lowered.py
+    parses to, and run to the same bits. A changed lowered.py is parsed afresh."""
+    from pipeline.backend import interp
+
+    flow, shape = _flow("inv", dtype="int8")
+    compile_model(flow.mod, "inv", tmp_path, mmalib=mmalib)
+    text = (tmp_path / "lowered.py").read_text()
+    remembered = Program(tmp_path)
+    assert remembered.mod.same_as(interp._compiled(tmp_path / "lowered.py").mod)
+    parsed = tvm.script.from_source(text)
+    tvm.ir.assert_structural_equal(remembered.mod, parsed)
+    interp._COMPILED.clear()
+    fresh = Program(tmp_path)
+    assert not fresh.mod.same_as(remembered.mod)
+    x = np.random.default_rng(5).standard_normal((2, *shape[1:])).astype(np.float32)
+    for i in range(2):
+        np.testing.assert_array_equal(remembered.run(x[i:i + 1]), fresh.run(x[i:i + 1]))
+    (tmp_path / "lowered.py").write_text(text + "# edited\n")
+    assert not Program(tmp_path).mod.same_as(fresh.mod)
