@@ -168,7 +168,8 @@ def test_last_layer_matches_verify_at_the_model_output(built):
     from pipeline.backend.interp import run_reference
     from pipeline.data.images import load_images
     from pipeline.config import list_images
-    from pipeline.stages.verify import lsb_stats, output_scale, run_torch
+    from pipeline.stages.torch_outputs import output_scale, run_torch
+    from pipeline.stages.verify import lsb_stats
 
     ctx, report = built
     x = load_images(list_images(ctx.calib_root / "setA"), ctx.spec.preprocess, desc="t")

@@ -38,7 +38,7 @@ stable at the bit level itself (1 vs 2 threads, or MKLDNN on/off, changes
 outputs by up to ~16 LSB), because a 1-LSB rounding flip in an early layer
 propagates. So the report also gives that self-noise band of PyTorch; the
 scalar build is judged against it, and exactness is judged against (1).
-That band is measured on the first ``SELF_NOISE_IMAGES`` images (named in
+That band is measured on the first ``torch_outputs.SELF_NOISE_IMAGES`` images (named in
 the report): a second full Q/DQ run (by evaluate), and a few images give the band.
 
 Cost: one host process per build for all images (it also writes the dump),
@@ -62,7 +62,6 @@ from ..data.images import label_of, load_images
 from ..errors import CalibrationDataError, PipelineError
 from ..fsutil import write_json
 from .torch_outputs import outputs_note
-from .torch_outputs import SELF_NOISE_IMAGES, output_scale, output_scales, run_torch  # noqa: F401 (API)
 from .torch_outputs import read as read_torch_outputs
 
 import torch  # noqa: E402

@@ -32,7 +32,7 @@ from tvm import relax
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const_array, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
-from .pool import pooled_sizes
+from .pool import window_geometry
 from .primfunc import TensorArg, offload_primfunc
 from .requantize import inverse_scale
 from .rewrite import Offload, run_pass
@@ -97,25 +97,8 @@ def _plan_global(graph: Graph, call, pool_var, data: QDQ, out: QDQ, dtype: str) 
 
 def _plan_window(graph: Graph, call, pool_var, data: QDQ, out: QDQ, dtype: str) -> Offload:
     in_shape, out_shape, scalars = _common(graph, pool_var, data, out, dtype)
-    a = call.attrs
-    if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
-        raise Declined(f"layout {a.layout} (kernel takes NCHW)")
-    if any(int(d) != 1 for d in a.dilation):
-        raise Declined("dilation is not 1")
-    top, left, bottom, right = [int(p) for p in a.padding]
-    kh, kw = [int(k) for k in a.pool_size]
-    if top != bottom or left != right:
-        raise Declined(f"asymmetric padding {[top, left, bottom, right]}")
-    if top >= kh or left >= kw:
-        raise Declined(f"padding {[top, left]} not smaller than the window {[kh, kw]}")
-    n, c, h, w = in_shape
-    sh, sw = [int(s) for s in a.strides]
-    if (out_shape[2] not in pooled_sizes(h, kh, sh, top)
-            or out_shape[3] not in pooled_sizes(w, kw, sw, left)):
-        raise Declined(f"output size {list(out_shape[2:])} is neither the floor- nor the ceil-mode size")
     kernel = f"c7x_{dtype}_avg_pool"
-    geometry = [n, c, h, w, out_shape[2], out_shape[3], kh, kw, sh, sw, top, left,
-                int(bool(a.count_include_pad))]
+    geometry = [*window_geometry(call.attrs, in_shape, out_shape), int(bool(call.attrs.count_include_pad))]
     prim = offload_primfunc(kernel, [TensorArg("data", in_shape, dtype),
                                      TensorArg("out", out_shape, dtype)], [*geometry, *scalars])
 

@@ -36,18 +36,11 @@ def pooled_sizes(size: int, k: int, s: int, p: int) -> tuple[int, int]:
     return floor, ceil
 
 
-def _plan_pool(graph: Graph, pool, data: QDQ, out: QDQ, kernel: str) -> Offload:
-    """The :class:`Offload` of ``q(max_pool2d(dq(x)))`` (``pool``: the pool call,
-    ``data`` / ``out``: its dequantize / quantize); raises :class:`Declined`
-    if it is not eligible."""
-    if str(data.data.ty.dtype) != "int8" or out.out_dtype != "int8":
-        raise Declined("only int8 max pooling has a kernel")
-    if not data.same_params(out):
-        raise Declined("input and output quantization differ (the kernel does not requantize)")
-    a = pool.attrs
-    in_shape, out_shape = static_shape(data.data), static_shape(out.data)
-    if in_shape is None or out_shape is None or len(in_shape) != 4:
-        raise Declined("dynamic or non-4-D shapes")
+def window_geometry(a, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[int]:
+    """The pool kernels' geometry ``[N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW,
+    pH, pW]`` of a relax max/avg pool with attrs ``a`` on NCHW ``in_shape`` ->
+    ``out_shape``. Raises Declined (the reason) for a layout, dilation, padding
+    or output size the kernels do not take."""
     if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
         raise Declined(f"layout {a.layout} (kernel takes NCHW)")
     if any(int(d) != 1 for d in a.dilation):
@@ -63,9 +56,23 @@ def _plan_pool(graph: Graph, pool, data: QDQ, out: QDQ, kernel: str) -> Offload:
     if (out_shape[2] not in pooled_sizes(h, kh, sh, top)
             or out_shape[3] not in pooled_sizes(w, kw, sw, left)):
         raise Declined(f"output size {list(out_shape[2:])} is neither the floor- nor the ceil-mode size")
+    return [n, c, h, w, out_shape[2], out_shape[3], kh, kw, sh, sw, top, left]
+
+
+def _plan_pool(graph: Graph, pool, data: QDQ, out: QDQ, kernel: str) -> Offload:
+    """The :class:`Offload` of ``q(max_pool2d(dq(x)))`` (``pool``: the pool call,
+    ``data`` / ``out``: its dequantize / quantize); raises :class:`Declined`
+    if it is not eligible."""
+    if str(data.data.ty.dtype) != "int8" or out.out_dtype != "int8":
+        raise Declined("only int8 max pooling has a kernel")
+    if not data.same_params(out):
+        raise Declined("input and output quantization differ (the kernel does not requantize)")
+    in_shape, out_shape = static_shape(data.data), static_shape(out.data)
+    if in_shape is None or out_shape is None or len(in_shape) != 4:
+        raise Declined("dynamic or non-4-D shapes")
+    scalars = window_geometry(pool.attrs, in_shape, out_shape)
     if not graph.single_use(out.data):
         raise Declined(f"float intermediate {var_name(out.data)} has other users")
-    scalars = [n, c, h, w, out_shape[2], out_shape[3], kh, kw, sh, sw, top, left]
     prim = offload_primfunc(kernel, [TensorArg("data", in_shape, "int8"),
                                      TensorArg("out", out_shape, "int8")], scalars)
 
