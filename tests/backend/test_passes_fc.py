@@ -1,17 +1,26 @@
 """Fully connected (torch linear) offload: 2-D and 3-D inputs, bias first or absent,
-N padding, int16, declines."""
+N padding, K padding (zero weight columns and an ``R.nn.pad`` of the input), int16.
+
+The K-padding cases also go through the whole host build (gcc): host C == Python
+reference bit for bit, the output within the Q/DQ model's usual LSB, and the manifest
+shows the FC offloaded and no scalar layer (the pad is not a layer)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pytest
 import torch
 import torch.nn as nn
+from c_check import GCC, compile_and_compare, inputs
 from qflow import quantize
 
 from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.fc import offload_fc_i8, offload_fc_i16
 from pipeline.backend.passes.log import OffloadLog
 from pipeline.backend.passes.offload_calls import offload_calls
+from pipeline.backend.passes.pipeline import run_offload
 
 
 class FC(nn.Module):
@@ -122,12 +131,115 @@ def test_fc_without_bias():
     assert not call.const(2).any()                                       # symmetric: zero bias
 
 
-def test_fc_declines_k_not_multiple():
+def _pad_of(mod, call):
+    """The ``R.nn.pad`` the offloaded call reads, as (pad widths, pad value), else None."""
+    pad = Graph(mod["main"]).call(call.args[0], "relax.nn.pad")
+    if pad is None:
+        return None
+    return [int(p) for p in pad.attrs.pad_width], float(pad.attrs.pad_value)
+
+
+def test_fc_pads_k_with_zero_weight_columns_and_an_input_pad():
+    flow = _flow(40, 32, symmetric_activations=False)                  # d_zp != 0: bias folds -d_zp sum W
     log = OffloadLog()
-    mod = offload_fc_i8(_flow(24, 32).mod, log)
-    assert offload_calls(mod) == []
-    (decision,) = log.decisions
-    assert decision.status == "declined" and "K=24 is not a multiple of 32" in decision.reason
+    mod = offload_fc_i8(flow.mod, log)
+    (call,) = offload_calls(mod)
+    assert call.scalars == [1, 64, 32]                                    # M, K_pad, N
+    d_s, d_zp, w, w_s, b, o_s, o_zp = _params(flow.mod)
+    assert d_zp != 0
+    wp = call.const(1)
+    assert wp.shape == (32, 64)
+    np.testing.assert_array_equal(wp[:, :40], w)
+    assert not wp[:, 40:].any()                                           # zero columns
+    unit = d_s * w_s.astype(np.float64)                                   # bias over the unpadded K
+    expected = np.rint(b / unit) - d_zp * w.astype(np.int64).sum(1) + np.rint(o_zp * o_s / unit)
+    np.testing.assert_array_equal(call.const(2), expected.astype(np.int32))
+    assert _pad_of(mod, call) == ([0, 0, 0, 24], 0.0)                     # last axis 40 -> 64
+    assert [tuple(int(d) for d in p.shape) for p in call.prim.params][0] == (1, 64)
+    assert "relax.strided_slice" not in _ops(mod)                         # N = 32 needs no slice
+    assert log.decisions[0].status == "offloaded"
+    assert "K=40 padded to 64" in log.decisions[0].note and "N=" not in log.decisions[0].note
+
+
+def test_fc_k_already_a_multiple_has_no_pad():
+    (call,) = offload_calls(mod := offload_fc_i8(_flow(64, 40).mod))
+    assert call.scalars == [1, 64, 64] and _pad_of(mod, call) is None
+
+
+def test_fc_i16_pads_k_and_n_to_16_on_a_3d_input():
+    flow = _flow(7, 24, shape=(1, 3, 7), dtype="int16")                 # int8 weights, widened
+    log = OffloadLog()
+    mod = offload_fc_i16(flow.mod, log)
+    (call,) = offload_calls(mod)
+    assert call.scalars == [3, 16, 32]                                    # M = 3, K 7 -> 16, N 24 -> 32
+    w = call.const(1)
+    assert w.shape == (32, 16) and str(w.dtype) == "int16"
+    assert not w[:, 7:].any() and not w[24:].any()                       # zero columns and rows
+    np.testing.assert_array_equal(w[:24, :7] != 0, _params(flow.mod)[2] != 0)   # pre-scaled in place
+    assert _pad_of(mod, call) == ([0, 0, 0, 0, 0, 9], 0.0)
+    assert [tuple(int(d) for d in p.shape) for p in call.prim.params][0] == (1, 3, 16)
+    note = log.decisions[0].note
+    assert "K=7 padded to 16" in note and "N=24 padded to 32" in note and "pre-scaled" in note
+
+
+# (dtype, K, N, rows of a 3-D input or 0, quantize kwargs): K not a multiple of the MMA
+# width (32 int8, 16 int16), with and without N padding; 440 is RegNetY-400MF's classifier.
+E2E = {
+    "i8_k40": ("int8", 40, 32, 0, {}),
+    "i8_k440_n40": ("int8", 440, 40, 0, {}),
+    "i8_k7_n10_3d_affine": ("int8", 7, 10, 3, {"symmetric_activations": False}),
+    "i16_k40": ("int16", 40, 16, 0, {}),
+    "i16_k7_n24_3d": ("int16", 7, 24, 3, {}),
+    "i16_k440_n40_w16": ("int16", 440, 40, 0, {"weight_dtype": "int16"}),
+}
+
+
+def _lsb_bound(flow, dtype):
+    """Per-output-channel bound on |ours - Q/DQ| in output LSB: 2 for int8; for int16
+    ``2 + |q| * rel`` with ``rel`` the relative error of each channel's multiplier
+    ``k*scale/2^shift`` against ``d_s w_s / o_s`` (the 7-bit scale, pre-scaled by
+    ``k`` for widened int8 weights: docs/reference.md "int16 folding")."""
+    if dtype == "int8":
+        return lambda q: 2
+    (call,) = offload_calls(run_offload(flow.mod)[0])
+    d_s, _, w, w_s, _, o_s, _ = _params(flow.mod)
+    n = len(w_s)
+    w2 = call.const(1)[:n, :w.shape[1]].astype(np.int64)          # unpadded block
+    k = np.array([w2[c][w[c] != 0][0] // int(w[c][w[c] != 0][0]) for c in range(n)])
+    r = d_s * w_s.astype(np.float64) / o_s
+    rel = np.abs(k * call.const(3)[:n] / 2.0 ** call.const(4)[:n].astype(np.int64) - r) / r
+    return lambda q: 2 + np.abs(q) * rel * 1.01
+
+
+@pytest.mark.skipif(GCC is None, reason="gcc is not installed: the host build needs it")
+@pytest.mark.parametrize("case", sorted(E2E))
+def test_fc_padded_k_host_c_is_exact_and_within_lsb_of_qdq(case, tmp_path):
+    dtype, k, n, rows, kw = E2E[case]
+    shape = (1, rows, k) if rows else (1, k)
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    calib = [torch.randn(shape, generator=gen) for _ in range(4)]
+    flow = quantize(FC(k, n), calib[0], calib=calib, dtype=dtype, **kw)
+    x = inputs(shape, n=3)
+    _, c = compile_and_compare(flow.mod, "fc", tmp_path, x, mmalib=True)   # host C == Python, bit-exact
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    (fc,) = manifest["layers"]                                            # the pad is not a layer
+    k_pad = -(-k // {"int8": 32, "int16": 16}[dtype]) * {"int8": 32, "int16": 16}[dtype]
+    assert (fc["op"], fc["backend"], fc["weight_shape"]) == ("fc", "mmalib", [n, k])
+    assert f"K={k} padded to {k_pad}" in fc["note"] and manifest["summary"]["by_backend"]["scalar"]["layers"] == 0
+    (mm,) = [c for c in manifest["calls"] if c["backend"] == "mmalib"]
+    (feed,) = [c for c in manifest["calls"] if c["output"] in mm["inputs"]]
+    assert feed["shape"][-1] == k_pad and feed["backend"] == "tvm"        # the kernel reads [.., K_pad]
+    _, _, _, _, _, o_s, o_zp = _params(flow.mod)
+    with torch.no_grad():
+        qdq = np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(len(x))])
+    assert c.shape == qdq.shape == (len(x), *shape[1:-1], n)
+    q_ours, q_ref = np.rint(c / o_s) + o_zp, np.rint(qdq / o_s) + o_zp
+    diff = np.abs(q_ours - q_ref)
+    assert np.all(diff <= _lsb_bound(flow, dtype)(q_ref)), (case, diff.max())
+    if dtype == "int8":                                 # int16: the multiplier's precision dominates
+        assert (diff == 0).mean() > 0.8, (case, (diff == 0).mean())
+    assert np.abs(q_ref).max() > (60 if dtype == "int8" else 1000)       # a real range was exercised
 
 
 def test_fc_i16_pads_to_16():

@@ -6,20 +6,29 @@ the bias may be either operand of the add; a 3-D input shows up as
 
     q([relu|clip]([reshape](add(matmul([reshape](dq(x, d_s, d_zp)),
                                        permute_dims(dq(W[N,K], w_s, 0))), bias))), o_s, o_zp)
-      ->  [int clip]([strided_slice](call_tir(mmalib_matmul_bias_i8 | _i16, x, W', bias', scale, shift)))
+      ->  [int clip]([strided_slice](call_tir(mmalib_matmul_bias_i8 | _i16,
+                                              [R.nn.pad](x), W', bias', scale, shift)))
 
 ``x`` is ``[..., K]`` with ``M`` = product of the leading dims (the kernel
 sees it as ``[M, K]`` memory). Eligibility (``docs/reference.md``,
 "Eligibility" and "FC width"): int8 data and weights with K % 32 == 0 and
-N % 32 == 0 (i8), int16 data with zero points 0 and K % 16, N % 16 (i16);
-constant weight, scales and bias; weight zero point 0.
+N % 32 == 0 (i8), int16 data with zero points 0 and K % 16, N % 16 (i16),
+both widths reached by padding (c), (e); constant weight, scales and bias;
+weight zero point 0.
 
 Deviations from the reference: (a) unrepresentable rescale declines;
 (c) N not a multiple of the MMA width is padded: W, bias, scale and shift
 get zero rows (the padded outputs are exactly 0; the header allows scale 0),
 the kernel writes ``[..., N_pad]`` and
-``R.strided_slice`` takes the first N (recorded as a note); K not a multiple
-still declines. (d) int16 with int8 weights widens W and pre-scales each row by
+``R.strided_slice`` takes the first N (recorded as a note).
+(e) K not a multiple of the MMA width is padded: W gets zero columns up to
+K_pad and the input an ``R.nn.pad`` of its last axis with 0 to
+``[..., K_pad]`` (a scalar-path copy of M*K_pad elements, not a layer of the
+manifest: it is not in the imported module). Each padded position adds
+``x_pad * 0 = 0`` to the accumulator, whatever it holds, so the result is
+the unpadded dot product; the bias is folded from the unpadded W, so
+``-d_zp * sum W`` is unchanged (recorded as a note).
+(d) int16 with int8 weights widens W and pre-scales each row by
 ``k[n]`` in [1, 256] (``k*scale/2^shift`` multiplier, :mod:`pipeline.backend.fold`). The reference has no
 ReLU variant for FC; a fused ReLU / clip here becomes the same integer clip
 as for conv (exact, see :class:`~.graph.Activation`).
@@ -69,10 +78,19 @@ def _pad_rows(a: np.ndarray, rows: int, value) -> np.ndarray:
     return np.concatenate([a, pad]) if pad.shape[0] else a
 
 
-def _fc_shapes(graph: Graph, chain, binding, data, w_call, in_reshape, multiple: int):
+def _pad_columns(a: np.ndarray, cols: int) -> np.ndarray:
+    """``a`` [N, K] with zero columns appended up to [N, ``cols``] (same dtype)."""
+    return np.pad(a, [(0, 0), (0, cols - a.shape[1])]) if cols != a.shape[1] else a
+
+
+def _round_up(v: int, multiple: int) -> int:
+    return math.ceil(v / multiple) * multiple
+
+
+def _fc_shapes(graph: Graph, chain, binding, data, w_call, in_reshape):
     """``(x_shape, q_shape, M, K, N)`` of a matched linear; raises :class:`Declined`
-    if the kernel cannot take it (dynamic shapes, no ``[M, K] x [K, N]`` view,
-    K not a multiple of the MMA width)."""
+    if the kernel cannot take it (dynamic shapes, no ``[M, K] x [K, N]`` view).
+    K and N need not be multiples of the MMA width (padded, deviations (c), (e))."""
     x_shape, q_shape = static_shape(data.data), static_shape(binding.var)
     w_shape = static_shape(w_call.args[0])
     if None in (x_shape, static_shape(chain.anchor), q_shape, w_shape) or len(w_shape) != 2:
@@ -84,8 +102,6 @@ def _fc_shapes(graph: Graph, chain, binding, data, w_call, in_reshape, multiple:
                        f"[M, K={k}] x [K, N={n}]")
     if in_reshape is not None and static_shape(in_reshape) != (m, k):
         raise Declined(f"input reshape to {list(static_shape(in_reshape))} is not [M={m}, K={k}]")
-    if k % multiple:
-        raise Declined(f"K={k} is not a multiple of {multiple} (MMA width for {str(data.data.ty.dtype)})")
     return x_shape, q_shape, m, k, n
 
 
@@ -101,24 +117,37 @@ def _fc_constants(graph: Graph, chain, data, w_call, n: int, dtype: str) -> Fold
 
 
 def _fc_offload(chain, data, folded, shapes, dtype: str) -> Offload:
-    """Pad N to the MMA width (deviation (c)) and build the ``call_tir`` [+ slice] [+ clip]."""
+    """Pad N (deviation (c)) and K (deviation (e)) to the MMA width and build the
+    ``[R.nn.pad] + call_tir [+ slice] [+ clip]``.
+
+    Kernel operands: x ``[..., K]`` (``[..., K_pad]`` after the pad), W ``[N_pad, K_pad]``,
+    bias ``[N_pad]`` (int32 / int64), scale, shift uint8 ``[N_pad]``, out ``[..., N_pad]``;
+    scalars ``M, K_pad, N_pad``."""
     x_shape, q_shape, m, k, n = shapes
-    n_pad = math.ceil(n / MMA_MULTIPLE[dtype]) * MMA_MULTIPLE[dtype]
+    n_pad, k_pad = _round_up(n, MMA_MULTIPLE[dtype]), _round_up(k, MMA_MULTIPLE[dtype])
     notes = [folded.note] if folded.note else []
     if n_pad != n:
         notes.append(f"N={n} padded to {n_pad} (zero weight rows), output sliced back to {n}")
-    consts = [const(_pad_rows(a, n_pad, 0)) for a in (folded.w, folded.bias, folded.scale, folded.shift)]
+    if k_pad != k:
+        notes.append(f"K={k} padded to {k_pad} (zero weight columns, input padded with 0)")
+    w = _pad_columns(_pad_rows(folded.w, n_pad, 0), k_pad)
+    consts = [const(w)] + [const(_pad_rows(a, n_pad, 0)) for a in (folded.bias, folded.scale, folded.shift)]
     kernel = f"mmalib_matmul_bias_{'i8' if dtype == 'int8' else 'i16'}"
+    in_shape = x_shape[:-1] + (k_pad,)
     out_shape = q_shape[:-1] + (n_pad,)
-    tensors = [TensorArg("data", x_shape, dtype), TensorArg("weight", (n_pad, k), dtype),
+    tensors = [TensorArg("data", in_shape, dtype), TensorArg("weight", (n_pad, k_pad), dtype),
                TensorArg("bias", (n_pad,), str(folded.bias.dtype)),
                TensorArg("scale", (n_pad,), "uint8"), TensorArg("shift", (n_pad,), "uint8"),
                TensorArg("out", out_shape, dtype)]
-    prim = offload_primfunc(kernel, tensors, [m, k, n_pad])
+    prim = offload_primfunc(kernel, tensors, [m, k_pad, n_pad])
     out = chain.out
 
     def build(ctx):
-        res = ctx.call_offload(prim, [data.data, *consts], out_shape, dtype)
+        x = data.data
+        if k_pad != k:  # any value would do (zero weight columns); 0 keeps the copy trivial
+            widths = [0] * (2 * len(x_shape) - 1) + [k_pad - k]
+            x = ctx.emit(relax.op.nn.pad(ctx.remap(x), widths, pad_value=0.0), f"{chain.name}_k_pad")
+        res = ctx.call_offload(prim, [x, *consts], out_shape, dtype)
         if n_pad != n:
             res = relax.op.strided_slice(ctx.emit(res, f"{ctx.func_name}_padded"),
                                          axes=[len(out_shape) - 1], begin=[0], end=[n])
@@ -137,7 +166,7 @@ def _fc_planner(dtype: str):
         if data is None or w_call is None or str(data.data.ty.dtype) != dtype:
             return None  # not a Q/DQ linear of this pass's dtype
         with declining(chain.name, "fc", dtype):
-            shapes = _fc_shapes(graph, chain, binding, data, w_call, in_reshape, MMA_MULTIPLE[dtype])
+            shapes = _fc_shapes(graph, chain, binding, data, w_call, in_reshape)
             folded = _fc_constants(graph, chain, data, w_call, shapes[4], dtype)
             return _fc_offload(chain, data, folded, shapes, dtype)
 
@@ -149,13 +178,13 @@ def offload_fc_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRMod
 
     Extern args (c7x_kernels.h): in int8[M,K], w int8[N,K] (torch layout, transposed
     inside the kernel), bias int32[N], scale uint8[N], shift uint8[N], out int8[M,N], M, K, N
-    (N padded to a multiple of 32 if needed).
+    (K and N padded to multiples of 32 if needed, deviations (c), (e)).
     """
     return run_pass(mod, log, "fc_i8", _fc_planner("int8"))
 
 
 def offload_fc_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
     """int16 fully connected, zero points 0 -> ``mmalib_matmul_bias_i16``
-    (int16 in/w/out, int64 bias; multiples of 16; int8 weights are widened and pre-scaled
+    (int16 in/w/out, int64 bias; K and N padded to multiples of 16; int8 weights are widened and pre-scaled
     per channel, :mod:`pipeline.backend.fold` "pre-scaling")."""
     return run_pass(mod, log, "fc_i16", _fc_planner("int16"))
