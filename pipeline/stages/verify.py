@@ -42,9 +42,10 @@ That band is measured on the first ``torch_outputs.SELF_NOISE_IMAGES`` images (n
 the report): a second full Q/DQ run (by evaluate), and a few images give the band.
 
 Cost: one host process per build for all images (it also writes the dump),
-started in the background at once, so the host C overlaps the Python
-reference work on the other core; each lowered program is parsed and built
-once per build (``interp.Program``).
+started in the background at once; each build's Python reference runs in its
+own thread (:func:`_outputs_in_parallel`), so the compile of one build overlaps
+the other's runs and the host C; each lowered program is parsed and built once
+per process (``interp.Program``).
 """
 
 from __future__ import annotations
@@ -260,6 +261,28 @@ class _Build:
         return host_out, np.concatenate(ref, axis=0), inter
 
 
+def _outputs_in_parallel(work: dict[str, "_Build"]) -> dict[str, tuple]:
+    """:meth:`_Build.outputs` of every build, one thread each (in ``work``'s order).
+
+    The reference runs are numpy / torch / LLVM calls that release the GIL, and the
+    builds' LLVM compiles take turns (``interp._BUILD_LOCK``), so one build's compile
+    overlaps another's runs and the host executables. torch runs one intra-op
+    thread per caller meanwhile: the conv accumulations are exact integer sums
+    (``kernels.reference``), so the thread count cannot change a result, and
+    two callers with two threads each would oversubscribe 2 cores. The first
+    exception of any build is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="verify") as pool:
+            futures = {v: pool.submit(w.outputs) for v, w in work.items()}
+            return {v: f.result() for v, f in futures.items()}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def verify_model(spec: ModelSpec, torch_outputs: Path, images_dir: Path,
                  builds: dict[str, tuple[Path, Path]], out: Path) -> dict:
     """Verify every build variant on the evaluation images; write ``verify.json``.
@@ -285,8 +308,8 @@ def verify_model(spec: ModelSpec, torch_outputs: Path, images_dir: Path,
         labels = [label_of(p) for p in paths]
         shape = torch_out.shape
         results = []
-        for v, w in work.items():
-            host_out, ref_out, inter = w.outputs()
+        for v, (host_out, ref_out, inter) in _outputs_in_parallel(work).items():
+            w = work[v]
             if len(torch_outs) == 1:
                 results.append(verify_variant(v, host_out.reshape(shape), ref_out.reshape(shape), inter,
                                               torch_out, float_out, labels, lsb))
