@@ -132,11 +132,17 @@ def test_fc_without_bias():
 
 
 def _pad_of(mod, call):
-    """The ``R.nn.pad`` the offloaded call reads, as (pad widths, pad value), else None."""
-    pad = Graph(mod["main"]).call(call.args[0], "relax.nn.pad")
+    """(input shape, output shape) of the K-pad copy the offloaded call reads, else None;
+    asserts it is an opaque PrimFunc (FuseOps keeps it a call of its own)."""
+    g = Graph(mod["main"])
+    pad = g.call(call.args[0], "relax.call_tir")
     if pad is None:
+        assert g.call(call.args[0], "relax.nn.pad") is None
         return None
-    return [int(p) for p in pad.attrs.pad_width], float(pad.attrs.pad_value)
+    prim = mod[pad.args[0]]
+    assert pad.args[0].name_hint.startswith("fc_k_pad") and int(prim.attrs["op_pattern"]) == 8
+    assert "c7x_kernel" not in prim.attrs                                # a scalar-path copy, not an offload
+    return [[int(d) for d in p.shape] for p in prim.params]
 
 
 def test_fc_pads_k_with_zero_weight_columns_and_an_input_pad():
@@ -154,7 +160,7 @@ def test_fc_pads_k_with_zero_weight_columns_and_an_input_pad():
     unit = d_s * w_s.astype(np.float64)                                   # bias over the unpadded K
     expected = np.rint(b / unit) - d_zp * w.astype(np.int64).sum(1) + np.rint(o_zp * o_s / unit)
     np.testing.assert_array_equal(call.const(2), expected.astype(np.int32))
-    assert _pad_of(mod, call) == ([0, 0, 0, 24], 0.0)                     # last axis 40 -> 64
+    assert _pad_of(mod, call) == [[1, 40], [1, 64]]                       # last axis 40 -> 64
     assert [tuple(int(d) for d in p.shape) for p in call.prim.params][0] == (1, 64)
     assert "relax.strided_slice" not in _ops(mod)                         # N = 32 needs no slice
     assert log.decisions[0].status == "offloaded"
@@ -176,7 +182,7 @@ def test_fc_i16_pads_k_and_n_to_16_on_a_3d_input():
     assert w.shape == (32, 16) and str(w.dtype) == "int16"
     assert not w[:, 7:].any() and not w[24:].any()                       # zero columns and rows
     np.testing.assert_array_equal(w[:24, :7] != 0, _params(flow.mod)[2] != 0)   # pre-scaled in place
-    assert _pad_of(mod, call) == ([0, 0, 0, 0, 0, 9], 0.0)
+    assert _pad_of(mod, call) == [[1, 3, 7], [1, 3, 16]]
     assert [tuple(int(d) for d in p.shape) for p in call.prim.params][0] == (1, 3, 16)
     note = log.decisions[0].note
     assert "K=7 padded to 16" in note and "N=24 padded to 32" in note and "pre-scaled" in note
@@ -230,6 +236,7 @@ def test_fc_padded_k_host_c_is_exact_and_within_lsb_of_qdq(case, tmp_path):
     (mm,) = [c for c in manifest["calls"] if c["backend"] == "mmalib"]
     (feed,) = [c for c in manifest["calls"] if c["output"] in mm["inputs"]]
     assert feed["shape"][-1] == k_pad and feed["backend"] == "tvm"        # the kernel reads [.., K_pad]
+    assert feed["func"].startswith("fc_k_pad") and feed["layer"] == fc["id"]   # not fused; the FC's call
     _, _, _, _, _, o_s, o_zp = _params(flow.mod)
     with torch.no_grad():
         qdq = np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(len(x))])

@@ -7,7 +7,7 @@ the bias may be either operand of the add; a 3-D input shows up as
     q([relu|clip]([reshape](add(matmul([reshape](dq(x, d_s, d_zp)),
                                        permute_dims(dq(W[N,K], w_s, 0))), bias))), o_s, o_zp)
       ->  [int clip]([strided_slice](call_tir(mmalib_matmul_bias_i8 | _i16,
-                                              [R.nn.pad](x), W', bias', scale, shift)))
+                                              [call_tir(fc_k_pad, x)], W', bias', scale, shift)))
 
 ``x`` is ``[..., K]`` with ``M`` = product of the leading dims (the kernel
 sees it as ``[M, K]`` memory). Eligibility (``docs/reference.md``,
@@ -22,12 +22,16 @@ get zero rows (the padded outputs are exactly 0; the header allows scale 0),
 the kernel writes ``[..., N_pad]`` and
 ``R.strided_slice`` takes the first N (recorded as a note).
 (e) K not a multiple of the MMA width is padded: W gets zero columns up to
-K_pad and the input an ``R.nn.pad`` of its last axis with 0 to
-``[..., K_pad]`` (a scalar-path copy of M*K_pad elements, not a layer of the
-manifest: it is not in the imported module). Each padded position adds
-``x_pad * 0 = 0`` to the accumulator, whatever it holds, so the result is
-the unpadded dot product; the bias is folded from the unpadded W, so
-``-d_zp * sum W`` is unchanged (recorded as a note).
+K_pad and the input is copied into ``[..., K_pad]`` with 0 after each row
+(:func:`k_pad_primfunc`, a scalar-path copy of M*K_pad elements). Each padded
+position adds ``x_pad * 0 = 0`` to the accumulator, whatever it holds, so the
+result is the unpadded dot product; the bias is folded from the unpadded W, so
+``-d_zp * sum W`` is unchanged (recorded as a note). The copy is not a layer of
+the manifest (it is not in the imported module); it is kept out of
+``FuseOps`` (``op_pattern`` opaque), so it stays a call of its own, which the
+call graph ties to the FC layer that reads it, and the layer before keeps its
+own last call (fused into a flatten, the copy would have become that layer's
+last call, with ``K_pad`` elements).
 (d) int16 with int8 weights widens W and pre-scales each row by
 ``k[n]`` in [1, 256] (``k*scale/2^shift`` multiplier, :mod:`pipeline.backend.fold`). The reference has no
 ReLU variant for FC; a fused ReLU / clip here becomes the same integer clip
@@ -40,7 +44,8 @@ import math
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, te, topi
+from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..refusal import Declined, declining
 from .graph import Graph, const, dequantize_of, static_shape
@@ -52,6 +57,49 @@ from .weighted import (Folded, bias_vector, check_fused_users, check_quant, chec
 
 #: MMA width in elements: 32 bytes on the C7504 (``docs/reference.md``, "FC width").
 MMA_MULTIPLE = {"int8": 32, "int16": 16}
+
+_K_OPAQUE = 8  # tvm::relax::OpPatternKind::kOpaque: FuseOps leaves the call alone
+#: suffix of the ``R.nn.pad`` bindings :func:`_fc_offload` emits (then made opaque calls)
+_K_PAD = "_k_pad"
+_PAD_OP = tvm.ir.Op.get("relax.nn.pad")
+
+
+def k_pad_primfunc(shape, k_pad: int, dtype: str) -> tvm.tirx.PrimFunc:
+    """PrimFunc ``(x [..., K] dtype, y [..., k_pad] dtype)``: ``y[..., :K] = x``,
+    ``y[..., K:] = 0`` (deviation (e)); ``shape`` is x's static shape, ``k_pad > K``.
+    Tagged ``op_pattern = kOpaque`` so that ``FuseOps`` fuses it with nothing."""
+    x = te.placeholder(tuple(int(d) for d in shape), dtype, "x")
+    after = [0] * (len(shape) - 1) + [k_pad - int(shape[-1])]
+    y = topi.nn.pad(x, [0] * len(shape), after, pad_value=0, name="k_padded")
+    return te.create_prim_func([x, y]).with_attr("op_pattern", _K_OPAQUE)
+
+
+@mutator
+class _OpaqueKPads(PyExprMutator):
+    """Re-emits ``main`` with each ``R.nn.pad`` bound to ``*_k_pad`` replaced by a
+    ``call_tir`` of :func:`k_pad_primfunc` (the same values)."""
+
+    def visit_var_binding_(self, binding):
+        pad = binding.value
+        if not (binding.var.name.endswith(_K_PAD) and isinstance(pad, relax.Call) and pad.op == _PAD_OP):
+            return super().visit_var_binding_(binding)
+        x = self.visit_expr(pad.args[0])
+        out_shape, dtype = static_shape(binding.var), str(binding.var.ty.dtype)
+        gv = self.builder_.add_func(k_pad_primfunc(static_shape(x), out_shape[-1], dtype), "fc_k_pad")
+        call = relax.call_tir(gv, [x], relax.TensorType(list(out_shape), dtype))
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(call)))
+
+
+def _opaque_k_pads(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with the K pads of this pass as opaque copy calls (see :class:`_OpaqueKPads`)."""
+    g = Graph(mod["main"])
+    if not any(b.var.name.endswith(_K_PAD) and g.call(b.var, "relax.nn.pad") is not None
+               for b in g.bindings):
+        return mod
+    rewriter = _OpaqueKPads(mod)
+    main_gv = mod.get_global_var("main")
+    rewriter.builder_.update_func(main_gv, rewriter.visit_expr(mod["main"]))
+    return rewriter.builder_.get()
 
 
 def _input_of(graph: Graph, lhs):
@@ -144,9 +192,9 @@ def _fc_offload(chain, data, folded, shapes, dtype: str) -> Offload:
 
     def build(ctx):
         x = data.data
-        if k_pad != k:  # any value would do (zero weight columns); 0 keeps the copy trivial
+        if k_pad != k:  # pad value 0 (any would do: zero weight columns); made opaque by _opaque_k_pads
             widths = [0] * (2 * len(x_shape) - 1) + [k_pad - k]
-            x = ctx.emit(relax.op.nn.pad(ctx.remap(x), widths, pad_value=0.0), f"{chain.name}_k_pad")
+            x = ctx.emit(relax.op.nn.pad(ctx.remap(x), widths, pad_value=0.0), f"{chain.name}{_K_PAD}")
         res = ctx.call_offload(prim, [x, *consts], out_shape, dtype)
         if n_pad != n:
             res = relax.op.strided_slice(ctx.emit(res, f"{ctx.func_name}_padded"),
@@ -180,11 +228,11 @@ def offload_fc_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRMod
     inside the kernel), bias int32[N], scale uint8[N], shift uint8[N], out int8[M,N], M, K, N
     (K and N padded to multiples of 32 if needed, deviations (c), (e)).
     """
-    return run_pass(mod, log, "fc_i8", _fc_planner("int8"))
+    return _opaque_k_pads(run_pass(mod, log, "fc_i8", _fc_planner("int8")))
 
 
 def offload_fc_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
     """int16 fully connected, zero points 0 -> ``mmalib_matmul_bias_i16``
     (int16 in/w/out, int64 bias; K and N padded to multiples of 16; int8 weights are widened and pre-scaled
     per channel, :mod:`pipeline.backend.fold` "pre-scaling")."""
-    return run_pass(mod, log, "fc_i16", _fc_planner("int16"))
+    return _opaque_k_pads(run_pass(mod, log, "fc_i16", _fc_planner("int16")))
