@@ -23,6 +23,9 @@ hardswish, hardsigmoid, silu, sigmoid, gelu, gelu_tanh
                     activation into (``passes.activation.match_activation``:
                     add / clip / multiply / divide / sigmoid), one layer named
                     by the chain's last binding; its inner bindings are not layers
+batch_norm          ``nn.batch_norm`` (an unfolded one: DenseNet's pre-activation BN);
+                    a ReLU the channel-affine kernel fuses stays a layer of its
+                    own, offloaded to the same PrimFunc (passes.channel_affine)
 requantize          ``quantize(dequantize(x))`` changing the dtype (an int8 <->
                     int16 boundary of a mixed-precision graph); ``dtype`` is
                     x's, ``out_dtype`` the quantize's
@@ -62,7 +65,7 @@ _WRAPPERS = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.astyp
              "relax.permute_dims", "relax.dequantize")
 _KERNEL_OPS = {"conv2d", "grouped_conv2d", "depthwise_conv2d", "fc", "residual_add", "max_pool2d",
                "avg_pool2d", "adaptive_avg_pool2d", "mean", "relu", "clip", "requantize",
-               "hardswish", "hardsigmoid", "silu", "sigmoid", "gelu", "gelu_tanh"}
+               "hardswish", "hardsigmoid", "silu", "sigmoid", "gelu", "gelu_tanh", "batch_norm"}
 
 
 def _is_constant_derived(graph: Graph, expr) -> bool:

@@ -228,6 +228,39 @@ int32_t c7x_int16_avg_pool(const int16_t* in, int16_t* out, int32_t N, int32_t C
                            int32_t count_include_pad, int32_t in_zp, float in_scale,
                            int32_t out_zp, float out_inv_scale);
 
+/* Per-channel affine requantize (ours: TI's runtime names no such kernel; docs/reference.md,
+ * "Channel affine"): a BatchNorm that cannot be folded into a conv (DenseNet's
+ * pre-activation BN -> ReLU, fed by a concat of differently quantized parts) with its
+ * requantization and an optional ReLU, computed as torch's Q/DQ program does,
+ * q(batch_norm(cat(dq(parts)))) [-> dq -> relu -> q], in float32:
+ * in / out [N, C, hw]; params: C * 16 bytes, per channel c little-endian int32 in_zp[c],
+ * float32 in_scale[c], alpha[c], beta[c] (a concat's parts each bring their own in_zp /
+ * in_scale for their channel range; alpha / beta are torch's batch_norm terms,
+ * alpha = weight / sqrt(var + eps), beta = bias - mean * alpha, computed by the caller).
+ *   x = (float)(in - in_zp[c]) * in_scale[c]
+ *   y = x * alpha[c] + beta[c]             rounded ONCE (a fused multiply-add, as torch's
+ *                                           AVX2 / AVX512 CPU batch_norm; emulated exactly
+ *                                           with IEEE double, no libm)
+ *   t = saturate(round_half_even(y * mid_inv_scale) + mid_zp)
+ *   has_relu == 0: out = t (mid_scale, out_zp, out_inv_scale are checked, not used)
+ *   has_relu != 0: out = saturate(round_half_even((float)(max(t, mid_zp) - mid_zp) * mid_scale
+ *                                                 * out_inv_scale) + out_zp)
+ *                  (torch's quantize(relu(dequantize(t))): relu(dq(t)) = dq(max(t, mid_zp)))
+ * Inverse scales are float32(1.0 / (double)s), computed by the caller. Bit-exact with torch
+ * when float32 / double operations are rounded to nearest (no FMA contraction, no wider
+ * intermediates, no reassociation). Requires zero points inside the dtype, scales finite and
+ * > 0, |in_scale|, |alpha|, |beta| <= C7X_AFFINE_LIMIT (so nothing overflows before the
+ * quantize; else C7X_ERR_PARAM). in / out must not overlap. */
+#define C7X_AFFINE_LIMIT 1099511627776.0f /* 2^40 */
+int32_t c7x_int8_channel_affine(const int8_t* in, const uint8_t* params, int8_t* out, int32_t N,
+                                int32_t C, int32_t hw, int32_t mid_zp, float mid_scale,
+                                float mid_inv_scale, int32_t has_relu, int32_t out_zp,
+                                float out_inv_scale);
+int32_t c7x_int16_channel_affine(const int16_t* in, const uint8_t* params, int16_t* out,
+                                 int32_t N, int32_t C, int32_t hw, int32_t mid_zp,
+                                 float mid_scale, float mid_inv_scale, int32_t has_relu,
+                                 int32_t out_zp, float out_inv_scale);
+
 #ifdef __cplusplus
 }
 #endif

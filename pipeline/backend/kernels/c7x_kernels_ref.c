@@ -5,7 +5,7 @@
  * host this file stands in for them, so that the generated C can be compiled by
  * gcc and proven bit-exact against pipeline/backend/kernels/reference.py.
  * The semantics (requantization, residual add, max pool, ReLU, clamp, channel multiply,
- * table lookup, int8 <-> int16 requantize, average pools) are those
+ * table lookup, int8 <-> int16 requantize, average pools, channel affine) are those
  * of docs/reference.md as pinned down in c7x_kernels.h; read the header first,
  * this file only adds how each is computed.
  *
@@ -1294,4 +1294,127 @@ int32_t c7x_int16_avg_pool(const int16_t* in, int16_t* out, int32_t N, int32_t C
     const avg_pool_geometry g = {N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
                                  count_include_pad};
     return avg_pool_run(in, out, &g, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I16);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Per-channel affine requantize (float32, as torch's Q/DQ batch_norm)        */
+/* ------------------------------------------------------------------------- */
+
+/* x * a + b rounded once to float32 (an exact fmaf without libm). The product of two
+ * float32 is exact in double (24 + 24 bits); s = p + b is rounded to double and TwoSum
+ * recovers its error e exactly. Rounding s to float can only differ from rounding the
+ * exact s + e when s lies exactly halfway between f = (float)s and g = s + (s - f), and
+ * e != 0: then the exact value is on e's side of the midpoint. Needs |x * a + b| far below
+ * FLT_MAX (C7X_AFFINE_LIMIT) and IEEE double; reference.py's fma_f32 is its twin. */
+static float fma_f32(float x, float a, float b)
+{
+    const double p = (double)x * (double)a;
+    const double s = p + (double)b;
+    const double bb = s - p;
+    const double e = (p - (s - bb)) + ((double)b - bb);
+    const float f = (float)s;
+    const double d = s - (double)f;
+    const double g = s + d;
+    if (d != 0.0 && e != 0.0 && (double)(float)g == g && ((e > 0.0) == (g > (double)f))) {
+        return (float)g;
+    }
+    return f;
+}
+
+static uint32_t read_le_u32(const uint8_t* p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static float read_le_f32(const uint8_t* p)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.u = read_le_u32(p);
+    return v.f;
+}
+
+static int32_t read_le_s32(const uint8_t* p)
+{
+    const uint32_t u = read_le_u32(p);
+    return u <= (uint32_t)INT32_MAX ? (int32_t)u : (int32_t)((int64_t)u - (INT64_C(1) << 32));
+}
+
+/* |v| <= C7X_AFFINE_LIMIT (NaN fails). */
+static int affine_bounded(float v)
+{
+    return v >= -C7X_AFFINE_LIMIT && v <= C7X_AFFINE_LIMIT;
+}
+
+static int32_t channel_affine_run(const void* in, const uint8_t* params, void* out, int32_t N,
+                                  int32_t C, int32_t hw, int32_t mid_zp, float mid_scale,
+                                  float mid_inv_scale, int32_t has_relu, int32_t out_zp,
+                                  float out_inv_scale, elem_type t)
+{
+    int64_t n, c, i;
+    if (in == NULL || params == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (elem_count(N, C, hw, 1) < 0 || elem_count(C, 16, 1, 1) < 0) {
+        return C7X_ERR_SHAPE;
+    }
+    if (!zp_fits(mid_zp, t) || !zp_fits(out_zp, t) || !positive_finite(mid_scale) ||
+        !positive_finite(mid_inv_scale) || !positive_finite(out_inv_scale)) {
+        return C7X_ERR_PARAM;
+    }
+    for (c = 0; c < C; ++c) {
+        const uint8_t* q = params + 16 * c;
+        const float scale = read_le_f32(q + 4);
+        if (!zp_fits(read_le_s32(q), t) || !(scale > 0.0f) || !affine_bounded(scale) ||
+            !affine_bounded(read_le_f32(q + 8)) || !affine_bounded(read_le_f32(q + 12))) {
+            return C7X_ERR_PARAM;
+        }
+    }
+    for (n = 0; n < N; ++n) {
+        for (c = 0; c < C; ++c) {
+            const uint8_t* q = params + 16 * c;
+            const int32_t zp = read_le_s32(q);
+            const float scale = read_le_f32(q + 4), alpha = read_le_f32(q + 8),
+                        beta = read_le_f32(q + 12);
+            const int64_t base = (n * C + c) * hw;
+            for (i = 0; i < hw; ++i) {
+                /* torch's dequantize (one float32 product), batch_norm (one fma) */
+                const float x = (float)(load_elem(in, base + i, t) - zp) * scale;
+                const float y = fma_f32(x, alpha, beta);
+                const float v = y * mid_inv_scale;
+                int64_t r = round_half_even(v) + mid_zp;
+                const int64_t lo = t == ELEM_I8 ? INT8_MIN : INT16_MIN;
+                const int64_t hi = t == ELEM_I8 ? INT8_MAX : INT16_MAX;
+                r = clamp_i64(r, lo, hi);
+                if (has_relu) {
+                    /* quantize(relu(dequantize(r))): relu(dq(r)) = dq(max(r, mid_zp)) */
+                    const float d = (float)((r > mid_zp ? r : mid_zp) - mid_zp) * mid_scale;
+                    store_quantized(out, base + i, d, out_inv_scale, out_zp, t);
+                } else {
+                    store_saturated(out, base + i, r, t);
+                }
+            }
+        }
+    }
+    return C7X_OK;
+}
+
+int32_t c7x_int8_channel_affine(const int8_t* in, const uint8_t* params, int8_t* out, int32_t N,
+                                int32_t C, int32_t hw, int32_t mid_zp, float mid_scale,
+                                float mid_inv_scale, int32_t has_relu, int32_t out_zp,
+                                float out_inv_scale)
+{
+    return channel_affine_run(in, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale,
+                              has_relu, out_zp, out_inv_scale, ELEM_I8);
+}
+
+int32_t c7x_int16_channel_affine(const int16_t* in, const uint8_t* params, int16_t* out,
+                                 int32_t N, int32_t C, int32_t hw, int32_t mid_zp,
+                                 float mid_scale, float mid_inv_scale, int32_t has_relu,
+                                 int32_t out_zp, float out_inv_scale)
+{
+    return channel_affine_run(in, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale,
+                              has_relu, out_zp, out_inv_scale, ELEM_I16);
 }

@@ -20,8 +20,8 @@ Arithmetic is exact: products and sums in int64, convolutions in float64 via
 integer of magnitude <= K * 2^30 <= 2^53 (int16 products are <= 2^30, int8 ones
 <= 2^14, and the reduction length K is limited to ``MAX_REDUCTION`` = 2^23, the
 header's ``C7X_MAX_REDUCTION``), and every such integer is a float64.
-The exceptions are the int8 <-> int16 requantize and the average pools, which are
-float32 by definition (torch's dequantize, pool, quantize) and computed with numpy
+The exceptions are the int8 <-> int16 requantize, the average pools and the channel
+affine, which are float32 by definition (torch's dequantize, pool / batch_norm, quantize) and computed with numpy
 float32 operations in the C's order, each rounded like the C's.
 """
 
@@ -949,6 +949,163 @@ def c7x_int16_avg_pool(in_, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW,
     return _avg_pool(in_, out, g, in_zp, in_scale, out_zp, out_inv_scale, _I16)
 
 
+# --------------------------------------------------------------------------
+# Per-channel affine requantize (float32, as torch's Q/DQ batch_norm [+ relu])
+# --------------------------------------------------------------------------
+
+#: Bound on |in_scale|, |alpha|, |beta| of the channel-affine kernels (c7x_kernels.h,
+#: C7X_AFFINE_LIMIT = 2^40): |x * alpha + beta| < 2^97 then, so no float32 overflows
+#: before the quantize.
+AFFINE_LIMIT = 2.0**40
+#: Bytes per channel of the channel-affine params blob: int32 in_zp, float32 in_scale,
+#: float32 alpha, float32 beta (little-endian).
+AFFINE_PARAM_BYTES = 16
+
+
+def fma_f32(x, a, b) -> np.ndarray:
+    """float32 ``x * a + b`` rounded once (round half to even), as a fused multiply-add.
+
+    ``x``, ``a``, ``b``: float32 arrays (broadcast), finite, with |x * a + b| well inside
+    float32 (the kernels' AFFINE_LIMIT ensures it). numpy has no fma: the product of two
+    float32 is exact in float64 (24 + 24 bits), the sum ``s = p + b`` is rounded to
+    float64 once and its error ``e`` is recovered exactly (Knuth's TwoSum). Rounding
+    ``s`` to float32 can differ from rounding the exact ``s + e`` only when ``s`` is
+    exactly halfway between two float32 values ``f`` (nearest, even) and ``g = s + (s - f)``
+    and ``e != 0``; then the result is the one on ``e``'s side. The twin of
+    ``fma_f32`` in c7x_kernels_ref.c, step for step."""
+    p = np.asarray(x, np.float32).astype(np.float64) * np.asarray(a, np.float32).astype(np.float64)
+    b64 = np.asarray(b, np.float32).astype(np.float64)
+    s = p + b64
+    bb = s - p
+    e = (p - (s - bb)) + (b64 - bb)
+    f = s.astype(np.float32)
+    f64 = f.astype(np.float64)
+    d = s - f64
+    g = s + d
+    with np.errstate(over="ignore"):
+        g32 = g.astype(np.float32)
+    midpoint = (d != 0) & (g32.astype(np.float64) == g)
+    other = midpoint & (e != 0) & ((e > 0) == (g > f64))
+    return np.where(other, g32, f)
+
+
+def batch_norm_affine(weight, bias, mean, var, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel ``(alpha, beta)`` float32 [C] of torch's CPU inference batch_norm
+    (ATen ``batch_norm_cpu_collect_linear_and_constant_terms``), which then computes
+    ``y = x * alpha + beta``:
+
+        invstd = 1 / sqrt(var + float32(eps)),  alpha = invstd * weight,
+        beta = bias - mean * alpha
+
+    every operation in float32, ``beta`` and ``y`` each rounded once: torch's AVX2 and
+    AVX512 builds (every x86-64 CPU torch picks them for) contract both into fused
+    multiply-adds (measured, tests/backend/test_channel_affine.py; its DEFAULT build
+    rounds the product and the sum separately). ``weight`` / ``bias`` None mean 1 / 0
+    (torch's defaults); all arrays float32-convertible [C]."""
+    var = np.asarray(var, np.float32)
+    invstd = np.float32(1.0) / np.sqrt(var + np.float32(eps))
+    alpha = invstd * (np.float32(1.0) if weight is None else np.asarray(weight, np.float32))
+    b = np.zeros_like(alpha) if bias is None else np.asarray(bias, np.float32)
+    beta = fma_f32(-np.asarray(mean, np.float32), alpha, b)
+    return alpha.astype(np.float32), beta.astype(np.float32)
+
+
+def channel_affine_params(in_zp, in_scale, alpha, beta) -> np.ndarray:
+    """The params blob of ``c7x_int{8,16}_channel_affine``: uint8 [C * 16], per channel c
+    little-endian int32 ``in_zp[c]``, float32 ``in_scale[c]``, ``alpha[c]``, ``beta[c]``
+    (each argument broadcast to [C]; C taken from the longest)."""
+    c = max(np.size(v) for v in (in_zp, in_scale, alpha, beta))
+    rec = np.zeros(c, dtype=[("zp", "<i4"), ("scale", "<f4"), ("alpha", "<f4"), ("beta", "<f4")])
+    rec["zp"] = np.broadcast_to(np.asarray(in_zp, np.int64), c)
+    rec["scale"] = np.broadcast_to(np.asarray(in_scale, np.float32), c)
+    rec["alpha"] = np.broadcast_to(np.asarray(alpha, np.float32), c)
+    rec["beta"] = np.broadcast_to(np.asarray(beta, np.float32), c)
+    return np.frombuffer(rec.tobytes(), np.uint8).copy()
+
+
+@dataclass(frozen=True)
+class ChannelAffineGeometry(_Geometry):
+    """Per-channel affine: in / out [N, C, hw], params [C * 16] bytes."""
+
+    N: int
+    C: int
+    hw: int
+
+    def status(self) -> int:
+        ok = _elem_count(self.N, self.C, self.hw) > 0 and _elem_count(self.C, AFFINE_PARAM_BYTES) > 0
+        return C7X_OK if ok else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        v = (self.N, self.C, self.hw)
+        return {"in": v, "out": v, "params": (self.C * AFFINE_PARAM_BYTES,)}
+
+
+def _channel_affine(in_, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale, has_relu,
+                    out_zp, out_inv_scale, dtype: np.dtype) -> int:
+    mid_zp, out_zp, has_relu = _int32("mid_zp", mid_zp), _int32("out_zp", out_zp), _int32("has_relu", has_relu)
+    mid_scale, mid_inv_scale, out_inv_scale = (_float32(n, v) for n, v in (
+        ("mid_scale", mid_scale), ("mid_inv_scale", mid_inv_scale), ("out_inv_scale", out_inv_scale)))
+    if in_ is None or params is None or out is None:
+        return C7X_ERR_NULL
+    g = ChannelAffineGeometry(N, C, hw)
+    if g.status() != C7X_OK:
+        return g.status()
+    sh = g.shapes()
+    raw = np.frombuffer(_array("params", params, sh["params"], _U8).tobytes(),
+                        dtype=[("zp", "<i4"), ("scale", "<f4"), ("alpha", "<f4"), ("beta", "<f4")])
+    info = np.iinfo(dtype)
+    zp, scale, alpha, beta = (raw[k].astype(t) for k, t in (("zp", np.int64), ("scale", np.float32),
+                                                              ("alpha", np.float32), ("beta", np.float32)))
+    finite = lambda s: bool(np.isfinite(s) and s > 0)  # noqa: E731
+    bounded = lambda v: bool(np.all(np.abs(v) <= AFFINE_LIMIT))  # NaN fails too  # noqa: E731
+    if not (info.min <= mid_zp <= info.max and info.min <= out_zp <= info.max and finite(mid_scale)
+            and finite(mid_inv_scale) and finite(out_inv_scale)
+            and bool(np.all((zp >= info.min) & (zp <= info.max))) and bool(np.all(scale > 0))
+            and bounded(scale) and bounded(alpha) and bounded(beta)):
+        return C7X_ERR_PARAM
+    x = _array("in", in_, sh["in"], dtype)
+    y = _array("out", out, sh["out"], dtype, output=True)
+    per_c = (None, slice(None), None)   # [N, C, hw]: broadcast over N and hw
+    v = (x.astype(np.float32) - zp.astype(np.float32)[per_c]) * scale[per_c]   # torch's dequantize
+    v = fma_f32(v, alpha[per_c], beta[per_c])                                   # torch's batch_norm
+    t = _quantize(v, mid_zp, mid_inv_scale, dtype)
+    if has_relu:   # relu(dq(t)) = dq(max(t, mid_zp)) for mid_scale > 0, then requantize
+        r = (np.maximum(t, mid_zp).astype(np.float32) - np.float32(mid_zp)) * mid_scale
+        t = _quantize(r, out_zp, out_inv_scale, dtype)
+    y[...] = t
+    return C7X_OK
+
+
+def c7x_int8_channel_affine(in_, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale,
+                            has_relu, out_zp, out_inv_scale, rounding=None) -> int:
+    """int8 per-channel affine requantize (ours; docs/reference.md, "Channel affine"):
+    in / out int8 [N, C, hw], params uint8 [C * 16] (:func:`channel_affine_params`). Per
+    element of channel c, in float32 as torch's Q/DQ ``q(batch_norm(cat(dq(parts))))``
+    [``-> dq -> relu -> q``]:
+
+        x = float32(in - in_zp[c]) * in_scale[c]
+        y = x * alpha[c] + beta[c]                   (:func:`fma_f32`: rounded once)
+        t = saturate(rint(y * mid_inv_scale) + mid_zp)
+        has_relu == 0: out = t
+        has_relu != 0: out = saturate(rint(float32(max(t, mid_zp) - mid_zp) * mid_scale
+                                           * out_inv_scale) + out_zp)
+
+    rint is half to even (torch's quantize), each float32 product rounded. Statuses as
+    the C: NULL; a size <= 0 (shape); a zero point outside int8, a scale that is not a
+    finite float32 > 0, or |in_scale|, |alpha|, |beta| above :data:`AFFINE_LIMIT`
+    (param). ``rounding`` is unused (the rounding is torch's)."""
+    return _channel_affine(in_, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale, has_relu,
+                           out_zp, out_inv_scale, _I8)
+
+
+def c7x_int16_channel_affine(in_, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale,
+                             has_relu, out_zp, out_inv_scale, rounding=None) -> int:
+    """int16 per-channel affine requantize: as :func:`c7x_int8_channel_affine` with int16
+    tensors and zero points."""
+    return _channel_affine(in_, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale, has_relu,
+                           out_zp, out_inv_scale, _I16)
+
+
 KERNELS: dict[str, Callable[..., int]] = {
     f.__name__: f for f in (
         mmalib_conv2d_i8, mmalib_conv2d_i16, mmalib_conv2d_i8_grouped_loop,
@@ -958,7 +1115,8 @@ KERNELS: dict[str, Callable[..., int]] = {
         c7x_int8_max_pool, c7x_int8_max_pool_tidl, c7x_int8_relu, c7x_int8_clamp,
         c7x_requantize_i8_i16, c7x_requantize_i16_i8, c7x_int8_lut,
         c7x_int8_channel_mul, c7x_int16_channel_mul,
-        c7x_int8_global_avg_pool, c7x_int16_global_avg_pool, c7x_int8_avg_pool, c7x_int16_avg_pool)
+        c7x_int8_global_avg_pool, c7x_int16_global_avg_pool, c7x_int8_avg_pool, c7x_int16_avg_pool,
+        c7x_int8_channel_affine, c7x_int16_channel_affine)
 }
 
 _GEOMETRY = {
@@ -976,6 +1134,7 @@ _GEOMETRY = {
     "c7x_int8_channel_mul": ChannelMulGeometry, "c7x_int16_channel_mul": ChannelMulGeometry,
     "c7x_int8_global_avg_pool": GlobalPoolGeometry, "c7x_int16_global_avg_pool": GlobalPoolGeometry,
     "c7x_int8_avg_pool": AvgPoolGeometry, "c7x_int16_avg_pool": AvgPoolGeometry,
+    "c7x_int8_channel_affine": ChannelAffineGeometry, "c7x_int16_channel_affine": ChannelAffineGeometry,
 }
 
 

@@ -3,7 +3,9 @@
 Order (``docs/reference.md``, "Pass order": step 1, then the max-pool / ReLU
 fusions, the int8 <-> int16 requantize, then the Q/DQ cleanups): i8 conv, i8
 depthwise, i8 FC, i8 residual add, i16 conv, i16 FC, i16 residual add, i16
-depthwise, i8 max pool, i8 relu/clip, i8 activation tables (ours: hardswish,
+depthwise, i8 max pool, the int8 / int16 unfolded batch_norm (+ relu) as a
+per-channel affine requantize (ours; before relu/clip, so that it can take the
+relu that follows the batch_norm), i8 relu/clip, i8 activation tables (ours: hardswish,
 hardsigmoid, SiLU, sigmoid, GELU; after relu/clip, whose patterns are single
 clips that never contain an activation's chain), the int8 / int16
 squeeze-excitation multiply (ours), the int8 / int16 global and windowed average
@@ -33,6 +35,7 @@ from tvm import relax
 
 from .activation import offload_activation_lut_i8
 from .avg_pool import offload_avg_pools
+from .channel_affine import offload_channel_affine
 from .channel_mul import offload_channel_mul
 from .cleanup import eliminate_qdq_pairs, eliminate_qdq_transparent
 from .conv import offload_conv2d_i8, offload_conv2d_i16
@@ -70,7 +73,7 @@ def run_offload(mod: tvm.IRModule, log: OffloadLog | None = None, *,
     """
     log = log if log is not None else OffloadLog()
     passes = (*OFFLOAD_PASSES, partial(offload_max_pool2d_i8, tidl_kernels=tidl_kernels),
-              offload_relu_i8, offload_activation_lut_i8, offload_channel_mul,
+              offload_channel_affine, offload_relu_i8, offload_activation_lut_i8, offload_channel_mul,
               offload_avg_pools, offload_requantize, *CLEANUP_PASSES)
     for p in passes:
         mod = p(mod, log)
