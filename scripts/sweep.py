@@ -50,6 +50,13 @@ IMAGES = REPO / "calib_data" / "imagenet20"
 LAST_STAGE = "verify"
 RESULT = "sweep_result.json"
 
+#: Models the default sweep (no ``--models``) lists with the reason instead of building
+#: (``--include-large`` builds them). FILLME
+TOO_LARGE: dict[str, str] = {
+    "regnet_y_128gf": "645M parameters, 128 GMACs",
+    "vit_h_14": "632M parameters, 167 GMACs",
+}
+
 ENTRY = '''builder = "pipeline.models.zoo:torchvision_random"
 builder_kwargs = {{ name = "{name}", images = "{images}", num_images = 0, seed = 0 }}
 input_shape = [1, 3, {crop}, {crop}]
@@ -263,17 +270,22 @@ def run_model(name: str, root: Path, n_images: int, timeout: float) -> dict:
     proc = subprocess.Popen([sys.executable, __file__, "--worker", name, "--out", str(root),
                              "--images", str(n_images)], cwd=root, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    timed_out = False
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() - t0 > timeout:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the child and its gcc / host exes
-            pid, status, usage = os.wait4(proc.pid, 0)
-            break
-        time.sleep(0.5)
+    timed_out, pid = False, 0
+    try:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - t0 > timeout:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the child and its gcc / host exes
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.5)
+    finally:
+        if not pid:  # the sweep itself is stopped (SIGTERM, ^C): do not leave the build running
+            os.killpg(proc.pid, signal.SIGKILL)
+            os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     log.close()
     row = json.loads((root / RESULT).read_text()) if (root / RESULT).is_file() else {"model": name, "stage": None}
@@ -344,7 +356,9 @@ def table_row(r: dict) -> list[str]:
         ", ".join(f"{k} {a:g} / {b:.2f}" for k, (a, b) in r["qdq_lsb"].items()) if "qdq_lsb" in r else "-",
         f"{r['probe_lsb'][0]:g} / {r['probe_lsb'][1]:.2f}" if r.get("probe_lsb") else "-",
         f"{r['logit_std']:.1f} / {r['top1_distinct']}" if "logit_std" in r else "-",
-        f"{r['time_s']:.0f}", f"{r['peak_rss_gib']:.2f}", (r.get("error") or "").replace("|", "/"),
+        f"{r['time_s']:.0f}" if r.get("time_s") is not None else "-",
+        f"{r['peak_rss_gib']:.2f}" if r.get("peak_rss_gib") is not None else "-",
+        (r.get("error") or "").replace("|", "/"),
     ]
 
 
@@ -360,6 +374,43 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_tables(folder: Path, rows: list[dict]) -> None:
+    """``folder/sweep.json`` (the rows) and ``folder/sweep.md`` (:func:`markdown`), each
+    replaced atomically (written to a temporary name, then renamed)."""
+    for name, text in (("sweep.json", json.dumps(rows, indent=1) + "\n"), ("sweep.md", markdown(rows))):
+        tmp = folder / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, folder / name)
+
+
+def skipped_row(name: str) -> dict:
+    """The row of a :data:`TOO_LARGE` model the sweep does not build: status "skipped (too
+    large)", the reason as its error."""
+    return {"model": name, "stage": None, "status": "skipped (too large)", "time_s": None,
+            "peak_rss_gib": None, "error": f"not built: {TOO_LARGE[name]} (--include-large builds it)"}
+
+
+def plan(models: list[str], named: bool, include_large: bool) -> list[str]:
+    """The models of ``models`` to build: all of them when they were named (``--models``,
+    ``named``) or with ``include_large``, else all but :data:`TOO_LARGE`."""
+    return list(models) if named or include_large else [m for m in models if m not in TOO_LARGE]
+
+
+def previous_rows(folder: Path) -> dict[str, dict]:
+    """Rows of an earlier sweep in ``folder/sweep.json`` (model -> row; {} when there is none),
+    for ``--resume``: rows of timed-out and skipped models are left out (built, or skipped,
+    again)."""
+    path = folder / "sweep.json"
+    if not path.is_file():
+        return {}
+    return {r["model"]: r for r in json.loads(path.read_text())
+            if not str(r.get("error") or "").startswith("timeout") and not r["status"].startswith("skipped")}
+
+
+def _stop(signum, frame):
+    raise SystemExit(f"sweep: stopped by signal {signum}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", help="comma-separated torchvision names (default: all classification models)")
@@ -368,6 +419,11 @@ def main() -> None:
     ap.add_argument("--min-std", type=float, default=2.0,
                     help="Q/DQ logit std over the images (LSB) below which a model is degenerate")
     ap.add_argument("--out", help="keep each model's project in OUT/<model>/ and the tables in OUT/")
+    ap.add_argument("--include-large", action="store_true",
+                    help="also build the models of TOO_LARGE (not built by default: listed with the reason)")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --out: keep the rows of OUT/sweep.json and build only the models without one "
+                         "(a timed-out model is built again)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: build this one model in --out
     args = ap.parse_args()
     if args.images < 2:
@@ -380,20 +436,32 @@ def main() -> None:
     unknown = [m for m in models if m not in known]
     if unknown:
         ap.error(f"not torchvision classification models: {', '.join(unknown)}")
+    if args.resume and not args.out:
+        ap.error("--resume needs --out (the folder of the earlier sweep.json)")
     out = Path(args.out).resolve() if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
     tmp = None if out else tempfile.TemporaryDirectory(prefix="c7x-sweep-")
     base = out or Path(tmp.name)
+    build = plan(models, bool(args.models), args.include_large)
+    done = previous_rows(out) if args.resume else {}
     rows = []
+    tables = out or Path.cwd()
+    signal.signal(signal.SIGTERM, _stop)  # a killed sweep still writes its tables (finally)
     try:
         for name in models:
-            row = run_model(name, base / name, args.images, args.timeout)
-            row["status"] = status_of(row, args.min_std)
+            if name in done:
+                row = done[name]
+            elif name not in build:
+                row = skipped_row(name)
+            else:
+                row = run_model(name, base / name, args.images, args.timeout)
+                row["status"] = status_of(row, args.min_std)
             rows.append(row)
             print(" | ".join(table_row(row)), flush=True)
+            write_tables(tables, rows)  # after every model: a killed sweep keeps its rows
     finally:
-        tables = out or Path.cwd()
-        (tables / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
-        (tables / "sweep.md").write_text(markdown(rows))
+        write_tables(tables, rows)
         if tmp:
             tmp.cleanup()
     print()

@@ -124,3 +124,84 @@ def test_ci_subset_is_bit_exact_and_not_degenerate(tmp_path):
         assert r["logit_std"] >= 2.0 and r["top1_distinct"] >= 2, name
         assert r["macs_offloaded"] > 0.9 * r["macs_total"], name
     assert "3/3 bit-exact" in (tmp_path / "sweep.md").read_text()
+
+
+def _fake_row(name: str) -> dict:
+    return {"model": name, "stage": "verify", "error": None, "bit_exact": {"mmalib": 2, "scalar": 2}, "images": 2,
+            "logit_std": 30.0, "top1_distinct": 2, "qdq_lsb": {"mmalib": [3.0, 1.0], "scalar": [2.0, 0.5]},
+            "time_s": 1.0, "peak_rss_gib": 1.0}
+
+
+def _main(monkeypatch, argv: list[str], run_model) -> None:
+    monkeypatch.setattr(sweep, "run_model", run_model)
+    monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])
+    sweep.main()
+
+
+def test_rows_are_written_after_every_model(tmp_path, monkeypatch):
+    """A sweep stopped during its second model (here ^C) keeps the first model's row in
+    sweep.json and sweep.md: the tables are rewritten after every model."""
+    def run(name, root, n_images, timeout):
+        if name == "resnet18":
+            (tmp_path / "seen.json").write_text((tmp_path / "sweep.json").read_text())
+            raise KeyboardInterrupt
+        return _fake_row(name)
+    with pytest.raises(KeyboardInterrupt):
+        _main(monkeypatch, ["--models", "alexnet,resnet18,vgg11", "--out", str(tmp_path)], run)
+    assert [r["model"] for r in json.loads((tmp_path / "seen.json").read_text())] == ["alexnet"]
+    assert [r["model"] for r in json.loads((tmp_path / "sweep.json").read_text())] == ["alexnet"]
+    assert "| alexnet | bit-exact |" in (tmp_path / "sweep.md").read_text()
+    assert not list(tmp_path.glob(".sweep*.tmp"))
+
+
+def test_too_large_models_are_listed_not_built(tmp_path, monkeypatch):
+    """The default (all models) lists TOO_LARGE with the reason and builds the rest; named in
+    --models, or with --include-large, a large model is built."""
+    large = next(iter(sweep.TOO_LARGE))
+    built = []
+    _main(monkeypatch, ["--out", str(tmp_path)], lambda name, *a: built.append(name) or _fake_row(name))
+    rows = {r["model"]: r for r in json.loads((tmp_path / "sweep.json").read_text())}
+    assert len(rows) == 80 and set(built) == set(rows) - set(sweep.TOO_LARGE)
+    assert rows[large]["status"] == "skipped (too large)"
+    assert rows[large]["error"].startswith(f"not built: {sweep.TOO_LARGE[large]}")
+    md = (tmp_path / "sweep.md").read_text()
+    assert f"| {large} | skipped (too large) | - |" in md
+    assert f"{80 - len(sweep.TOO_LARGE)}/80 bit-exact" in md and f"skipped (too large): {len(sweep.TOO_LARGE)}" in md
+    assert sweep.plan([large, "alexnet"], named=True, include_large=False) == [large, "alexnet"]
+    assert sweep.plan([large, "alexnet"], named=False, include_large=True) == [large, "alexnet"]
+    assert sweep.plan([large, "alexnet"], named=False, include_large=False) == ["alexnet"]
+
+
+def test_resume_builds_only_models_without_a_row(tmp_path, monkeypatch):
+    """--resume keeps the earlier rows, but builds a timed-out model again."""
+    def first(name, *a):
+        return _fake_row(name) if name == "alexnet" else {**_fake_row(name), "error": "timeout: over 9 s, killed in verify"}
+    _main(monkeypatch, ["--models", "alexnet,resnet18", "--out", str(tmp_path)], first)
+    built = []
+    _main(monkeypatch, ["--models", "alexnet,resnet18,vgg11", "--out", str(tmp_path), "--resume"],
+          lambda name, *a: built.append(name) or _fake_row(name))
+    assert built == ["resnet18", "vgg11"]
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    assert [r["model"] for r in rows] == ["alexnet", "resnet18", "vgg11"]
+    assert all(r["status"] == "bit-exact" for r in rows)
+
+
+def test_a_stopped_sweep_kills_the_build(tmp_path, monkeypatch):
+    """A sweep interrupted while a model builds kills that build's process group (it runs in
+    its own session, so it would otherwise go on alone)."""
+    import os
+    procs = []
+    real_popen = subprocess.Popen
+
+    def popen(*a, **k):
+        procs.append(real_popen(*a, **k))
+        return procs[-1]
+
+    def interrupt(seconds):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sweep.subprocess, "Popen", popen)
+    monkeypatch.setattr(sweep.time, "sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_model("squeezenet1_1", tmp_path / "m", n_images=2, timeout=300)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(procs[0].pid, 0)
