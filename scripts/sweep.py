@@ -124,7 +124,12 @@ def build_one(root: Path, name: str, n_images: int) -> None:
     if ctx.layout.verify.is_file():
         result.update(verify_numbers(ctx.layout.verify))
         if result["error"] is None or result["error"].startswith("verify: VerificationError"):
+            result["running"] = "qdq_numbers"  # a timeout here says so
+            _write(root, result)
+            t0 = time.perf_counter()
             result.update(qdq_numbers(ctx, result["output_lsb"]))
+            result["times"]["qdq_numbers"] = round(time.perf_counter() - t0, 2)
+            result.pop("running")
     _write(root, result)
 
 
@@ -294,10 +299,23 @@ def run_model(name: str, root: Path, n_images: int, timeout: float) -> dict:
     if timed_out:
         row["error"] = f"timeout: over {timeout:.0f} s, killed in {row.get('running', '?')}"
     elif row.get("error") is None and proc.returncode != 0:
-        tail = (root / "sweep.log").read_text().strip().splitlines()
-        row["error"] = f"{row.get('running', 'start')}: exit {proc.returncode}: {tail[-1][:200] if tail else ''}"
+        log_lines = (root / "sweep.log").read_text(errors="replace").splitlines()
+        row["error"] = f"{row.get('running', 'start')}: {crash_line(proc.returncode, log_lines)}"
     row["status"] = status_of(row)
     return row
+
+
+def crash_line(returncode: int, log_lines: list[str]) -> str:
+    """One line for a build that died without recording an error: the signal or exit code,
+    and the last log line that reports an error (TVM's, the JIT's: e.g. "JIT session error:
+    Symbols not found: [ ... ]" before a segfault), else the last non-empty line (a crash's
+    last line is usually a stack frame, which names nothing)."""
+    what = (f"killed by {signal.Signals(-returncode).name}" if returncode < 0 and -returncode in
+            signal.valid_signals() else f"exit {returncode}")
+    lines = [l.strip() for l in log_lines if l.strip()]
+    errors = [l for l in lines if "error" in l.lower() and "warning" not in l.lower()]
+    hint = errors[-1] if errors else (lines[-1] if lines else "")
+    return f"{what}: {hint[:200]}" if hint else what
 
 
 def status_of(row: dict, min_std: float = 2.0) -> str:

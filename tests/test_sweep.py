@@ -205,3 +205,15 @@ def test_a_stopped_sweep_kills_the_build(tmp_path, monkeypatch):
         sweep.run_model("squeezenet1_1", tmp_path / "m", n_images=2, timeout=300)
     with pytest.raises(ProcessLookupError):
         os.killpg(procs[0].pid, 0)
+
+
+def test_a_crash_names_the_signal_and_the_error_line():
+    """A segfaulted build (swin_v2_t in codegen) is named by its signal and the JIT's error
+    line, not by the stack frame it printed last."""
+    log = ["calibrate swin_v2_t: 2 images", "[12:00] transform.h:1261: Warning: Fast mode segfaults when ...",
+           "JIT session error: Symbols not found: [ mmalib_matmul_bias_i8 ]", "!!!!!!! Segfault encountered !!!!!!!",
+           '  File "./signal/../sysdeps/unix/sysv/linux/x86_64/libc_sigaction.c", line 0, in 0x00007f7ab565a04f']
+    assert sweep.crash_line(-11, log) == \
+        "killed by SIGSEGV: JIT session error: Symbols not found: [ mmalib_matmul_bias_i8 ]"
+    assert sweep.crash_line(3, ["a", "last words", ""]) == "exit 3: last words"
+    assert sweep.crash_line(-9, []) == "killed by SIGKILL"
