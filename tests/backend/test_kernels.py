@@ -210,9 +210,9 @@ def test_header_is_clean_cpp(tmp_path):
 
 def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     assert set(ref.KERNELS) == set(SIGS)
-    # the 13 of docs/reference.md, "Kernel ABI", our 2 requantize kernels, c7x_int8_lut, the
-    # two channel multiplies and the four average pools
-    assert len(SIGS) == 22
+    # the 13 of docs/reference.md, "Kernel ABI", our 3 requantize kernels, c7x_int8_lut, the
+    # two channel multiplies, the four average pools and the two channel affines
+    assert len(SIGS) == 25
     for name, params in SIGS.items():
         py = list(inspect.signature(ref.KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -659,7 +659,8 @@ def valid_args(name: str, rng) -> list:
     if name == "c7x_int8_relu":
         return [rand(rng, np.int8, 10), np.zeros(10, np.int8), 10, 0]
     if name.startswith("c7x_requantize_"):                # tests/backend/test_requantize.py
-        src, dst = (np.int8, np.int16) if name.endswith("i8_i16") else (np.int16, np.int8)
+        src, dst = {"i8_i16": (np.int8, np.int16), "i16_i8": (np.int16, np.int8),
+                    "i8_i8": (np.int8, np.int8)}[name.removeprefix("c7x_requantize_")]
         return [rand(rng, src, 10), np.zeros(10, dst), 10, 0, 0.01, 0, 50.0]
     if "channel_mul" in name:                            # tests/backend/test_channel_mul.py
         blob = np.frombuffer(struct.pack("<iiibbbx", 2**20, 24, 0, 0, 0, 0), np.uint8).copy()

@@ -95,12 +95,79 @@ class _Rescale(PyExprMutator):
         return op
 
 
-def test_maxpool_declines_different_quantization():
+class CatPool(nn.Module):
+    """GoogLeNet's inception branch 4: a concat (left float by the quantizer) of two
+    branches, then a max pool whose output gets its own observer, then a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 5, 1)
+        self.pool = nn.MaxPool2d(3, 1, 1, ceil_mode=True)
+        self.head = nn.Conv2d(13, 4, 1)
+
+    def forward(self, x):
+        return self.head(self.pool(torch.cat([torch.relu(self.a(x)), self.b(x)], 1)))
+
+
+def _requantized_pool_calls(mod):
+    log = OffloadLog()
+    calls = offload_calls(offload_max_pool2d_i8(mod, log))
+    (decision,) = log.decisions
+    assert decision.status == "offloaded" and "c7x_requantize_i8_i8" in decision.note
+    return calls
+
+
+def test_maxpool_with_different_quantization_pools_then_requantizes():
+    """Input and output quantization differ: the pool on the input's integers,
+    then c7x_requantize_i8_i8 with torch's float32 scales and reciprocal."""
     mod = _flow(ConvPool()).mod
     g = Graph(mod["main"])
     q = [b.value for b in g.bindings if g.call(b.var, "relax.quantize") is not None][-1]
     edited = tvm.IRModule({"main": _Rescale(mod, q.args[1]).visit_expr(mod["main"])})
-    assert "quantization differ" in _declined(offload_max_pool2d_i8, edited)
+    dq = [b.value for b in Graph(edited["main"]).bindings if Graph(edited["main"]).call(b.var, "relax.dequantize")
+          is not None][-1]
+    pool, req = _requantized_pool_calls(edited)
+    assert pool.kernel == "c7x_int8_max_pool_tidl" and req.kernel == "c7x_requantize_i8_i8"
+    s_in = float(const_array(dq.args[1]).reshape(-1)[0])
+    s_out = float(const_array(q.args[1]).reshape(-1)[0]) * 2
+    n, z_in, scale_in, z_out, inv = req.scalars
+    assert n == 8 * 5 * 5 and scale_in == pytest.approx(s_in, rel=1e-7)
+    assert inv == float(np.float32(1.0 / np.float64(np.float32(s_out))))
+    assert (z_in, z_out) == (int(const_array(dq.args[2]).reshape(-1)[0]), int(const_array(q.args[2]).reshape(-1)[0]))
+
+
+def test_maxpool_after_concat_is_offloaded_and_exact(tmp_path):
+    """The GoogLeNet pattern through codegen and gcc: pool + requantize on the
+    C7x kernels, host C == Python reference bit for bit (every output and every
+    intermediate of the first image), and the requantized pool equals torch's
+    ``quantize(max_pool2d(dequantize(x)))`` on the integers the C was given (max
+    commutes with the monotone requantize). Fails if the requantize is left out or
+    uses other parameters than the pool's quantize."""
+    from c_check import compile_and_compare, inputs
+
+    from pipeline.backend.interp import Program
+
+    flow = _flow(CatPool(), shape=(1, 3, 12, 12))
+    pool, req = _requantized_pool_calls(flow.mod)
+    n, z_in, s_in, z_out, inv = req.scalars
+    x = inputs((1, 3, 12, 12), n=3)
+    compile_and_compare(flow.mod, "catpool", tmp_path / "c", x, mmalib=True)
+    seen = []
+    Program(tmp_path / "c").run(x[:1], observer=lambda i, func, a: seen.append((func, a.copy())))
+    k = next(i for i, (func, _) in enumerate(seen) if func.startswith("c7x_int8_max_pool_tidl"))
+    assert seen[k + 1][0].startswith("c7x_requantize_i8_i8")
+    pooled_in, result = seen[k - 1][1], seen[k + 1][1]
+    assert pooled_in.shape == (1, 13, 12, 12) and pooled_in.dtype == np.int8
+    qd = torch.ops.quantized_decomposed
+    d = qd.dequantize_per_tensor(torch.from_numpy(pooled_in), s_in, z_in, -128, 127, torch.int8)
+    m = torch.nn.functional.max_pool2d(d, 3, 1, 1, ceil_mode=True)
+    g = Graph(flow.mod["main"])
+    (q,) = [b.value for b in g.bindings if g.call(b.var, "relax.quantize") is not None
+            and g.call(b.value.args[0], "relax.nn.max_pool2d") is not None]
+    s_out = float(const_array(q.args[1]).reshape(-1)[0])
+    assert s_out != s_in and z_out == int(const_array(q.args[2]).reshape(-1)[0])  # the case: the scales differ
+    expect = qd.quantize_per_tensor(m, s_out, z_out, -128, 127, torch.int8)
+    np.testing.assert_array_equal(result, expect.numpy())
 
 
 def test_relu_i8_standalone():

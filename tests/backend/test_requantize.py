@@ -32,7 +32,8 @@ from pipeline.backend.passes.requantize import inverse_scale, offload_requantize
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the host kernels")
 
-DIRECTIONS = {"c7x_requantize_i8_i16": (np.int8, np.int16), "c7x_requantize_i16_i8": (np.int16, np.int8)}
+DIRECTIONS = {"c7x_requantize_i8_i16": (np.int8, np.int16), "c7x_requantize_i16_i8": (np.int16, np.int8),
+              "c7x_requantize_i8_i8": (np.int8, np.int8)}  # i8 -> i8: after a requantizing max pool
 _TORCH = {np.dtype(np.int8): torch.int8, np.dtype(np.int16): torch.int16}
 
 
@@ -82,7 +83,14 @@ def test_c_equals_numpy_equals_torch_on_random_tensors(name, n):
 def test_every_int8_value_with_nonzero_zero_point(name):
     """All 256 int8 inputs (i8 -> i16) / outputs hit (i16 -> i8), int8 zero point -37."""
     src, dst = DIRECTIONS[name]
-    if src == np.int8:
+    if src == np.int8 and dst == np.int8:
+        x = np.arange(-128, 128, dtype=np.int8)
+        out_c, out_py, out_t = run_three(name, x, 0.0213, -37, 0.0213, -37)
+        np.testing.assert_array_equal(out_c, x)        # equal parameters: the identity
+        out_c2, out_py2, out_t2 = run_three(name, x, 0.0213, -37, 0.0213 * 1.7, 4)
+        assert_all_equal(out_c2, out_py2, out_t2)
+        assert len(np.unique(out_c2)) < 256 and out_c2[list(x).index(-37)] == 4
+    elif src == np.int8:
         x = np.arange(-128, 128, dtype=np.int8)
         out_c, out_py, out_t = run_three(name, x, 0.0213, -37, 0.0213 / 128, 0)
         assert len(np.unique(out_c)) == 256            # int16 keeps every int8 step

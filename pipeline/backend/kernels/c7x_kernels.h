@@ -184,6 +184,10 @@ int32_t c7x_requantize_i8_i16(const int8_t* in, int16_t* out, int32_t n, int32_t
                               float in_scale, int32_t out_zp, float out_inv_scale);
 int32_t c7x_requantize_i16_i8(const int16_t* in, int8_t* out, int32_t n, int32_t in_zp,
                               float in_scale, int32_t out_zp, float out_inv_scale);
+/* int8 -> int8, the same formula: after a max pool whose input and output quantization
+ * differ (max commutes with the monotone requantize, docs/reference.md, "Max pool"). */
+int32_t c7x_requantize_i8_i8(const int8_t* in, int8_t* out, int32_t n, int32_t in_zp,
+                             float in_scale, int32_t out_zp, float out_inv_scale);
 
 /* Average pools (ours: TI names no such kernel; docs/reference.md, "Average pools").
  * What torch's Q/DQ model computes, quantize_per_tensor(pool(dequantize_per_tensor(in))),

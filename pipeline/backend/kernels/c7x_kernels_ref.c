@@ -1009,6 +1009,12 @@ int32_t c7x_requantize_i16_i8(const int16_t* in, int8_t* out, int32_t n, int32_t
     return requantize_run(in, out, n, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I16, ELEM_I8);
 }
 
+int32_t c7x_requantize_i8_i8(const int8_t* in, int8_t* out, int32_t n, int32_t in_zp,
+                             float in_scale, int32_t out_zp, float out_inv_scale)
+{
+    return requantize_run(in, out, n, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I8, ELEM_I8);
+}
+
 /* ------------------------------------------------------------------------- */
 /* Average pools (float32, as torch's Q/DQ)                                   */
 /* ------------------------------------------------------------------------- */

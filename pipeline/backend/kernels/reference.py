@@ -729,6 +729,12 @@ def c7x_requantize_i16_i8(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, r
     return _requantize(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, _I16, _I8)
 
 
+def c7x_requantize_i8_i8(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, rounding=None) -> int:
+    """int8 -> int8 requantize: as :func:`c7x_requantize_i8_i16` with in and out int8
+    (after a max pool whose input and output quantization differ, ``passes/pool.py``)."""
+    return _requantize(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, _I8, _I8)
+
+
 # --------------------------------------------------------------------------
 # Average pools (float32, as torch's Q/DQ: dequantize, float pool, quantize)
 # --------------------------------------------------------------------------
@@ -1113,7 +1119,7 @@ KERNELS: dict[str, Callable[..., int]] = {
         mmalib_matmul_bias_i8, mmalib_matmul_bias_i16,
         c7x_int8_residual_add_relu, c7x_int16_residual_add_relu,
         c7x_int8_max_pool, c7x_int8_max_pool_tidl, c7x_int8_relu, c7x_int8_clamp,
-        c7x_requantize_i8_i16, c7x_requantize_i16_i8, c7x_int8_lut,
+        c7x_requantize_i8_i16, c7x_requantize_i16_i8, c7x_requantize_i8_i8, c7x_int8_lut,
         c7x_int8_channel_mul, c7x_int16_channel_mul,
         c7x_int8_global_avg_pool, c7x_int16_global_avg_pool, c7x_int8_avg_pool, c7x_int16_avg_pool,
         c7x_int8_channel_affine, c7x_int16_channel_affine)
@@ -1130,6 +1136,7 @@ _GEOMETRY = {
     "c7x_int8_max_pool": PoolGeometry, "c7x_int8_max_pool_tidl": PoolGeometry,
     "c7x_int8_relu": ElementwiseGeometry, "c7x_int8_clamp": ElementwiseGeometry,
     "c7x_requantize_i8_i16": ElementwiseGeometry, "c7x_requantize_i16_i8": ElementwiseGeometry,
+    "c7x_requantize_i8_i8": ElementwiseGeometry,
     "c7x_int8_lut": ElementwiseGeometry,
     "c7x_int8_channel_mul": ChannelMulGeometry, "c7x_int16_channel_mul": ChannelMulGeometry,
     "c7x_int8_global_avg_pool": GlobalPoolGeometry, "c7x_int16_global_avg_pool": GlobalPoolGeometry,
