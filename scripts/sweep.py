@@ -1,6 +1,7 @@
 """Model-zoo sweep: torchvision classifiers with realistic random weights, export through verify.
 
     .venv/bin/python scripts/sweep.py [--models a,b,c] [--images 4] [--timeout 1800] [--out DIR]
+                                      [--resume] [--include-large]
 
 Each model is built in its own temporary project (``--out DIR/<model>/`` when
 given, kept; else a temp folder, removed) by a child process running the
@@ -9,7 +10,10 @@ registry.py``; no doit, no run-cache), with the weights of
 ``pipeline.models.zoo:torchvision_random`` (BatchNorm re-estimated on the images,
 classifier scaled; nothing is downloaded). Calibration, BatchNorm statistics and
 verify use the same first ``--images`` JPEGs of ``calib_data/imagenet20``.
-One model at a time; a failure or a timeout is one row, the sweep goes on.
+One model at a time; a failure or a timeout is one row, the sweep goes on. The tables are
+rewritten after every model (a killed sweep keeps its rows; ``--resume`` with the same
+``--out`` builds only the models without one, timed-out ones again). Without ``--models``,
+the :data:`TOO_LARGE` models are rows "skipped (too large)" with the reason.
 
 Columns: stage reached (the last stage that finished) and error (one line),
 layers and MACs offloaded (``manifest.json`` of the MMALIB build), scalar layer
@@ -51,10 +55,16 @@ LAST_STAGE = "verify"
 RESULT = "sweep_result.json"
 
 #: Models the default sweep (no ``--models``) lists with the reason instead of building
-#: (``--include-large`` builds them). FILLME
+#: (``--include-large`` builds them): even the lowest estimate of their peak RSS leaves less
+#: than a third of a 24 GiB, 2-core machine to anything else. Peak RSS of a sweep build is
+#: about 1.3 GiB + 28 B per parameter for CNNs (measured, 2 images: alexnet 61M -> 2.73 GiB,
+#: vgg11 133M -> 4.98, wide_resnet50_2 69M -> 3.18) and 40-80 B per parameter with
+#: LayerNorm / attention (convnext_tiny 29M -> 2.40, swin_t 28M -> 2.97, maxvit_t 31M -> 3.77).
+#: Every other model is estimated at most 10 GiB (vit_l_16 / vit_l_32, 304M: 9-24 GiB at the
+#: two rates, and a long verify: give them a larger --timeout).
 TOO_LARGE: dict[str, str] = {
-    "regnet_y_128gf": "645M parameters, 128 GMACs",
-    "vit_h_14": "632M parameters, 167 GMACs",
+    "regnet_y_128gf": "645M parameters, 128 GMACs: estimated peak RSS 18 GiB of a 24 GiB machine",
+    "vit_h_14": "632M parameters, 167 GMACs: estimated peak RSS 18-48 GiB, over a 24 GiB machine",
 }
 
 ENTRY = '''builder = "pipeline.models.zoo:torchvision_random"
