@@ -217,3 +217,25 @@ def test_a_crash_names_the_signal_and_the_error_line():
         "killed by SIGSEGV: JIT session error: Symbols not found: [ mmalib_matmul_bias_i8 ]"
     assert sweep.crash_line(3, ["a", "last words", ""]) == "exit 3: last words"
     assert sweep.crash_line(-9, []) == "killed by SIGKILL"
+
+
+def test_a_zero_initialised_head_is_redrawn_then_scaled():
+    """torchvision's VisionTransformer initialises heads.head to zero: its logits are the
+    bias, constant over the images (vit_b_16's sweep row was degenerate, std 0). The head is
+    re-drawn, then scaled to logit_std, deterministically under the seed."""
+    import torchvision
+    x = torch.randn(4, 3, 32, 32)
+
+    def vit(seed):
+        torch.manual_seed(seed)
+        m = torchvision.models.VisionTransformer(image_size=32, patch_size=16, num_layers=1, num_heads=2,
+                                                 hidden_dim=16, mlp_dim=32, num_classes=10).eval()
+        assert not m.heads.head.weight.any()
+        with torch.no_grad():
+            zoo.scale_classifier(m, x, logit_std=2.0)
+            return m, m(x)
+    m, y = vit(0)
+    assert m.heads.head.weight.any()
+    assert float(y.std(dim=0).mean()) == pytest.approx(2.0, rel=1e-3)
+    assert len(set(y.argmax(dim=1).tolist())) > 1
+    assert torch.equal(vit(0)[1], y)

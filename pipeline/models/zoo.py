@@ -23,8 +23,9 @@ MobileNetV2's logits are about 1e-14 and the output scale collapses (issue 13).
    module in eval mode (dropout, stochastic depth off); this is the standard
    "BN re-calibration" and makes each BN output about zero-mean, unit-variance;
 3. rescales the final classifier (the last ``nn.Linear``, else the last
-   ``nn.Conv2d``) so that the logits' standard deviation over the images,
-   averaged over the classes, is ``logit_std``; when that layer's output is the
+   ``nn.Conv2d``; re-drawn when torchvision initialises it to zero, as ViT's)
+   so that the logits' standard deviation over the images, averaged over the
+   classes, is ``logit_std``; when that layer's output is the
    model output, its bias is also shifted so each logit has mean 0 over the
    images (an input-independent offset would otherwise eat the int8 range).
    With a positively homogeneous tail (ReLU, average pool) the scaling is exact.
@@ -139,10 +140,17 @@ def scale_classifier(model: torch.nn.Module, x: torch.Tensor, logit_std: float) 
     images and pixels of each output channel (SqueezeNet's conv before ReLU and average
     pool, where one class would otherwise win on every image). Scaling multiplies
     weight and bias by one factor, exact through a positively homogeneous tail (ReLU,
-    average pool). Returns the factor (1.0 if the logits do not vary at all, which the
-    sweep then reports as degenerate).
+    average pool). A final layer whose weights are all zero (torchvision's ViT head) is
+    first drawn from N(0, 1/fan_in) (LeCun normal, the global torch RNG: seeded by
+    :func:`torchvision_random`), else no scaling could make the logits vary. Returns the
+    factor (1.0 if the logits do not vary at all, which the sweep then reports as
+    degenerate).
     """
     layer = final_layer(model)
+    if not layer.weight.any():
+        # a zero-initialised head (torchvision's VisionTransformer: heads.head) makes every
+        # logit its bias, the same on every image: give it LeCun-normal weights first
+        torch.nn.init.normal_(layer.weight, std=layer.weight[0].numel() ** -0.5)
     if layer.bias is not None:
         out, y = _forward_with(model, layer, x)
         if out.shape == y.shape and torch.equal(out, y):  # the layer is the output
