@@ -658,6 +658,10 @@ def valid_args(name: str, rng) -> list:
                 1, 2, 5, 5, 3, 3, 3, 3, 2, 2, 1, 1]
     if name == "c7x_int8_relu":
         return [rand(rng, np.int8, 10), np.zeros(10, np.int8), 10, 0]
+    if "channel_affine" in name:                         # tests/backend/test_channel_affine.py
+        blob = ref.channel_affine_params(0, 0.01, np.float32([0.5, 2.0, -1.0]), np.float32([0, 0.1, 0]))
+        return [rand(rng, dtype, (1, 3, 5)), blob, np.zeros((1, 3, 5), dtype), 1, 3, 5, 0, 0.02, 50.0,
+                1, 0, 50.0]
     if name.startswith("c7x_requantize_"):                # tests/backend/test_requantize.py
         src, dst = {"i8_i16": (np.int8, np.int16), "i16_i8": (np.int16, np.int8),
                     "i8_i8": (np.int8, np.int8)}[name.removeprefix("c7x_requantize_")]
