@@ -29,10 +29,13 @@ class _ConstantLifter(PyExprMutator):
         self.lifted: list[tuple[relax.Var, np.ndarray]] = []
 
     def visit_generic_const_(self, op):
-        if len(op.value.shape) == 0:
-            return op
+        value = op.value.numpy()
+        if value.ndim == 0 and (value.dtype.kind not in "fc" or np.isfinite(value)):
+            return op  # finite scalars stay inline, printed exactly
+        # Tensors, and non-finite scalars: TVMScript prints R.const("-inf", ...) (torch's
+        # safe softmax compares with -inf, ViT) and cannot parse it back.
         var = relax.Var(f"c{len(self.lifted)}", op.ty)
-        self.lifted.append((var, op.value.numpy()))
+        self.lifted.append((var, value))
         return var
 
 
@@ -68,9 +71,15 @@ def load_irmodule(script_path: Path, params_path: Path, bind: bool = True):
 
     With ``bind=True`` (default) every parameter is bound as a constant and
     ``main`` takes only the model input; returns the module. With
-    ``bind=False`` returns ``(module, params)`` untouched.
+    ``bind=False`` returns ``(module, params)`` untouched. Raises ValueError (one
+    line naming the file) when the script does not parse.
     """
-    mod = tvm.script.from_source(Path(script_path).read_text())
+    try:
+        mod = tvm.script.from_source(Path(script_path).read_text())
+    except Exception as e:  # TVMScript diagnostics: one message, not a dump
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ValueError(f"{script_path}: cannot parse the imported module ({first.strip()[:200]}); "
+                         f"re-run its relax_import task") from None
     params = {k: v.numpy() for k, v in
               tvm.runtime.load_param_dict(bytearray(Path(params_path).read_bytes())).items()}
     if not bind:
