@@ -277,3 +277,37 @@ def test_fc_i16_widened_int8_weights_are_prescaled():
     assert np.all(np.abs(approx - r) / r < 1e-3)
     assert not w2[24:].any() and not call.const(3)[24:].any()           # padded rows stay 0
     assert "pre-scaled" in log.decisions[0].note and "N=24 padded to 32" in log.decisions[0].note
+
+
+class ConstantBranch(nn.Module):
+    """Swin-V2's continuous position bias in miniature: an MLP on a constant table
+    (a buffer), added to a layer of the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.linspace(-1, 1, 64).reshape(1, 64))
+        self.mlp = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32))
+        self.fc = nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.fc(x) + self.mlp(self.table)
+
+
+@pytest.mark.skipif(GCC is None, reason="gcc builds the host model")
+def test_layers_computed_from_constants_only_stay_with_tvm_and_fold(tmp_path):
+    """An offload kernel call on constants only would be evaluated by FoldConstant
+    through LLVM, which has no extern kernels (the process segfaulted). Those
+    layers are declined with the reason and folded; the layer of the input
+    still offloads, and the build is bit-exact."""
+    torch.manual_seed(0)
+    flow = quantize(ConstantBranch(), torch.randn(1, 64))
+    log = OffloadLog()
+    run_offload(flow.mod, log)
+    fc = [(d.status, d.reason) for d in log.decisions if d.op == "fc"]
+    assert fc.count(("declined", "computed from constants only (folded at compile time)")) == 2
+    assert sum(1 for s, _ in fc if s == "offloaded") == 1
+    x = inputs((1, 64), n=2)
+    _, out = compile_and_compare(flow.mod, "constbranch", tmp_path / "c", x, mmalib=True)
+    with torch.no_grad():
+        expect = np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(len(x))])
+    assert np.abs(out - expect).max() <= 4 * np.abs(expect).max() / 127

@@ -32,6 +32,12 @@ class Graph:
                 self.uses[v] += 1
         for v in relax.analysis.free_vars(func.body.body):
             self.uses[v] += 1
+        # Bindings computed from the function's inputs; the others are constant
+        # subgraphs (e.g. Swin-V2's position-bias MLP on a constant table).
+        self.from_inputs: set = set(func.params)
+        for b in self.bindings:
+            if any(v in self.from_inputs for v in relax.analysis.free_vars(b.value)):
+                self.from_inputs.add(b.var)
 
     def call(self, expr, *ops: str):
         """The ``Call`` bound to ``expr`` if its op is one of ``ops`` (``"relax.nn.conv2d"``...)."""

@@ -165,6 +165,12 @@ def run_pass(mod: tvm.IRModule, log: OffloadLog | None, pass_name: str, planner:
                 raise RuntimeError(f"{pass_name}: refusal {e.reason!r} outside declining()") from e
             log.declined(pass_name, e.anchor, e.op, e.dtype, e.reason)
             continue
+        if isinstance(item, Offload) and binding.var not in graph.from_inputs:
+            # FoldConstant would evaluate the kernel call at compile time with
+            # LLVM, which has no extern kernels (a segfault); TVM's own ops fold.
+            log.declined(pass_name, item.anchor, item.op, item.dtype,
+                         "computed from constants only (folded at compile time)")
+            continue
         if item is not None:
             plan[binding.var] = item
     if not plan:
