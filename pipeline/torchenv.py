@@ -6,6 +6,7 @@ of torch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -24,6 +25,18 @@ torch.set_num_threads(int(os.environ.get("C7X_TORCH_THREADS", "2")))
 
 import torchao.quantization.pt2e  # noqa: E402,F401  (registers the Q/DQ ops)
 from torch.ao.quantization.fx import _decomposed  # noqa: E402,F401  (needed by torch.export.load)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op thread count set to ``n`` inside the block, restored after
+    (it is per process: other threads of the process see it meanwhile)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def strip_nondeterministic_meta(ep: "torch.export.ExportedProgram") -> None:

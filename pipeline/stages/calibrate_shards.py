@@ -157,10 +157,6 @@ def _with_threads(threads: int, *a) -> dict:
     shards then run 2 threads each: oversubscribed, but exact. torch's thread count
     is per process: on a Dask worker with several task threads the others see it
     too until it is restored; the project's executor runs one task per worker.)"""
-    from .. import torchenv  # noqa: F401  (its thread default first, then ours)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    from .. import torchenv  # its thread default first, then ours
+    with torchenv.torch_threads(threads):
         return calibrate_shard(*a)
-    finally:
-        torch.set_num_threads(before)

@@ -28,7 +28,7 @@ def host_build_model(builds: dict[str, tuple[Path, Path]], record: Path | None =
             build_host(codegen_dir, tmp)
         exe.chmod(0o755)
 
-    # One gcc per variant at once (2 cores: MobileNetV2's two builds 6.8 -> 3.9 s);
+    # One gcc per variant at once (2 cores: MobileNetV2's two builds 6.8 -> 4.4 s);
     # the first failure is raised, after the others finish.
     with ThreadPoolExecutor(max_workers=max(1, min(len(builds), os.cpu_count() or 1))) as pool:
         done = [pool.submit(build, c, e) for c, e in builds.values()]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import torchenv  # noqa: F401
+from .. import torchenv
 from ..errors import PipelineError, UnsupportedOpError
 from ..fsutil import write_bytes
 
@@ -126,15 +126,10 @@ def run_torch(module, x: torch.Tensor, model: str = "") -> np.ndarray:
 
 def self_noise_run(module, x: torch.Tensor) -> np.ndarray:
     """Output 0 of ``module`` on ``x`` with 1 thread and without MKLDNN."""
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # oneDNN's TF32-on-Intel-GPU notice on enter/exit
-            with torch.backends.mkldnn.flags(enabled=False):
-                return run_torch(module, x)
-    finally:
-        torch.set_num_threads(threads)
+    with torchenv.torch_threads(1), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # oneDNN's TF32-on-Intel-GPU notice on enter/exit
+        with torch.backends.mkldnn.flags(enabled=False):
+            return run_torch(module, x)
 
 
 def compute(float_pt2: Path, quantized_pt2: Path, x: torch.Tensor, images: list[str],

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import torchenv  # noqa: F401
+from .. import torchenv
 from ..config import ModelSpec, list_images
 from ..data import detections
 from ..data.images import label_of, load_images
@@ -273,14 +273,9 @@ def _outputs_in_parallel(work: dict[str, "_Build"]) -> dict[str, tuple]:
     exception of any build is raised."""
     from concurrent.futures import ThreadPoolExecutor
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="verify") as pool:
-            futures = {v: pool.submit(w.outputs) for v, w in work.items()}
-            return {v: f.result() for v, f in futures.items()}
-    finally:
-        torch.set_num_threads(threads)
+    with torchenv.torch_threads(1), ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="verify") as pool:
+        futures = {v: pool.submit(w.outputs) for v, w in work.items()}
+        return {v: f.result() for v, f in futures.items()}
 
 
 def verify_model(spec: ModelSpec, torch_outputs: Path, images_dir: Path,

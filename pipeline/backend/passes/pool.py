@@ -8,8 +8,9 @@ Max commutes with a monotone dequantize/quantize pair of *equal* parameters,
 so the pool runs on the integers. Eligibility: int8, NCHW, static shapes,
 dilation 1, symmetric padding smaller than the window (the kernel takes one
 pH < kH, pW < kW; the output size, floor or ceil mode, comes from the
-Relax type, which the header accepts either way), and constant scalar input/output quantization. The reference requires equal
-zero points (and skips the requantization when the scales differ); where the
+Relax type, which the header accepts either way), and constant scalar
+input/output quantization. The reference requires equal zero points (and
+skips the requantization when the scales differ); where the
 input and output quantization differ (a pool after a concat, whose parts
 torch's quantizer leaves float: GoogLeNet, Inception, SqueezeNet) we pool on
 the input's integers and requantize with ``c7x_requantize_i8_i8``, torch's
@@ -23,15 +24,14 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import tvm
 from tvm import relax
 
 from ..refusal import Declined, declining
-from .requantize import inverse_scale
 from .graph import QDQ, Graph, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
+from .requantize import requantize_scalars
 from .rewrite import Offload, run_pass
 
 REQUANTIZE = "c7x_requantize_i8_i8"
@@ -76,7 +76,7 @@ def _plan_pool(graph: Graph, pool, data: QDQ, out: QDQ, kernel: str) -> Offload:
     if it is not eligible."""
     if str(data.data.ty.dtype) != "int8" or out.out_dtype != "int8":
         raise Declined("only int8 max pooling has a kernel")
-    requant = None if data.same_params(out) else _requantize_prim(data, out)
+    requant = None if data.same_params(out) else requantize_scalars(data, out)
     in_shape, out_shape = static_shape(data.data), static_shape(out.data)
     if in_shape is None or out_shape is None or len(in_shape) != 4:
         raise Declined("dynamic or non-4-D shapes")
@@ -102,18 +102,6 @@ def _plan_pool(graph: Graph, pool, data: QDQ, out: QDQ, kernel: str) -> Offload:
 
     return Offload(var_name(out.data), "max_pool2d", "int8", kernel, build_requantized,
                    note=f"pooled on the input's quantization, then {REQUANTIZE} to the output's")
-
-
-def _requantize_prim(data: QDQ, out: QDQ) -> list:
-    """(in_zp, in_scale, out_zp, out_inv_scale) of the requantize after the pool,
-    torch's float32 dequantize + quantize (``requantize.inverse_scale``). Raises
-    Declined unless both quantizations are constant scalars with finite scales > 0."""
-    if not (data.scalar and out.scalar):
-        raise Declined("input and output quantization differ and are not constant scalars")
-    s_in, s_out = np.float32(data.s), np.float32(out.s)
-    if not (np.isfinite(s_in) and np.isfinite(s_out) and s_in > 0 and s_out > 0):
-        raise Declined(f"scales {data.s}, {out.s} are not finite and positive")
-    return [data.z, float(s_in), out.z, inverse_scale(float(s_out))]
 
 
 def _pool_planner(kernel: str):

@@ -43,6 +43,18 @@ def inverse_scale(scale: float) -> float:
     return float(np.float32(1.0 / np.float64(scale)))
 
 
+def requantize_scalars(dq: QDQ, q: QDQ) -> list:
+    """(in_zp, in_scale, out_zp, out_inv_scale) of the requantize kernels for
+    ``q(dq(x))``: float32 scales and torch's reciprocal (:func:`inverse_scale`).
+    Raises Declined unless both are constant scalars with finite scales > 0."""
+    if not (dq.scalar and q.scalar):
+        raise Declined("scales and zero points are not constant scalars")
+    s_in, s_out = np.float32(dq.s), np.float32(q.s)
+    if not (np.isfinite(s_in) and np.isfinite(s_out) and s_in > 0 and s_out > 0):
+        raise Declined(f"scales {dq.s}, {q.s} are not finite and positive")
+    return [dq.z, float(s_in), q.z, inverse_scale(float(s_out))]
+
+
 def _plan_requantize(binding, dq: QDQ, q: QDQ, kernel: str) -> Offload:
     """The :class:`Offload` of ``q(dq(x))`` bound to ``binding``; raises
     :class:`Declined` if it is not eligible."""
@@ -53,12 +65,9 @@ def _plan_requantize(binding, dq: QDQ, q: QDQ, kernel: str) -> Offload:
     shape = static_shape(dq.data)
     if shape is None:
         raise Declined("dynamic shape")
-    s_in, s_out = np.float32(dq.s), np.float32(q.s)
-    if not (np.isfinite(s_in) and np.isfinite(s_out) and s_in > 0 and s_out > 0):
-        raise Declined(f"scales {dq.s}, {q.s} are not finite and positive")
     src, dst = str(dq.data.ty.dtype), q.out_dtype
     tensors = [TensorArg("data", shape, src), TensorArg("out", shape, dst)]  # "in": a Python keyword in lowered.py
-    scalars = [math.prod(shape), dq.z, float(s_in), q.z, inverse_scale(float(s_out))]
+    scalars = [math.prod(shape), *requantize_scalars(dq, q)]
     prim = offload_primfunc(kernel, tensors, scalars)
 
     def build(ctx):
