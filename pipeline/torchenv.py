@@ -7,8 +7,11 @@ of torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import types
+import typing
 
 # torchao 0.18 logs a deprecation notice through torch's pytree logger on import.
 logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
@@ -25,6 +28,41 @@ torch.set_num_threads(int(os.environ.get("C7X_TORCH_THREADS", "2")))
 
 import torchao.quantization.pt2e  # noqa: E402,F401  (registers the Q/DQ ops)
 from torch.ao.quantization.fx import _decomposed  # noqa: E402,F401  (needed by torch.export.load)
+
+
+def _memoize_export_type_hints() -> None:
+    """Make ``torch.export.load`` about twice as fast: its deserializer rebuilds
+    the schema dataclasses from JSON and calls ``typing.get_type_hints(cls,
+    globalns=vars(schema))`` once per node object (measured: 22,163 calls, 3.4
+    of the 6.8 s evaluate spent loading MobileNetV2's float.pt2 and
+    quantized.pt2). The hints of a class do not change, so torch's serialize
+    module gets a copy of ``typing`` whose ``get_type_hints`` is memoized for
+    exactly that call; every other name is ``typing``'s own. A torch without that
+    module layout is left as it is (its loads are only slower)."""
+    try:
+        from torch._export.serde import schema, serialize
+    except ImportError:
+        return
+    if getattr(serialize, "typing", None) is not typing:
+        return
+    schema_ns = vars(schema)
+
+    @functools.lru_cache(maxsize=None)
+    def schema_hints(cls, include_extras: bool) -> dict:
+        return typing.get_type_hints(cls, globalns=schema_ns, include_extras=include_extras)
+
+    def get_type_hints(obj, globalns=None, localns=None, include_extras=False):
+        if globalns is schema_ns and localns is None and isinstance(obj, type):
+            return dict(schema_hints(obj, include_extras))
+        return typing.get_type_hints(obj, globalns, localns, include_extras)
+
+    shim = types.ModuleType("typing")
+    shim.__dict__.update(vars(typing))
+    shim.get_type_hints = get_type_hints
+    serialize.typing = shim
+
+
+_memoize_export_type_hints()
 
 
 @contextlib.contextmanager
