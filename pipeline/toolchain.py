@@ -1,4 +1,5 @@
-"""TI C7000 code generation tools: locating them and the command lines we run.
+"""The compilers we run: TI's C7000 code generation tools (locating them and
+their command lines), and which CPU the host gcc builds for (:func:`host_cpu`).
 
 Flags are TI's documented ones for the C7x on J722S / AM67A
 (docs/reference.md, "TI toolchain"): ``-mv7524`` selects the C7524 core with its
@@ -8,7 +9,10 @@ MMA (``--silicon_version`` is for C66x only), release builds use
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import platform
 from pathlib import Path
 
 from .errors import ToolchainError
@@ -56,3 +60,20 @@ def compile_command(cgt: Path, source: Path, obj: Path, include_dirs: list[Path]
 def archive_command(cgt: Path, library: Path, objects: list[Path]) -> list[str]:
     """``ar7x`` command packing objects into a static library for the firmware link."""
     return [str(cgt / "bin" / "ar7x"), "rq", str(library)] + [str(o) for o in objects]
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu() -> str:
+    """Which CPU kind the host executables are built for (``gcc -march=native``,
+    :mod:`pipeline.backend.host`): the machine, the CPU model and its feature
+    flags (Linux ``/proc/cpuinfo``; elsewhere ``platform.processor()``), as a
+    16-hex digest. host_build tracks it, so a run-cache shared by machines of
+    different kinds never hands one an executable built for another."""
+    parts = [platform.machine()]
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        first = info.split("\n\n", 1)[0].splitlines()
+        parts += [ln.split(":", 1)[1].strip() for ln in first if ln.split(":")[0].strip() in ("model name", "flags")]
+    except OSError:
+        parts.append(platform.processor())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

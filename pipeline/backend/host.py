@@ -3,7 +3,7 @@
 :func:`build_host` links the generated ``model.c`` + ``tvm_kernels.c``
 (+ ``weights_data.c`` if present), the host reference kernels
 (``kernels.hostlib.KERNEL_SOURCES``) and the harness ``kernels/host_main.c``
-into one executable, with ``gcc -std=c99 -O3 -ffp-contract=off``: no FMA
+into one executable, with ``gcc -std=c99 -O3 -march=native -ffp-contract=off``: no FMA
 contraction, so float results match the interpreter's LLVM build of the same
 TIR (:mod:`.interp` checks that LLVM does not contract either).
 :func:`run_host` feeds it a batch of images through files. With
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import os
 import tempfile
@@ -36,7 +37,12 @@ KERNELS_DIR = Path(__file__).parent / "kernels"
 HARNESS = KERNELS_DIR / "host_main.c"
 # -O3: gcc 12 vectorises the integer conv loops only there (MobileNetV2 int8
 # host 248 -> 65 ms per image); no -ffast-math, so float stays IEEE.
-CFLAGS = ("-std=c99", "-O3", "-ffp-contract=off")
+# -march=native: this machine's vector width (AVX2 here: MobileNetV2 int8
+# MMALIB build 140 -> 83 ms per image, scalar build 552 -> 398); with
+# -ffp-contract=off the FMA units are not used for a*b+c, so every result is
+# the one without it. The executable then runs only on a CPU like this one:
+# host_build tracks toolchain.host_cpu(), and a SIGILL says to rebuild.
+CFLAGS = ("-std=c99", "-O3", "-march=native", "-ffp-contract=off")
 _ROUNDING = {"half_up": "C7X_ROUND_HALF_UP", "floor": "C7X_ROUND_FLOOR"}
 
 
@@ -183,6 +189,9 @@ class HostJob:
         try:
             stdout, stderr = self._proc.communicate()
             wall = time.perf_counter() - self._t0
+            if self._proc.returncode == -signal.SIGILL:
+                raise ToolchainError(f"host model {self.exe} was built for another CPU (gcc -march=native) "
+                                     f"and cannot run on this one: re-run its host_build task here")
             if self._proc.returncode != 0:
                 raise ToolchainError(f"host model {self.exe} failed (exit {self._proc.returncode}): "
                                      f"{stderr.strip()}")

@@ -26,6 +26,7 @@ from typing import Callable
 
 from ..config import ModelSpec, list_images
 from ..layout import Layout, variants
+from ..toolchain import host_cpu
 
 PKG = Path(__file__).resolve().parent.parent
 _CODE_SUFFIXES = (".py", ".c", ".h")
@@ -361,7 +362,8 @@ STAGES: tuple[Stage, ...] = (
         name="host_build", doc="build the generated C on the host with gcc",
         func="pipeline.stages.host_build:host_build_model",
         code=("stages/host_build.py", "backend/host.py", "backend/kernels"),
-        extra=lambda c: {"variants": variants(c.spec)},
+        # host_cpu: the executables are built with -march=native (backend/host.py)
+        extra=lambda c: {"variants": variants(c.spec), "host_cpu": host_cpu()},
         deps=lambda c: c.layout.codegen_files(c.spec),
         outs=lambda c: [c.layout.host_exe(v) for v in variants(c.spec)] + [c.layout.host_record],
         args=lambda c: {"builds": _builds(c), "record": c.layout.host_record},

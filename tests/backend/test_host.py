@@ -185,3 +185,33 @@ def test_mobilenet_v2_scalar_end_to_end(tmp_path):
           f"max {lsb.max():.0f} LSB ({int((lsb > 0).sum())}/{lsb.size} elements off), "
           f"arena {summary['arena_bytes']} B, workspace {summary['workspace_bytes']} B, "
           f"weights {summary['weights_bytes']} B")
+
+
+def test_an_executable_built_for_another_cpu_says_to_rebuild(built, tmp_path):
+    """SIGILL (an instruction this CPU lacks, gcc -march=native elsewhere) names host_build.
+    Simulated with a stand-in that dies of SIGILL as such a binary would."""
+    _, shape, out, _ = built("crp", "i8", False)
+    foreign = tmp_path / "foreign.exe"
+    foreign.write_text("#!/bin/sh\nkill -ILL $$\n")
+    foreign.chmod(0o755)
+    with pytest.raises(ToolchainError, match="built for another CPU .* re-run its host_build task"):
+        run_host(foreign, out, _inputs(shape, n=1))
+
+
+def test_host_build_tracks_the_cpu_it_builds_for(tmp_path, monkeypatch):
+    """-march=native executables: host_build's tracked parameters name the CPU, so
+    another kind of machine (or a run-cache shared with one) rebuilds them."""
+    from pipeline import toolchain
+    from pipeline.backend.host import CFLAGS
+    from pipeline.config import load_models
+    from pipeline.layout import Layout
+    from pipeline.stages import registry
+    assert "-march=native" in CFLAGS
+    spec = next(s for s in load_models(registry.PKG.parent / "models") if s.name == "mobilenet_v2")
+    ctx = registry.StageContext(spec=spec, layout=Layout(tmp_path, spec.name), root=registry.PKG.parent,
+                                calib_root=tmp_path, weights=None)
+    host_build = next(s for s in registry.STAGES if s.name == "host_build")
+    here = host_build.tracked(ctx)["host_cpu"]
+    assert here == toolchain.host_cpu() and len(here) == 16
+    monkeypatch.setattr(registry, "host_cpu", lambda: "another-cpu-kind")
+    assert host_build.tracked(ctx)["host_cpu"] == "another-cpu-kind"
