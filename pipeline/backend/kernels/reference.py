@@ -100,8 +100,13 @@ def requantize(acc: np.ndarray, bias, scale, shift, dtype,
     ``dtype``: output int8 / int16. Bias is clamped to +-2^55 and the sum to
     +-2^54 exactly as the C does; neither can change the saturated result.
     """
-    channels = acc.shape[0]
-    per_channel = (slice(None),) + (None,) * (acc.ndim - 1)
+    return _requantize_in_place(acc.astype(np.int64), bias, scale, shift, dtype, rounding)
+
+
+def _requantize_in_place(total: np.ndarray, bias, scale, shift, dtype, rounding: str | None) -> np.ndarray:
+    """:func:`requantize` of int64 accumulators ``total``, which it overwrites."""
+    channels = total.shape[0]
+    per_channel = (slice(None),) + (None,) * (total.ndim - 1)
 
     def channel_values(values, default):
         if values is None:
@@ -111,8 +116,17 @@ def requantize(acc: np.ndarray, bias, scale, shift, dtype,
     b = np.clip(channel_values(bias, 0), -BIAS_LIMIT, BIAS_LIMIT)
     s = channel_values(scale, 1)
     sh = channel_values(shift, 0)
-    total = np.clip(acc.astype(np.int64) + b[per_channel], -SUM_LIMIT, SUM_LIMIT)
-    return saturate(rshift(total * s[per_channel], sh[per_channel], rounding), dtype)
+    # rshift and saturate, in place: the temporaries of the composed form
+    # cost a third of MobileNetV2's reference run.
+    total += b[per_channel]
+    np.clip(total, -SUM_LIMIT, SUM_LIMIT, out=total)
+    total *= s[per_channel]
+    if _check_rounding(rounding) == "half_up":
+        total += np.where(sh > 0, np.left_shift(np.int64(1), np.maximum(sh - 1, 0)), 0)[per_channel]
+    total >>= sh[per_channel]
+    info = np.iinfo(dtype)
+    np.clip(total, info.min, info.max, out=total)
+    return total.astype(dtype)
 
 
 # --------------------------------------------------------------------------
@@ -393,7 +407,7 @@ def _conv(in_, w, bias, scale, shift, out, g, dtype: np.dtype, rounding) -> int:
     if not _requant_params_ok(s, t):
         return C7X_ERR_PARAM
     geometry = g.conv() if isinstance(g, DepthwiseGeometry) else g
-    y[0] = requantize(conv_accumulate(x, wv, geometry), b, s, t, dtype, rounding)
+    y[0] = _requantize_in_place(conv_accumulate(x, wv, geometry), b, s, t, dtype, rounding)
     return C7X_OK
 
 
