@@ -116,3 +116,22 @@ def test_module_remembered_by_codegen_equals_the_parsed_lowered_py(tmp_path, mma
         np.testing.assert_array_equal(remembered.run(x[i:i + 1]), fresh.run(x[i:i + 1]))
     (tmp_path / "lowered.py").write_text(text + "# edited\n")
     assert not Program(tmp_path).mod.same_as(fresh.mod)
+
+
+def test_scalar_primfunc_arguments_are_checked_without_the_llvm_asserts(tmp_path):
+    """The reference's LLVM build drops the packed API's asserts; Program checks
+    each argument's count, shape and dtype itself, naming the PrimFunc."""
+    flow, _ = _flow("crp")
+    compile_model(flow.mod, "crp", tmp_path, mmalib=False)
+    prog = Program(tmp_path)
+    func, types = next(iter(prog.params.items()))
+    assert None not in types, "every parameter of a legalized op is a static buffer"
+    (shape, dtype), *_ = types
+    from pipeline.backend.interp import _aligned_zeros
+    good = [_aligned_zeros(s, d) for s, d in types]
+    prog._call(func, good)  # the right arrays run
+    other = "float64" if dtype != "float64" else "float32"
+    for args in ([_aligned_zeros((*shape, 2), dtype), *good[1:]], [_aligned_zeros(shape, other), *good[1:]],
+                 good[:-1]):
+        with pytest.raises(ValueError, match=f"{func}: "):
+            prog._call(func, args)
