@@ -25,8 +25,10 @@ label.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -114,13 +116,28 @@ def _calls(codegen_dir: Path) -> tuple[str, list[dict]]:
     return c_name, calls
 
 
+def _build_profile_exe(codegen_dir: Path, exe: Path) -> None:
+    from ..backend.host import build_host, profile_flags
+
+    with atomic_path(exe) as tmp:
+        build_host(codegen_dir, tmp, extra_flags=profile_flags(codegen_dir))
+    exe.chmod(0o755)
+
+
+def _build_all(builds: dict[str, tuple[Path, Path]]) -> None:
+    """Every profile executable, one gcc per build at once (as host_build); the
+    timed runs stay one at a time. Raises the first build's ToolchainError."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(builds), os.cpu_count() or 1))) as pool:
+        done = [pool.submit(_build_profile_exe, c, e) for c, e in builds.values()]
+    for f in done:
+        f.result()
+
+
 def _host_variant(codegen_dir: Path, exe: Path, images: np.ndarray) -> dict:
-    from ..backend.host import build_host, host_command, profile_flags, run_host_timed
+    """Run the profile executable ``exe`` (built by :func:`_build_all`) on ``images``."""
+    from ..backend.host import host_command, profile_flags, run_host_timed
 
     flags = profile_flags(codegen_dir)
-    with atomic_path(exe) as tmp:
-        build_host(codegen_dir, tmp, extra_flags=flags)
-    exe.chmod(0o755)
     c_name, calls = _calls(codegen_dir)
     run = run_host_timed(exe, codegen_dir, images)
     source = f"stdout of {exe}"
@@ -186,6 +203,7 @@ def profile_model(spec: ModelSpec, images_dir: Path, builds: dict[str, tuple[Pat
     images = load_images(paths, spec.preprocess, desc=f"profile {spec.name}", model=spec.name).numpy()
     images = images.astype(np.float32)
     variants = {}
+    _build_all(builds)
     for variant, (codegen_dir, exe) in builds.items():
         host = _host_variant(codegen_dir, exe, images)
         if board and board[0] == variant:
