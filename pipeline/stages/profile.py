@@ -25,10 +25,8 @@ label.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +34,7 @@ import numpy as np
 from ..backend.profile_block import ProfileBlock, ProfileLogError, call_symbol, match_calls, parse_blocks, read_blocks
 from ..config import ModelSpec, list_images
 from ..errors import CalibrationDataError
-from ..fsutil import atomic_path, write_json
+from ..fsutil import write_json
 
 HOST_LABEL = "host x86 time of the reference kernels, not DSP cycles"
 NO_LAYER = "(before the first layer: the input quantize)"
@@ -116,25 +114,8 @@ def _calls(codegen_dir: Path) -> tuple[str, list[dict]]:
     return c_name, calls
 
 
-def _build_profile_exe(codegen_dir: Path, exe: Path) -> None:
-    from ..backend.host import build_host, profile_flags
-
-    with atomic_path(exe) as tmp:
-        build_host(codegen_dir, tmp, extra_flags=profile_flags(codegen_dir))
-    exe.chmod(0o755)
-
-
-def _build_all(builds: dict[str, tuple[Path, Path]]) -> None:
-    """Every profile executable, one gcc per build at once (as host_build); the
-    timed runs stay one at a time. Raises the first build's ToolchainError."""
-    with ThreadPoolExecutor(max_workers=max(1, min(len(builds), os.cpu_count() or 1))) as pool:
-        done = [pool.submit(_build_profile_exe, c, e) for c, e in builds.values()]
-    for f in done:
-        f.result()
-
-
 def _host_variant(codegen_dir: Path, exe: Path, images: np.ndarray) -> dict:
-    """Run the profile executable ``exe`` (built by :func:`_build_all`) on ``images``."""
+    """Run the profile executable ``exe`` (built in :func:`profile_model`) on ``images``."""
     from ..backend.host import host_command, profile_flags, run_host_timed
 
     flags = profile_flags(codegen_dir)
@@ -203,7 +184,8 @@ def profile_model(spec: ModelSpec, images_dir: Path, builds: dict[str, tuple[Pat
     images = load_images(paths, spec.preprocess, desc=f"profile {spec.name}", model=spec.name).numpy()
     images = images.astype(np.float32)
     variants = {}
-    _build_all(builds)
+    from ..backend.host import build_hosts, profile_flags
+    build_hosts([(c, e, tuple(profile_flags(c))) for c, e in builds.values()])  # the timed runs stay serial
     for variant, (codegen_dir, exe) in builds.items():
         host = _host_variant(codegen_dir, exe, images)
         if board and board[0] == variant:
