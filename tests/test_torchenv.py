@@ -47,3 +47,39 @@ def _hint_lookups(path, memoized: bool) -> int:
     finally:
         typing.get_type_hints = real
     return len(calls)
+
+
+def test_load_program_from_memory_is_a_private_copy_of_the_loaded_program(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 32, 32)
+    path = tmp_path / "p.pt2"
+    torchenv.save_program(torch.export.export(SmallCNN().eval(), (x,)), path)
+    fresh = torch.export.load(path)
+    first, second = torchenv.load_program(path), torchenv.load_program(path)
+    key = next(k for k, (ep, _) in torchenv._PROGRAMS.items() if ep.graph_module.code == fresh.graph_module.code)
+    assert second is not first and second is not torchenv._PROGRAMS[key][0]
+    for got in (first, second):  # the same program as torch.export.load's, node metadata included
+        assert got.graph_module.code == fresh.graph_module.code
+        assert str(got.graph_signature) == str(fresh.graph_signature)
+        assert [sorted(n.meta) for n in got.graph.nodes] == [sorted(n.meta) for n in fresh.graph.nodes]
+        assert torch.equal(got.module()(x), fresh.module()(x))
+    # a caller writing into its module's parameters (ep.module() shares them) changes no other copy
+    with torch.no_grad():
+        next(first.module().parameters()).add_(1.0)
+    assert torch.equal(torchenv.load_program(path).module()(x), fresh.module()(x))
+    assert not torch.equal(first.module()(x), fresh.module()(x))
+
+
+def test_load_program_reloads_a_rewritten_file_and_skips_large_ones(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 32, 32)
+    path = tmp_path / "p.pt2"
+    torchenv.save_program(torch.export.export(SmallCNN().eval(), (x,)), path)
+    before = torchenv.load_program(path).module()(x)
+    torchenv.save_program(torch.export.export(SmallCNN().eval(), (x,)), path)  # new random weights
+    after = torchenv.load_program(path).module()(x)
+    assert torch.equal(after, torch.export.load(path).module()(x)) and not torch.equal(after, before)
+    monkeypatch.setattr(torchenv, "_PROGRAMS", type(torchenv._PROGRAMS)())
+    monkeypatch.setattr(torchenv, "PROGRAM_CACHE_BYTES", 2 * path.stat().st_size - 2)  # half is 1 B too small
+    assert torch.equal(torchenv.load_program(path).module()(x), after)
+    assert not torchenv._PROGRAMS

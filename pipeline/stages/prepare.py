@@ -68,7 +68,7 @@ def load_program(float_pt2: "Path | torch.export.ExportedProgram") -> torch.expo
     """``float_pt2`` loaded, or itself if it already is an ExportedProgram."""
     if isinstance(float_pt2, torch.export.ExportedProgram):
         return float_pt2
-    return torch.export.load(float_pt2)
+    return torchenv.load_program(float_pt2)
 
 
 def build_prepared(spec: ModelSpec, float_pt2: "Path | torch.export.ExportedProgram",
@@ -91,7 +91,7 @@ def build_prepared(spec: ModelSpec, float_pt2: "Path | torch.export.ExportedProg
     if isinstance(float_pt2, torch.export.ExportedProgram):
         module = copy.deepcopy(float_pt2.module())
     else:
-        module = torch.export.load(float_pt2).module()
+        module = torchenv.load_program(float_pt2).module()
     gm = prepare_pt2e(module, make_quantizer(spec, observer, int16_layers))
     if spec.calibration.bias_correction if bias_slots is None else bias_slots:
         from ..quant.bias_correction import add_bias_slots

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import torchenv  # noqa: F401  (registers the Q/DQ ops torch.export.load needs)
+from .. import torchenv
 from ..frontend.irmodule_io import save_irmodule
 from ..frontend.qdq_import import import_with_provenance
 from ..fsutil import write_json
-
-import torch  # noqa: E402
 
 
 def import_model(quantized_pt2: Path, out_script: Path, out_params: Path, out_layers: Path) -> None:
@@ -17,7 +15,7 @@ def import_model(quantized_pt2: Path, out_script: Path, out_params: Path, out_la
     and the Q/DQ op map; write ``module.py`` (TVMScript), ``params.bin`` and
     ``layers.json`` (binding name -> PyTorch module path, source line and
     layer id, :mod:`pipeline.frontend.provenance`)."""
-    ep = torch.export.load(quantized_pt2)
+    ep = torchenv.load_program(quantized_pt2)
     mod, params, layers = import_with_provenance(ep)
     save_irmodule(mod, params, out_script, out_params)
     write_json(out_layers, layers)

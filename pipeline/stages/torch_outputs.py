@@ -72,7 +72,7 @@ def run_outputs(module, images: torch.Tensor, model: str = "") -> list[torch.Ten
 
 def run_program_outputs(pt2: Path, images: torch.Tensor, model: str = "") -> list[torch.Tensor]:
     """:func:`run_outputs` of an exported program (the Q/DQ program is exported with batch 1)."""
-    return run_outputs(torch.export.load(pt2).module(), images, model)
+    return run_outputs(torchenv.load_program(pt2).module(), images, model)
 
 
 def run_program(pt2: Path, images: torch.Tensor, model: str = "") -> torch.Tensor:
@@ -103,7 +103,7 @@ def output_scales(ep) -> list[float | None]:
     """Per program output (return order): the scale of the dequantize feeding it
     (one LSB, in output units), or None when it comes from float ops (e.g. a
     softmax). ``ep``: a ``quantized.pt2`` path or its loaded ExportedProgram."""
-    ep = torch.export.load(ep) if isinstance(ep, (str, Path)) else ep
+    ep = torchenv.load_program(ep) if isinstance(ep, (str, Path)) else ep
     outs = next(n for n in ep.graph.nodes if n.op == "output").args[0]
     return [float(o.args[1]) if "dequantize_per_tensor" in str(getattr(o, "target", "")) else None
             for o in outs]
@@ -136,10 +136,10 @@ def compute(float_pt2: Path, quantized_pt2: Path, x: torch.Tensor, images: list[
             model: str = "") -> TorchOutputs:
     """Both programs on ``x`` (float32 [N, C, H, W], the preprocessed ``images``),
     each loaded once, plus the Q/DQ self-noise run on the first images."""
-    qdq_ep = torch.export.load(quantized_pt2)
+    qdq_ep = torchenv.load_program(quantized_pt2)
     qdq = qdq_ep.module()
     qdq_outs = run_torch_outputs(qdq, x, model)
-    float_outs = run_torch_outputs(torch.export.load(float_pt2).module(), x, model)
+    float_outs = run_torch_outputs(torchenv.load_program(float_pt2).module(), x, model)
     noise = self_noise_run(qdq, x[:SELF_NOISE_IMAGES])
     return TorchOutputs(list(images), inputs_digest(x), float_outs, qdq_outs, output_scales(qdq_ep), noise)
 
