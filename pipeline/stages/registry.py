@@ -430,7 +430,8 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.profile:profile_model",
         code=("stages/profile.py", "backend/profile_block.py", "backend/host.py", "backend/kernels", "data"),
         params=("preprocess",),
-        extra=lambda c: {"images": [p.name for p in c.evaluation_images],
+        # host_cpu: its times are of this CPU, its executables -march=native (as host_build)
+        extra=lambda c: {"images": [p.name for p in c.evaluation_images], "host_cpu": host_cpu(),
                          "board_log": str(_board_log(c) or ""), "board_log_present": bool(_board_log_deps(c))},
         deps=lambda c: [*c.layout.codegen_files(c.spec), *c.evaluation_images, *_board_log_deps(c)],
         outs=lambda c: [c.layout.profile_exe(v) for v in variants(c.spec)] + [c.layout.profile],

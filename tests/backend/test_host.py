@@ -198,9 +198,10 @@ def test_an_executable_built_for_another_cpu_says_to_rebuild(built, tmp_path):
         run_host(foreign, out, _inputs(shape, n=1))
 
 
-def test_host_build_tracks_the_cpu_it_builds_for(tmp_path, monkeypatch):
-    """-march=native executables: host_build's tracked parameters name the CPU, so
-    another kind of machine (or a run-cache shared with one) rebuilds them."""
+def test_host_build_and_profile_track_the_cpu_they_build_for(tmp_path, monkeypatch):
+    """-march=native executables: host_build's and profile's tracked parameters name
+    the CPU, so another kind of machine (or a run-cache shared with one) rebuilds them
+    (and profile's times are of the CPU they were measured on)."""
     from pipeline import toolchain
     from pipeline.backend.host import CFLAGS
     from pipeline.config import load_models
@@ -210,8 +211,10 @@ def test_host_build_tracks_the_cpu_it_builds_for(tmp_path, monkeypatch):
     spec = next(s for s in load_models(registry.PKG.parent / "models") if s.name == "mobilenet_v2")
     ctx = registry.StageContext(spec=spec, layout=Layout(tmp_path, spec.name), root=registry.PKG.parent,
                                 calib_root=tmp_path, weights=None)
-    host_build = next(s for s in registry.STAGES if s.name == "host_build")
-    here = host_build.tracked(ctx)["host_cpu"]
-    assert here == toolchain.host_cpu() and len(here) == 16
-    monkeypatch.setattr(registry, "host_cpu", lambda: "another-cpu-kind")
-    assert host_build.tracked(ctx)["host_cpu"] == "another-cpu-kind"
+    for name in ("host_build", "profile"):
+        stage = next(s for s in registry.STAGES if s.name == name)
+        here = stage.tracked(ctx)["host_cpu"]
+        assert here == toolchain.host_cpu() and len(here) == 16
+        with monkeypatch.context() as m:
+            m.setattr(registry, "host_cpu", lambda: "another-cpu-kind")
+            assert stage.tracked(ctx)["host_cpu"] == "another-cpu-kind"
