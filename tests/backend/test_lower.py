@@ -211,3 +211,21 @@ def test_offload_primfuncs_survive_untouched(crp_int8):
     for name, f in after.items():
         assert int(f.attrs["op_pattern"]) == 8  # kOpaque: never fused
         tvm.ir.assert_structural_equal(f.without_attr("op_pattern"), before[name])
+
+
+_INIT_IN_LOOP = r"if \(\w+ == 0\) \{\s+\w+\[[^\]]+\] = 0;"
+
+
+def test_reduction_init_is_hoisted_out_of_the_mac_loop(crp_int8):
+    """TVM's LowerInitBlock writes ``if (rc == 0) acc = 0;`` inside the MAC
+    loop; after compact_schedule the C zeroes the accumulator before the loop."""
+    import re
+
+    from pipeline.backend.kernel_source import kernel_source
+
+    raw = _uncompacted_fused_conv(crp_int8)
+    src_raw = kernel_source(tvm.IRModule({"f": raw}), "a_").source
+    src_new = kernel_source(tvm.IRModule({"f": compact_schedule(raw)}), "a_").source
+    assert re.search(_INIT_IN_LOOP, src_raw)
+    assert not re.search(_INIT_IN_LOOP, src_new)
+    assert re.search(r"\w+\[0\] = 0;\s+(int32_t \w+ = [^;]+;\s+)*for \(", src_new)
