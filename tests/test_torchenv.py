@@ -70,6 +70,22 @@ def test_load_program_from_memory_is_a_private_copy_of_the_loaded_program(tmp_pa
     assert not torch.equal(first.module()(x), fresh.module()(x))
 
 
+def test_load_program_copies_share_no_node_metadata(tmp_path):
+    """What a caller (or torch.export, re-exporting it) writes into a node's
+    ``custom`` / ``nn_module_stack`` meta does not reach the next copy."""
+    torch.manual_seed(0)
+    path = tmp_path / "p.pt2"
+    torchenv.save_program(torch.export.export(SmallCNN().eval(), (torch.randn(1, 3, 32, 32),)), path)
+    first = torchenv.load_program(path)
+    node = next(n for n in first.graph.nodes if n.op == "call_function")
+    assert isinstance(node.meta.get("nn_module_stack"), dict)
+    node.meta.setdefault("custom", {})["written_by_a_caller"] = True
+    node.meta["nn_module_stack"]["written_by_a_caller"] = ("x", object)
+    again = next(n for n in torchenv.load_program(path).graph.nodes if n.name == node.name)
+    assert "written_by_a_caller" not in again.meta.get("custom", {})
+    assert "written_by_a_caller" not in again.meta["nn_module_stack"]
+
+
 def test_load_program_reloads_a_rewritten_file_and_skips_large_ones(tmp_path, monkeypatch):
     torch.manual_seed(0)
     x = torch.randn(1, 3, 32, 32)
@@ -83,3 +99,27 @@ def test_load_program_reloads_a_rewritten_file_and_skips_large_ones(tmp_path, mo
     monkeypatch.setattr(torchenv, "PROGRAM_CACHE_BYTES", 2 * path.stat().st_size - 2)  # half is 1 B too small
     assert torch.equal(torchenv.load_program(path).module()(x), after)
     assert not torchenv._PROGRAMS
+
+
+def test_release_torchao_modules_frees_prepared_and_converted_models():
+    """PT2E's device look-ups cache every module they see (functools.cache);
+    after release_torchao_modules a dropped model is garbage."""
+    import gc
+    import weakref
+
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from pipeline.quant import C7xMMAQuantizer
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 32, 32)
+    prepared = prepare_pt2e(torch.export.export(SmallCNN().eval(), (x,)).module(), C7xMMAQuantizer())
+    prepared(x)
+    converted = convert_pt2e(prepared)
+    refs = [weakref.ref(prepared), weakref.ref(converted)]
+    del prepared, converted
+    gc.collect()
+    assert any(r() is not None for r in refs), "PT2E no longer caches modules: release is not needed"
+    torchenv.release_torchao_modules()
+    gc.collect()
+    assert all(r() is None for r in refs)

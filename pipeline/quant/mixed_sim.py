@@ -52,6 +52,8 @@ from torchao.quantization.pt2e.quantizer import SharedQuantizationSpec
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_
 
+from .. import torchenv
+
 _qd = torch.ops.quantized_decomposed
 _PER_CHANNEL = (torch.per_channel_symmetric, torch.per_channel_affine)
 _DTYPE_NAMES = {torch.int8: "int8", torch.int16: "int16"}
@@ -125,6 +127,7 @@ class MixedSimulator:
         self._scratch = copy.deepcopy(program.module())
         _fuse_conv_bn_(self._scratch)
         _fuse_linear_bn_(self._scratch)
+        torchenv.release_torchao_modules()
         self._nodes = {n.name: n for n in self._scratch.graph.nodes}
         _check_same_placement(prepared8, prepared16)
         self.module = prepared8

@@ -25,6 +25,7 @@ def load_converted(spec: ModelSpec, float_pt2: "Path | torch.export.ExportedProg
     gm = build_prepared(spec, float_pt2, int16_layers=int16_layers)
     gm.load_state_dict(torch.load(calibrated_state, map_location="cpu", weights_only=True), strict=True)
     q = convert_pt2e(gm)
+    torchenv.release_torchao_modules()
     _drop_unused_attributes(q)
     return q
 

@@ -75,7 +75,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import torchenv  # noqa: F401
+from .. import torchenv
 from ..config import ModelSpec, list_images
 from ..data.images import load_images
 from ..errors import CalibrationDataError
@@ -270,6 +270,7 @@ def float_reference(ep) -> torch.fx.GraphModule:
     m = copy.deepcopy(ep.module())
     _fuse_conv_bn_(m)
     _fuse_linear_bn_(m)
+    torchenv.release_torchao_modules()
     m.recompile()
     return m
 

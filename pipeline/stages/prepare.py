@@ -93,6 +93,7 @@ def build_prepared(spec: ModelSpec, float_pt2: "Path | torch.export.ExportedProg
     else:
         module = torchenv.load_program(float_pt2).module()
     gm = prepare_pt2e(module, make_quantizer(spec, observer, int16_layers))
+    torchenv.release_torchao_modules()
     if spec.calibration.bias_correction if bias_slots is None else bias_slots:
         from ..quant.bias_correction import add_bias_slots
         add_bias_slots(gm)
