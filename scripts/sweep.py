@@ -65,7 +65,8 @@ RESULT = "sweep_result.json"
 #: attention rate; ViT is mostly Linear weights): built, and they need a larger --timeout.
 TOO_LARGE: dict[str, str] = {
     "regnet_y_128gf": "645M parameters, 128 GMACs: estimated peak RSS 18 GiB of a 24 GiB machine",
-    "vit_h_14": "632M parameters, 167 GMACs: estimated peak RSS 18-48 GiB, over a 24 GiB machine",
+    "vit_h_14": "632M parameters, 167 GMACs: estimated peak RSS 18 GiB of a 24 GiB machine, and hours of "
+                "scalar attention on 2 cores",
 }
 
 ENTRY = '''builder = "pipeline.models.zoo:torchvision_random"
