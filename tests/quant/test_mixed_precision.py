@@ -261,7 +261,7 @@ def test_mobilenet_v2_mixed_choice_and_simulation_fidelity(tmp_path):
                                    "calibrated.pt", "calibration.json", "quantized.pt2")}
     export_model(spec, None, f["float.pt2"], repo)
     record = mixed_precision_model(spec, f["float.pt2"], cal, f["mixed.json"], f["int16.json"])
-    assert record["seconds"] < 60 and record["num_images"] == 20
+    assert record["num_images"] == 20  # its time is a benchmark figure (record["seconds"]), not a test
     assert record["layer_count"] == 63 and record["total_macs"] == 300_774_272
     assert 0.05 < record["int16_share"] <= 0.10
     errors = record["errors"]
