@@ -19,6 +19,7 @@ Schema (every key but ``builder`` and ``input_shape`` has a default)::
     [codegen]      see CodegenSpec
     [evaluation]   set = "<calibration set>"       # labeled images for the accuracy report
     [profile]      see ProfileSpec
+    [target]       see TargetSpec
 """
 
 from __future__ import annotations
@@ -194,6 +195,18 @@ class ProfileSpec:
 
 
 @dataclass(frozen=True)
+class TargetSpec:
+    """The SoC the performance estimate is for: ``name`` selects
+    ``pipeline/perf/targets/<name>.toml`` (am67a, am62a, tda4vm...);
+    ``figures``: the entry's overrides of that file's figures
+    (``[target] l2_sram_bytes = 229376``), checked when the entry is loaded.
+    Inherited by ``extends`` variants."""
+
+    name: str = "am67a"
+    figures: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """One validated model entry."""
 
@@ -211,6 +224,7 @@ class ModelSpec:
     evaluation_set: str = "imagenet20"
     evaluation_folds: int = 2
     profile: ProfileSpec = ProfileSpec()
+    target: TargetSpec = TargetSpec()
     default_run: bool = True
     task: str = "classification"
 
@@ -240,6 +254,7 @@ class ModelSpec:
             evaluation_set=d["evaluation_set"],
             evaluation_folds=d["evaluation_folds"],
             profile=ProfileSpec(**d.get("profile", {})),
+            target=TargetSpec(**d.get("target", {})),
             default_run=d.get("default_run", True),
             task=d.get("task", "classification"),
         )
@@ -321,7 +336,7 @@ def _deep_merge(base: dict, over: dict) -> dict:
 
 _TOP_KEYS = {"builder", "builder_kwargs", "input_shape", "dtype", "preprocess", "weights",
              "calibration", "quantizer", "codegen", "evaluation", "profile", "description", "extends",
-             "default_run", "task"}
+             "default_run", "task", "target"}
 
 
 def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
@@ -402,12 +417,29 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     if shape[1] != 3 or shape[2] != preprocess.crop or shape[3] != preprocess.crop:
         fail(f"input_shape {shape} does not match the preprocessing, which gives RGB images of "
              f"[1, 3, {preprocess.crop}, {preprocess.crop}]: set input_shape or preprocess.crop to agree")
+    target = _target(fail, data.get("target", {}))
     return ModelSpec(
         name=name, source=path, builder=builder, input_shape=tuple(shape), dtype=dtype,
         builder_kwargs=dict(kwargs), weights=weights, preprocess=preprocess,
         calibration=calibration, quantizer=quantizer, codegen=codegen, evaluation_set=evaluation_set,
-        evaluation_folds=folds, profile=profile, default_run=default_run, task=task,
+        evaluation_folds=folds, profile=profile, default_run=default_run, task=task, target=target,
     )
+
+
+def _target(fail, table) -> TargetSpec:
+    """[target]: ``name`` plus figure overrides, checked against the target file
+    (an unknown name lists the known targets; an unknown figure lists the figures)."""
+    from .perf.target import DEFAULT_TARGET, load_target  # light: tomllib only
+
+    if not isinstance(table, dict):
+        fail("[target] must be a table, e.g. { name = \"am67a\" }")
+    table = dict(table)
+    name = table.pop("name", DEFAULT_TARGET)
+    try:
+        load_target(name, table, where="[target]")
+    except ConfigError as e:
+        fail(str(e))
+    return TargetSpec(name=name, figures=table)
 
 
 def _quantizer(fail, data: dict, dtype: str) -> QuantizerSpec:

@@ -46,6 +46,7 @@ class Layout:
         self.layers_json = self.dir / "layers.json"  # layers: per-layer numerics
         self.host_record = self.dir / "host" / "build.json"
         self.profile = self.dir / "profile.json"
+        self.estimate = self.dir / "estimate.json"  # estimated C7x cycles per call and layer
         self.board_profile = self.dir / "board_profile.txt"  # the user's C7x log (no stage writes it)
         self.offload_html = self.dir / "offload.html"
         self.cross = self.dir / "c7x"

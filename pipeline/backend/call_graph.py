@@ -20,6 +20,7 @@ import bisect
 
 import tvm
 
+from .call_work import call_work
 from .lower import is_offload
 from .memory_plan import Plan
 
@@ -72,15 +73,18 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
     ``kernel``, ``backend``, ``inputs`` / ``output`` (tensor names; ``input`` and
     ``output`` for the model's own, :func:`io_names`; a kernel writing several tensors also has
     ``outputs``, ``output`` being the last), ``shape``, ``dtype`` (of ``output``), ``vars``
-    (binding names of the output) and ``layer`` (the layer ``id`` or None).
+    (binding names of the output), ``layer`` (the layer ``id`` or None), and
+    ``work`` / ``reads`` / ``writes`` (:func:`.call_work.call_work`: MACs or elements, and
+    bytes per tensor with its memory level, for the performance estimate).
     """
     anchors = sorted((order[lay["name"]], lay["id"]) for lay in layers if lay["name"] in order)
     keys = [a for a, _ in anchors]
     names = io_names(plan)
-    records, producer = [], {}
+    records, producer, n_outs = [], {}, []
     for k, (func, args) in enumerate(plan.calls):
         backend, kernel = _backend(mod, func)
         n_out = _output_count(args, lambda a: names.get(_root(plan, a), _root(plan, a)), producer)
+        n_outs.append(n_out)
         out = args[-1]
         ins = [names.get(_root(plan, a), _root(plan, a)) for a in args[:-n_out] if a.home != "weight"]
         outs = [names.get(_root(plan, a), _root(plan, a)) for a in args[-n_out:]]
@@ -101,4 +105,6 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
         if not rec.pop("_named"):
             readers = [r for r in records if rec["output"] in r["inputs"]]
             rec["layer"] = readers[0]["layer"] if len(readers) == 1 else rec["layer"]
+    for rec, facts in zip(records, call_work(mod, plan, n_outs)):
+        rec.update(facts)
     return records

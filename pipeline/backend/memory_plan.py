@@ -87,6 +87,20 @@ class Plan:
         return int(np.prod(self.outputs[i].shape))
 
 
+#: Memory levels of the C7x, fastest first (``[target]`` sizes: pipeline/perf/targets/).
+LEVELS = ("l2", "msmc", "ddr")
+
+
+def level_of(t: Tensor, plan: Plan) -> str:
+    """Memory level holding ``t`` on the C7x: one of :data:`LEVELS`.
+
+    This plan is flat: the input, the caller's output buffer, the one
+    activation arena and weights.bin are all in DDR, and every kernel reads and
+    writes them there (no DMA staging into L2 SRAM). The performance estimate
+    (:mod:`pipeline.perf`) reads each call's bytes per level from here."""
+    return "ddr"
+
+
 def const_key(const: GenericConst) -> tuple[np.ndarray, tuple]:
     """``(value, key)`` of a constant; equal contents give equal keys, so one
     weights.bin entry serves every copy of a constant."""

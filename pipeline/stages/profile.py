@@ -133,7 +133,10 @@ def _host_variant(codegen_dir: Path, exe: Path, images: np.ndarray) -> dict:
     return m
 
 
-def _board_variant(spec: ModelSpec, codegen_dir: Path, board_log: Path) -> dict:
+def board_measurement(spec: ModelSpec, codegen_dir: Path, board_log: Path) -> dict:
+    """The board log's cycles of the build in ``codegen_dir`` (:func:`measurement`
+    of its blocks, the last one steady). Raises ProfileLogError with one line for
+    a missing log or one that is not from this build."""
     c_name, calls = _calls(codegen_dir)
     where = f"model {spec.name!r}, build {codegen_dir.name}"
     if not board_log.is_file():
@@ -180,7 +183,7 @@ def profile_model(spec: ModelSpec, images_dir: Path, builds: dict[str, tuple[Pat
     board = None
     if board_log is not None:  # read it first: a bad log fails before the host builds and runs
         first_dir = next(iter(builds.values()))[0]
-        board = (next(iter(builds)), _board_variant(spec, first_dir, Path(board_log)))
+        board = (next(iter(builds)), board_measurement(spec, first_dir, Path(board_log)))
     images = load_images(paths, spec.preprocess, desc=f"profile {spec.name}", model=spec.name).numpy()
     images = images.astype(np.float32)
     variants = {}

@@ -29,7 +29,7 @@ from ..layout import Layout, variants
 from ..toolchain import host_cpu
 
 PKG = Path(__file__).resolve().parent.parent
-_CODE_SUFFIXES = (".py", ".c", ".h")
+_CODE_SUFFIXES = (".py", ".c", ".h", ".toml")  # .toml: the target tables (perf/targets/)
 
 
 @dataclass(frozen=True)
@@ -357,6 +357,22 @@ STAGES: tuple[Stage, ...] = (
                         "layers": c.layout.relax_layers,
                         "out_dirs": {v: c.layout.codegen_dir(v) for v in variants(c.spec)}},
         task_doc=lambda c: "MMALIB offload + static C + weights.bin (+ scalar baseline)",
+    ),
+    Stage(
+        # Pure Python over the manifests: the target's figures and the fitted constants
+        # (pipeline/perf/) decide it; a board log is a file dep while it exists.
+        name="estimate", doc="estimated C7x cycles per call and layer, ms and FPS on the target",
+        func="pipeline.stages.estimate:estimate_model",
+        code=("stages/estimate.py", "stages/profile.py", "backend/profile_block.py", "backend/host.py", "perf"),
+        params=("target",),
+        extra=lambda c: {"board_log": str(_board_log(c) or ""), "board_log_present": bool(_board_log_deps(c))},
+        deps=lambda c: ([c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)]
+                        + [c.layout.codegen_dir(variants(c.spec)[0]) / "model.h"] + _board_log_deps(c)),
+        outs=lambda c: [c.layout.estimate],
+        args=lambda c: {"spec": c.spec, "out": c.layout.estimate, "board_log": _board_log(c),
+                        "manifests": {v: c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)}},
+        task_doc=lambda c: f"estimated C7x cycles, ms and FPS on {c.spec.target.name} per call and layer "
+                           f"-> estimate.json",
     ),
     Stage(
         name="host_build", doc="build the generated C on the host with gcc",

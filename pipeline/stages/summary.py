@@ -145,14 +145,56 @@ def _mixed_line(mixed: dict, manifests: dict, siblings: dict[str, dict]) -> str:
     return line
 
 
+def estimate_lines(estimate: dict) -> list[str]:
+    """The model's estimated C7x latency per build, its five costliest layers with
+    the reason, and the board log's error when there is one (``estimate.json``)."""
+    t = estimate["target"]
+    fig = t["figures"]
+    builds = [f"{v} {b['ms']:,.2f} ms = {b['fps']:,.1f} FPS ({b['total_cycles'] / 1e6:,.2f}M cycles)"
+              for v, b in estimate["variants"].items()]
+    lines = [f"  C7x estimate   {t['name']}, one core at {fig['clock_hz'] / 1e9:g} GHz (an ESTIMATE from a "
+             f"static model, not a measurement; estimate.json): " + " | ".join(builds)]
+    first, b = next(iter(estimate["variants"].items()))
+    bound = ", ".join(f"{k} {100 * v / max(b['total_cycles'], 1):.0f}%" for k, v in b["by_bound"].items() if v)
+    lines.append(f"  {first} costliest  (of {b['total_cycles'] / 1e6:,.2f}M cycles: {bound}; MMA compute bound "
+                 f"{b['compute_bound_cycles'] / 1e6:.2f}M; DDR {b['ddr_bytes'] / 1e6:.1f} MB per inference)")
+    for i, r in enumerate(b["top"], 1):
+        lines.append(f"    {i}. {r['module'] or r['layer'] or 'input'} ({r['op'] or 'input quantize'}) "
+                     f"{100 * r['share']:.1f}%: {r['reason']}")
+    board = b.get("board")
+    if board:
+        lines.append(f"  vs board       measured {board['measured_cycles'] / 1e6:,.2f}M cycles, estimated "
+                     f"{board['estimated_cycles'] / 1e6:,.2f}M: error {100 * board['error']:+.1f}% "
+                     f"(median per-layer |log2 ratio| {board['median_abs_log2_ratio']})")
+    return lines
+
+
+def estimate_table(data: dict, payload: dict) -> list[str]:
+    """Every model's estimated latency side by side (first build: MMALIB when on)."""
+    rows = []
+    for name, d in data.items():
+        e = d.get("estimate")
+        if not e:
+            continue
+        v, b = next(iter(e["variants"].items()))
+        kind = payload.get("kinds", {}).get(name, "")
+        rows.append(f"  {name:<24} {kind:<6} {v:<7} {e['target']['name']:<7} {b['total_cycles'] / 1e6:>9,.2f} "
+                    f"{b['ms']:>9,.2f} {b['fps']:>8,.1f}")
+    if not rows:
+        return []
+    head = f"  {'model':<24} {'kind':<6} {'build':<7} {'target':<7} {'Mcycles':>9} {'ms':>9} {'FPS':>8}"
+    return ["", "== estimated C7x latency (one core, batch 1; an estimate, see estimate.json) ==", head] + rows
+
+
 def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[str, dict],
                 layers: dict | None = None, holdout: dict | None = None, mixed: dict | None = None,
-                siblings: dict[str, dict] | None = None) -> list[str]:
+                siblings: dict[str, dict] | None = None, estimate: dict | None = None) -> list[str]:
     """Human-readable block for one model (see the README for how to read it).
 
     ``holdout``: ``holdout.json``; ``mixed``: the summary of ``mixed_precision.json``
     (int16_layer_count, layer_count, int16_macs, total_macs, budget, method);
-    ``siblings``: dtype -> MMALIB manifest summary of the same network's int8/int16 builds."""
+    ``siblings``: dtype -> MMALIB manifest summary of the same network's int8/int16 builds;
+    ``estimate``: ``estimate.json``."""
     detecting = "detections_qdq_vs_float" in report
     images = (f"{report['images']} images, detection" if detecting
               else f"{report['labeled']} labeled images")
@@ -193,6 +235,8 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
                      + f" | PyTorch vs itself max {noise['max_lsb']:g}, mean {noise['mean_lsb']:.2f}")
     if layers and layers.get("layers"):
         lines.append(_worst_line(layers))
+    if estimate:
+        lines += estimate_lines(estimate)
     return lines
 
 
@@ -206,7 +250,7 @@ def collect(payload: dict) -> dict:
         out[name] = {"report": _load(d / "report.json"), "verify": _load(d / "verify.json"),
                      "manifests": {k: v for k, v in manifests.items() if v},
                      "layers": _load(d / "layers.json"), "holdout": _load(d / "holdout.json"),
-                     "mixed": _load(d / "mixed_precision.json")}
+                     "mixed": _load(d / "mixed_precision.json"), "estimate": _load(d / "estimate.json")}
     return out
 
 
@@ -240,13 +284,14 @@ def render(payload: dict, failed: dict[str, str] | None = None,
             lines.append(f"{name}: not built yet")
         else:
             lines += model_lines(name, d["report"], d["verify"], d["manifests"], d["layers"], d["holdout"],
-                                 mixed_summary(d["mixed"]), siblings(payload, data, name))
+                                 mixed_summary(d["mixed"]), siblings(payload, data, name), d["estimate"])
             lines.append(f"  page           {art / name / 'offload.html'} (offload graph, per-layer "
                          f"profile and numerics: open it in a browser)")
             lines.append(f"  files          {art / name}/ (C: c/<build>/, numbers: report.json, verify.json, "
                          f"layers.json, c/<build>/manifest.json)")
     lines += [f"{name}: FAILED ({why})" for name, why in payload.get("invalid", {}).items()]
     lines += [f"{name}: skipped ({why})" for name, why in payload["skipped"].items()]
+    lines += estimate_table({n: d for n, d in data.items() if n not in failed}, payload)
     return "\n".join(lines + restored_lines(restored or []))
 
 
@@ -261,13 +306,23 @@ def restored_lines(tasks: list[str]) -> list[str]:
             for model, stages in by_model.items()]
 
 
+def _estimate_summary(e: dict | None) -> dict | None:
+    """Per build: cycles, ms, FPS, the top layers and the board comparison (no per-call rows)."""
+    if not e:
+        return None
+    keep = ("total_cycles", "ms", "fps", "compute_bound_cycles", "by_bound", "ddr_bytes", "top", "board")
+    return {"target": e["target"]["name"], "label": e["label"],
+            "variants": {v: {k: b[k] for k in keep if k in b} for v, b in e["variants"].items()}}
+
+
 def summarize(payload: dict) -> dict:
     """The summary task: write ``artifacts/summary.json`` (the reporter prints)."""
     data = collect(payload)
     out = {name: {"report": d["report"], "verify": d["verify"],
                   "codegen": {k: v["summary"] for k, v in d["manifests"].items()},
                   "worst_layers": worst_layers(d["layers"]) if d["layers"] else None,
-                  "holdout": d["holdout"], "mixed_precision": mixed_summary(d["mixed"])}
+                  "holdout": d["holdout"], "mixed_precision": mixed_summary(d["mixed"]),
+                  "estimate": _estimate_summary(d["estimate"])}
            for name, d in data.items()}
     write_json(Path(payload["artifacts"]) / "summary.json", {"models": out, "skipped": payload["skipped"]})
     return out

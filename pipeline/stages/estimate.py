@@ -1,0 +1,87 @@
+"""Stage ``estimate``: how fast each build would run on the C7x target.
+
+For every build variant, the static performance model (:mod:`pipeline.perf`)
+estimates the cycles of every kernel call of ``manifest.json`` from the
+call's work and its bytes per memory level (codegen's memory plan), for the
+model entry's ``[target]``; calls are summed per layer (PyTorch module path),
+and the total gives ms and FPS at the target clock, for one C7x core. With a
+board log (``[profile] board_log``, or ``board_profile.txt``), the first build's
+measured cycles are set beside the estimate, per call and layer, with the
+ratio and the model's overall error.
+
+``estimate.json``: ``label`` (an estimate, not a measurement), ``rests_on``
+(what it assumes), ``target`` (figures with their status), ``constants`` (the
+fitted ones), ``variants`` {variant: :func:`pipeline.perf.report.estimate_build`
+(+ ``board``)}, ``summary_lines``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from ..config import ModelSpec
+from ..fsutil import write_json
+from ..perf.model import fitted
+from ..perf.report import LABEL, compare_board, estimate_build
+from ..perf.target import Target, load_target
+
+
+def spec_target(spec: ModelSpec) -> Target:
+    """The model entry's target with its overrides (ConfigError: one line)."""
+    return load_target(spec.target.name, spec.target.figures, where=f"{spec.source} [target]")
+
+
+def rests_on(target: Target) -> list[str]:
+    """What every estimate assumes, in words (shown with it)."""
+    n_assumed = len([f for f in target.assumed if f not in target.overridden])
+    return [
+        "codegen's memory plan: every buffer (input, activations, weights, output) in DDR, read and "
+        "written there by each kernel, no DMA staging into L2 SRAM",
+        f"target figures of {target.source} ({n_assumed} assumed, {len(target.conflicting)} chosen among "
+        f"conflicting sources, {len(target.overridden)} overridden by the entry; sources: docs/targets.md)",
+        "3 constants fitted on the user's document's single conv (scalar 45.2M, MMALIB 1.67M, MMALIB + L2 "
+        "DMA 477K cycles) and nothing else (docs/estimate.md)",
+        "one C7x core, batch 1, steady state (no cold caches, no first-call initialisation)",
+    ]
+
+
+def _line(spec: ModelSpec, target: Target, variants: dict) -> str:
+    parts = []
+    for v, b in variants.items():
+        board = b.get("board")
+        extra = f", board {board['measured_cycles'] / 1e6:.2f}M ({100 * board['error']:+.0f}%)" if board else ""
+        parts.append(f"{v} {b['total_cycles'] / 1e6:.2f}M cycles = {b['ms']:.2f} ms ({b['fps']:.1f} FPS){extra}")
+    return f"estimate {spec.name} on {target.name}: " + " | ".join(parts)
+
+
+def estimate_model(spec: ModelSpec, manifests: dict[str, Path], board_log: Path | None, out: Path) -> dict:
+    """Estimate every build; write ``estimate.json`` (module docstring).
+
+    ``manifests``: {variant: its codegen ``manifest.json``}, the first being the
+    build a board log belongs to. ``board_log``: that build's C7x log, or None.
+    Raises ConfigError for a bad ``[target]`` (unknown name, missing or
+    unknown figure), ProfileLogError for a missing or foreign board log."""
+    target = spec_target(spec)
+    variants = {}
+    for variant, path in manifests.items():
+        manifest = json.loads(Path(path).read_text())
+        if not manifest["calls"] or "work" not in manifest["calls"][0]:
+            raise ValueError(f"{path}: the manifest has no per-call work (written by an older codegen); "
+                             f"re-run codegen:{spec.name}")
+        variants[variant] = estimate_build(manifest, target)
+    if board_log is not None:
+        from .profile import board_measurement
+
+        first = next(iter(manifests))
+        board = board_measurement(spec, Path(manifests[first]).parent, Path(board_log))
+        variants[first]["board"] = compare_board(variants[first], board)
+    report = {"model": spec.name, "label": LABEL, "rests_on": rests_on(target), "target": target.to_json(),
+              "constants": dataclasses.asdict(fitted()), "variants": variants,
+              "summary_lines": [_line(spec, target, variants)]}
+    write_json(out, report)
+    for line in report["summary_lines"]:
+        print(line, file=sys.stderr)
+    return report
