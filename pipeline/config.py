@@ -427,18 +427,18 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
 
 
 def _target(fail, table) -> TargetSpec:
-    """[target]: ``name`` plus figure overrides, checked against the target file
-    (an unknown name lists the known targets; an unknown figure lists the figures)."""
-    from .perf.target import DEFAULT_TARGET, load_target  # light: tomllib only
-
+    """[target]: ``name`` plus figure overrides. Only the form is checked here; the
+    names against the target files by :func:`pipeline.perf.target.check_target_spec`
+    when the project loads (an unknown name lists the known targets)."""
     if not isinstance(table, dict):
         fail("[target] must be a table, e.g. { name = \"am67a\" }")
     table = dict(table)
-    name = table.pop("name", DEFAULT_TARGET)
-    try:
-        load_target(name, table, where="[target]")
-    except ConfigError as e:
-        fail(str(e))
+    name = table.pop("name", "am67a")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        fail(f"target.name must be a target name such as \"am67a\", got {name!r}")
+    bad = [k for k, v in table.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+    if bad:
+        fail(f"target.{bad[0]} must be a number (a figure of the target table), got {table[bad[0]]!r}")
     return TargetSpec(name=name, figures=table)
 
 

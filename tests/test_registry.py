@@ -76,7 +76,7 @@ def test_no_stage_dispatch_on_names():
 # Import layers, lowest first. A module may import from its own layer or lower ones.
 LAYERS = [
     {"errors", "fsutil", "config", "stamps", "weights", "layout", "toolchain", "torchenv", "assets", "runcache"},
-    {"quant", "frontend", "backend", "data", "visualize", "models", "tools"},
+    {"quant", "frontend", "backend", "data", "visualize", "models", "tools", "perf"},
     {"stages", "console", "executor"},
     {"tasks"},
 ]

@@ -137,3 +137,13 @@ def load_target(name: str = DEFAULT_TARGET, overrides: dict | None = None, where
                   source=f"pipeline/perf/targets/{path.name}", figures=figures,
                   assumed=tuple(data.get("assumed", ())), conflicting=tuple(data.get("conflicting", ())),
                   overridden=tuple(sorted(overrides)))
+
+
+def check_target_spec(spec) -> None:
+    """Load a model entry's ``[target]`` (:class:`pipeline.config.TargetSpec`) to check it.
+    Raises ConfigError with one line naming the entry's file and model."""
+    try:
+        load_target(spec.target.name, spec.target.figures, where=f"{spec.source} (model {spec.name!r}) [target]")
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if str(spec.source) in msg else f"{spec.source} (model {spec.name!r}): {msg}") from None

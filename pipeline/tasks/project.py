@@ -22,14 +22,26 @@ from doit.tools import config_changed
 
 from .. import runcache, stamps
 from ..config import InvalidModel, ModelSpec, load_models
-from ..errors import WeightsNotFoundError
+from ..errors import ConfigError, WeightsNotFoundError
 from ..layout import Layout, variants
+from ..perf.target import check_target_spec
 from ..stages.registry import PKG, STAGES, Stage, StageContext
 from ..weights import missing_weights_message, resolve_weights
 from .actions import fail_config, run_cache_command, run_stage, run_summary
 
 SKIPPED = " [skipped by default: weights not found]"
 BY_NAME_ONLY = " [not in the default run (default_run = false): name the task to build it]"
+
+
+def _with_target_checked(entry):
+    """The entry, or an InvalidModel when its ``[target]`` names no target file or figure."""
+    if isinstance(entry, InvalidModel):
+        return entry
+    try:
+        check_target_spec(entry)
+    except ConfigError as e:
+        return InvalidModel(entry.name, entry.source, e)
+    return entry
 
 
 class Project:
@@ -44,7 +56,7 @@ class Project:
         self.models_dir = self._abs(models_dir)
         self.artifacts = self._abs(artifacts_dir)
         self.calib_root = self._abs(calib_root)
-        self.entries = load_models(self.models_dir)
+        self.entries = [_with_target_checked(e) for e in load_models(self.models_dir)]
         self.cache_root = runcache.cache_root(self.artifacts)
         try:
             self.cache_limit = runcache.max_bytes()
