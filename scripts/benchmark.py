@@ -11,7 +11,8 @@ resident memory of this process. Then (issue 12) the run-cache restore
 against the cold build (scripts/bench_runcache.py), 4 model variants under
 ``dask-local:2`` against a serial run (scripts/bench_dask.py) and 200-image
 calibration sharded against one process (scripts/bench_calibration.py).
-``--sections`` picks some of: list, stages, runcache, dask, calibration.
+Issue 25: the C7x estimate beside the document's figures (scripts/bench_estimate.py).
+``--sections`` picks some of: list, stages, estimate, runcache, dask, calibration.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def bench_stages(model: str, n_images: int) -> None:
             t0 = time.perf_counter()
             results[stage.name] = timed(stage.name, stage.function(), **stage.args(ctx))
             times[stage.name] = time.perf_counter() - t0
+        cold = sum(times.values())
+        print(f"  estimate: {times['estimate']:.2f} s = {100 * times['estimate'] / cold:.2f}% of the cold build "
+              f"({cold:.1f} s; goal: under 5%)")
         seeing = sum(times[n] for n in ("profile", "layers", "visualize"))
         rest = sum(times.values()) - seeing
         print(f"  profile + layers + visualize: {seeing:.1f} s = {100 * seeing / rest:.0f}% on top of the "
@@ -144,7 +148,7 @@ def bench_runs(spec, L, x, summaries) -> None:
 VERIFY_GOAL = 1.5  # (verify + evaluate) / codegen, MobileNetV2 int8, 20 images, 2 cores (issue 13)
 VERIFY_REPEATS = 3  # codegen, evaluate and verify are timed this many times; the median ratio is the figure
 
-SECTIONS = ("list", "stages", "runcache", "dask", "calibration")
+SECTIONS = ("list", "stages", "estimate", "runcache", "dask", "calibration")
 
 
 def main() -> None:
@@ -162,6 +166,9 @@ def main() -> None:
         bench_list()
     if "stages" in sections:
         bench_stages(args.model, args.images)
+    if "estimate" in sections:
+        from bench_estimate import bench_estimate
+        bench_estimate()
     if "runcache" in sections:
         from bench_runcache import bench_runcache
         bench_runcache(args.model)

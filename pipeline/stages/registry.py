@@ -488,9 +488,9 @@ STAGES: tuple[Stage, ...] = (
               "visualize/page.js", "visualize/vendor/dagre.min.js", "visualize/vendor/LICENSE"),
         params=("name",),
         deps=lambda c: [c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)]
-        + [c.layout.profile, c.layout.layers_json],
+        + [c.layout.profile, c.layout.layers_json, c.layout.estimate],
         outs=lambda c: [c.layout.offload_html],
-        args=lambda c: {"model": c.spec.name, "out": c.layout.offload_html,
+        args=lambda c: {"model": c.spec.name, "out": c.layout.offload_html, "estimate": c.layout.estimate,
                         "manifests": {v: c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)},
                         "profile": c.layout.profile, "numerics": c.layout.layers_json,
                         "detections": c.layout.detections / "index.html" if c.spec.task == "detection" else None},

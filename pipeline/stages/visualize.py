@@ -3,7 +3,8 @@
 One self-contained page (no network, opens from ``file://``): the offload
 graph of each build, a sortable layer table, the details of a layer on
 click, and, when the files are there, a profile tab (``profile.json``) and a
-numerics tab (``layers.json``). The page is built by :mod:`pipeline.visualize`;
+numerics tab (``layers.json``), and the C7x estimate (``estimate.json``) on the nodes, in the
+details, the sidebar and the profile tab. The page is built by :mod:`pipeline.visualize`;
 this function only reads and writes files. No torch, no tvm.
 """
 
@@ -15,22 +16,23 @@ from pathlib import Path
 
 from ..fsutil import write_text
 from ..visualize import offload_page
-from ..visualize.readers import read_numerics, read_profile
+from ..visualize.readers import read_estimate, read_numerics, read_profile
 
 
 def visualize_model(model: str, manifests: dict[str, Path], out: Path, profile: Path | None = None,
-                    numerics: Path | None = None, detections: Path | None = None) -> dict:
+                    numerics: Path | None = None, detections: Path | None = None,
+                    estimate: Path | None = None) -> dict:
     """Write ``out`` (offload.html) from ``manifests`` (variant -> manifest.json, page order).
 
-    ``profile`` / ``numerics``: ``profile.json`` / ``layers.json``, used when
-    the file exists (the page works without them). ``detections``: a
+    ``profile`` / ``numerics`` / ``estimate``: ``profile.json`` / ``layers.json`` /
+    ``estimate.json``, used when the file exists (the page works without them). ``detections``: a
     detection model's ``detections/index.html`` (verify's pictures), linked
     from the title. Returns the page's size and what it shows.
     """
     parsed = {v: json.loads(Path(p).read_text()) for v, p in manifests.items()}
-    prof, nums = read_profile(profile), read_numerics(numerics)
+    prof, nums, est = read_profile(profile), read_numerics(numerics), read_estimate(estimate)
     links = {"detections": Path(os.path.relpath(detections, Path(out).parent)).as_posix()} if detections else None
-    text = offload_page(model, parsed, prof, nums, links)
+    text = offload_page(model, parsed, prof, nums, links, est)
     write_text(out, text)
     return {"bytes": len(text.encode("utf-8")), "builds": list(parsed),
-            "profile": prof is not None, "numerics": nums is not None}
+            "profile": prof is not None, "numerics": nums is not None, "estimate": est is not None}

@@ -72,6 +72,9 @@
 
   const build = () => DATA.builds[state.build];
   const prof = () => (DATA.profile && DATA.profile[state.build]) || null;
+  const est = () => (DATA.estimate && DATA.estimate[state.build]) || null;
+  const fmtMs = (x) => (x === null || x === undefined ? "" : x >= 100 ? x.toFixed(0) + " ms" : x.toPrecision(3) + " ms");
+  const fmtRatio = (x) => (x === null || x === undefined ? "" : x.toFixed(2) + "\u00d7");
   const nums = () => (DATA.numerics && (DATA.numerics[state.build] || DATA.numerics["*"])) || null;
   const layerById = (id) => build().layers.find((l) => l.id === id) || null;
   const nodeById = (id) => build().nodes.find((n) => n.id === id) || null;
@@ -98,6 +101,9 @@
       const t = p.calls[String(n.call)];
       if (t && t.median !== null) lines.push(fmtTime(t.median, p.unit) + (t.share !== null ? " \u00b7 " + fmtShare(t.share) : ""));
     }
+    const e = est();
+    const c = e && n.call !== null ? e.calls[String(n.call)] : null;
+    if (c) lines.push("est. " + fmtTime(c.cycles, "cycles") + " \u00b7 " + fmtShare(c.share));
     return lines;
   }
 
@@ -292,6 +298,19 @@
           ["Measured", p.label + (p.statistic ? " (" + p.statistic + ")" : "")],
         ]);
       }
+      const e = est();
+      const el = e && e.layers[lay.id];
+      if (el) {
+        box.appendChild(h("h2", {}, "C7x estimate"));
+        rows(box.appendChild(h("table", { id: "estimate-details" })), [
+          ["Estimated", fmtTime(el.cycles, "cycles") + " = " + fmtMs(el.cycles / (e.clock_hz || 1e9) * 1e3) +
+                        " (" + fmtShare(el.share) + " of the build) on " + e.target],
+          ["Bound", el.reason],
+          ["Measured", el.measured_cycles !== null && el.measured_cycles !== undefined
+            ? fmtTime(el.measured_cycles, "cycles") + " on the board: " + fmtRatio(el.ratio) + " the estimate" : null],
+          ["What it is", e.label],
+        ]);
+      }
       const q = nums();
       const row = q && q.layers.find((r) => r.id === lay.id);
       if (row) {
@@ -307,6 +326,7 @@
       box.appendChild(h("h2", {}, lay ? "This call" : "Call (input quantize, no layer)"));
       const p = prof();
       const t = p && p.calls[String(call.index)];
+      const ce = est() && est().calls[String(call.index)];
       rows(box.appendChild(h("table", {})), [
         ["Index", "#" + call.index],
         ["Function", h("code", {}, call.func)],
@@ -317,6 +337,9 @@
         ["Shape", fmtShape(call.shape)],
         ["dtype", call.dtype],
         ["Time", t ? fmtTime(t.median, p.unit) + (t.share !== null ? " (" + fmtShare(t.share) + ")" : "") : null],
+        ["Estimated", ce ? fmtTime(ce.cycles, "cycles") + " (" + fmtShare(ce.share) + "), " + ce.reason : null],
+        ["Measured", ce && ce.measured_cycles !== null && ce.measured_cycles !== undefined
+          ? fmtTime(ce.measured_cycles, "cycles") + ", " + fmtRatio(ce.ratio) + " the estimate" : null],
       ]);
     } else if (n) {
       box.appendChild(h("h3", {}, n.id));
@@ -403,34 +426,56 @@
   }
 
   function profileTable() {
-    const p = prof(), label = document.getElementById("profile-label"), table = document.getElementById("profile-table");
+    const p = prof(), e = est(), label = document.getElementById("profile-label"), table = document.getElementById("profile-table");
     label.textContent = "";
     table.textContent = "";
-    if (!p) {
-      label.appendChild(h("span", { class: "muted" }, "No profile for the " + state.build + " build."));
+    if (!p && !e) {
+      label.appendChild(h("span", { class: "muted" }, "No profile or estimate for the " + state.build + " build."));
       return;
     }
-    const extra = [p.statistic, p.total !== null ? "total " + fmtTime(p.total, p.unit) : ""].filter(Boolean).join("; ");
-    label.append("Per-layer time of the " + state.build + " build: ", h("b", { id: "profile-unit-label" }, p.label || p.unit),
-                 extra ? " (" + extra + ")" : "");
-    const data = build().layers.map((l) => ({ l, layer: l.id, t: p.layers[l.id] || {} }));
+    if (e) {
+      label.append("Estimated on ", h("b", { id: "estimate-target" }, e.target), ": ",
+                   h("b", { id: "estimate-total" }, fmtMs(e.ms) + " = " + (e.fps || 0).toFixed(1) + " FPS"),
+                   " (" + fmtTime(e.total_cycles, "cycles") + "; ", h("i", {}, e.label), ")",
+                   e.board ? "; board log: " + fmtTime(e.board.measured_cycles, "cycles") + ", error " +
+                             (100 * e.board.error).toFixed(1) + "%" : "", ". ");
+    }
+    if (p) {
+      const extra = [p.statistic, p.total !== null ? "total " + fmtTime(p.total, p.unit) : ""].filter(Boolean).join("; ");
+      label.append("Per-layer time of the " + state.build + " build: ", h("b", { id: "profile-unit-label" }, p.label || p.unit),
+                   extra ? " (" + extra + ")" : "");
+    }
+    const data = build().layers.map((l) => ({ l, layer: l.id, t: (p && p.layers[l.id]) || {}, e: (e && e.layers[l.id]) || {} }));
     for (const c of build().calls.filter((c) => c.layer === null)) { // the input quantize: a call of no layer
-      const t = p.calls[String(c.index)];
-      if (t) data.push({ l: { id: "(" + c.func + ")", module: "", op: c.kernel, backend: "tvm", calls: [c.index] }, layer: null, t });
+      const t = p && p.calls[String(c.index)], ce = e && e.calls[String(c.index)];
+      if (t || ce) data.push({ l: { id: "(" + c.func + ")", module: "", op: c.kernel, backend: "tvm", calls: [c.index] }, layer: null, t: t || {}, e: ce || {} });
     }
     const maxShare = Math.max(0, ...data.map((r) => r.t.share || 0));
-    sortable(table, [
+    const maxEst = Math.max(0, ...data.map((r) => r.e.share || 0));
+    const bar = (x, max) => (x === null || x === undefined ? "" : h("span", {},
+      h("span", { class: "bar", style: "width:" + Math.round(60 * x / (max || 1)) + "px" }), fmtShare(x)));
+    const cols = [
       { key: "id", title: "layer", get: (r) => r.l.id },
       { key: "module", title: "module", get: (r) => r.l.module, fmt: (r) => r.l.module || (r.layer ? "(top level)" : "") },
       { key: "op", title: "op", get: (r) => r.l.op },
       { key: "backend", title: "backend", get: (r) => DATA.kinds[callKind(r.l.backend)],
         fmt: (r) => h("span", {}, chip(callKind(r.l.backend)), " " + DATA.kinds[callKind(r.l.backend)]) },
       { key: "calls", title: "calls", num: true, get: (r) => r.l.calls.length },
-      { key: "time", title: "time", num: true, get: (r) => r.t.median, fmt: (r) => fmtTime(r.t.median, p.unit) },
-      { key: "share", title: "share", num: true, get: (r) => r.t.share,
-        fmt: (r) => r.t.share === null || r.t.share === undefined ? "" : h("span", {},
-          h("span", { class: "bar", style: "width:" + Math.round(60 * r.t.share / (maxShare || 1)) + "px" }), fmtShare(r.t.share)) },
-    ], data, { key: "time", dir: "desc" });
+    ];
+    if (e) {
+      cols.push({ key: "est", title: "est. C7x cycles", num: true, get: (r) => r.e.cycles, fmt: (r) => fmtTime(r.e.cycles, "cycles") },
+                { key: "estshare", title: "est. share", num: true, get: (r) => r.e.share, fmt: (r) => bar(r.e.share, maxEst) },
+                { key: "bound", title: "bound", get: (r) => r.e.bound, tip: "what limits the estimate: compute, memory or the fixed call cost" });
+      if (e.board) {
+        cols.push({ key: "measured", title: "board cycles", num: true, get: (r) => r.e.measured_cycles, fmt: (r) => fmtTime(r.e.measured_cycles, "cycles") },
+                  { key: "ratio", title: "board / est.", num: true, get: (r) => r.e.ratio, fmt: (r) => fmtRatio(r.e.ratio) });
+      }
+    }
+    if (p) {
+      cols.push({ key: "time", title: p.unit === "ns" ? "host time" : "time", num: true, get: (r) => r.t.median, fmt: (r) => fmtTime(r.t.median, p.unit) },
+                { key: "share", title: p.unit === "ns" ? "host share" : "share", num: true, get: (r) => r.t.share, fmt: (r) => bar(r.t.share, maxShare) });
+    }
+    sortable(table, cols, data, { key: e ? "est" : "time", dir: "desc" });
   }
 
   function numericsTable() {
@@ -479,6 +524,17 @@
       ? build().calls.length + " kernel calls; " + sm.layers_offloaded + "/" + sm.layers + " layers on MMALIB/C7x kernels" +
         (sm.macs_total ? ", " + (100 * sm.macs_offloaded / sm.macs_total).toFixed(1) + "% of " + (sm.macs_total / 1e6).toFixed(1) + "M MACs" : "")
       : "";
+    const eLine = document.getElementById("estimate-line");
+    eLine.textContent = "";
+    const e = est();
+    if (e) {
+      eLine.append(h("b", {}, "Estimated on " + e.target + ": " + fmtMs(e.ms) + " = " + (e.fps || 0).toFixed(1) + " FPS"),
+                   " (" + fmtTime(e.total_cycles, "cycles") + ", one core; an estimate, not a measurement)",
+                   e.board ? "; board: " + fmtTime(e.board.measured_cycles, "cycles") + " (" + (100 * e.board.error).toFixed(1) + "%)" : "",
+                   h("ol", { id: "estimate-top" }, e.top.map((r) => h("li", {},
+                     h("a", { onclick: () => select(r.layer, primaryNode(r.layer)) }, r.module || r.layer || "input"),
+                     " " + fmtShare(r.share) + ": " + r.reason))));
+    }
     const ops = {};
     for (const l of build().layers) {
       const o = ops[l.op] || (ops[l.op] = { n: 0, off: 0 });
@@ -515,7 +571,7 @@
     drawGraph();
     sidebar();
     layersTable();
-    if (DATA.profile) profileTable();
+    if (DATA.profile || DATA.estimate) profileTable();
     if (DATA.numerics) numericsTable();
     showDetails();
   }
@@ -528,7 +584,7 @@
       builds.appendChild(h("label", { title: DATA.builds[v].calls.length + " kernel calls" }, input, " " + v));
     }
     for (const b of document.querySelectorAll("#tabs button")) {
-      if (b.dataset.tab === "profile") b.hidden = !DATA.profile;
+      if (b.dataset.tab === "profile") b.hidden = !DATA.profile && !DATA.estimate;
       if (b.dataset.tab === "numerics") b.hidden = !DATA.numerics;
       b.addEventListener("click", () => setTab(b.dataset.tab));
     }

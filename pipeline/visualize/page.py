@@ -32,12 +32,13 @@ _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
 
 def page_data(model: str, manifests: dict[str, dict], profile: dict | None = None,
-              numerics: dict | None = None) -> dict:
+              numerics: dict | None = None, estimate: dict | None = None) -> dict:
     """Everything the page shows, as plain JSON data.
 
     ``manifests``: variant -> parsed ``manifest.json`` (page order: as given);
-    ``profile`` / ``numerics``: the output of
-    :func:`~pipeline.visualize.readers.read_profile` / ``read_numerics``, or None.
+    ``profile`` / ``numerics`` / ``estimate``: the output of
+    :func:`~pipeline.visualize.readers.read_profile` / ``read_numerics`` /
+    ``read_estimate``, or None.
     """
     return {
         "model": model,
@@ -48,6 +49,7 @@ def page_data(model: str, manifests: dict[str, dict], profile: dict | None = Non
         "kind_order": list(KINDS),
         "profile": profile,
         "numerics": numerics,
+        "estimate": estimate,
     }
 
 
@@ -90,6 +92,7 @@ def render(data: dict, links: dict[str, str] | None = None) -> str:
 
 
 def offload_page(model: str, manifests: dict[str, dict], profile: dict | None = None,
-                 numerics: dict | None = None, links: dict[str, str] | None = None) -> str:
+                 numerics: dict | None = None, links: dict[str, str] | None = None,
+                 estimate: dict | None = None) -> str:
     """The page's HTML for a model: :func:`render` of :func:`page_data` (``links``: see :func:`render`)."""
-    return render(page_data(model, manifests, profile, numerics), links)
+    return render(page_data(model, manifests, profile, numerics, estimate), links)

@@ -149,3 +149,28 @@ def read_numerics(path) -> dict | None:
     else:
         out = {"*": _ranked(layers, worst, measures, {})}
     return out if layers else None
+
+
+_ESTIMATE_ROW = ("cycles", "share", "bound", "reason", "engine", "measured_cycles", "ratio")
+
+
+def read_estimate(path) -> dict | None:
+    """``estimate.json`` -> {variant: {"label", "target", "total_cycles", "ms", "fps",
+    "calls": {index: row}, "layers": {id: row}, "top", "board"}}, or None when absent.
+    A row: cycles, share, bound, reason, engine (+ measured_cycles, ratio with a board log)."""
+    raw = _load(path)
+    if not raw or not isinstance(raw.get("variants"), dict):
+        return None
+    target = raw.get("target", {})
+    out = {}
+    for variant, b in raw["variants"].items():
+        out[variant] = {
+            "label": raw.get("label", ""), "target": target.get("name", ""),
+            "clock_hz": (target.get("figures") or {}).get("clock_hz"),
+            "total_cycles": b.get("total_cycles"), "ms": b.get("ms"), "fps": b.get("fps"),
+            "calls": {str(c["index"]): {k: c.get(k) for k in _ESTIMATE_ROW} for c in b.get("calls", [])},
+            "layers": {str(r["layer"]): {k: r.get(k) for k in _ESTIMATE_ROW} for r in b.get("layers", [])
+                       if r.get("layer") is not None},
+            "top": b.get("top", []), "board": b.get("board"),
+        }
+    return out
