@@ -155,7 +155,9 @@ class QuantizerSpec:
     layers run with int16 activations, as TIDL's 16-bit layer lists;
     ``mixed_precision = "auto"`` adds the layers a measured sensitivity pass
     picks, within ``int16_macs`` (the largest share of the model's MACs, in
-    (0, 1], allowed in int16).
+    (0, 1], allowed in int16), or within ``int16_cycles`` instead (the largest
+    share of the model's estimated C7x cycles on its ``[target]``; int16
+    costs more than its MACs on the MMA, docs/estimate.md). One budget only.
     """
 
     implementation: str = "c7x"
@@ -165,6 +167,7 @@ class QuantizerSpec:
     int16_layers: tuple[str, ...] = ()
     mixed_precision: str = "off"
     int16_macs: float = 0.10
+    int16_cycles: float | None = None
 
     @property
     def mixed(self) -> bool:
@@ -458,6 +461,16 @@ def _quantizer(fail, data: dict, dtype: str) -> QuantizerSpec:
         fail(f"quantizer.int16_macs must be in (0, 1] (the share of MACs allowed in int16), got {q.int16_macs!r}")
     if "int16_macs" in table and q.mixed_precision != "auto":
         fail("quantizer.int16_macs is the budget of mixed_precision = \"auto\"; set that too, or drop it")
+    if q.int16_cycles is not None:
+        if isinstance(q.int16_cycles, bool) or not isinstance(q.int16_cycles, (int, float)) \
+                or not (0 < q.int16_cycles <= 1):
+            fail(f"quantizer.int16_cycles must be in (0, 1] (the share of estimated cycles allowed in int16), "
+                 f"got {q.int16_cycles!r}")
+        if q.mixed_precision != "auto":
+            fail("quantizer.int16_cycles is a budget of mixed_precision = \"auto\"; set that too, or drop it")
+        if "int16_macs" in table:
+            fail("set one budget: quantizer.int16_macs (share of MACs) or quantizer.int16_cycles "
+                 "(share of estimated cycles), not both")
     if q.mixed and dtype != "int8":
         fail(f"mixed precision (int16_layers / mixed_precision) needs dtype = \"int8\"; "
              f"dtype = {dtype!r} already makes every layer {dtype}")

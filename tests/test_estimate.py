@@ -202,11 +202,18 @@ def test_every_call_of_a_real_build_has_an_estimate(built, tmp_path):
 
 def test_changing_the_target_changes_the_estimate(built, tmp_path):
     import dataclasses
-    fast = dataclasses.replace(built.spec, target=TargetSpec("tda4vm"))
     a = estimate_model(built.spec, _manifests(built), None, tmp_path / "a.json")
-    b = estimate_model(fast, _manifests(built), None, tmp_path / "b.json")
-    assert b["target"]["name"] == "tda4vm" and a["target"]["name"] == "am67a"
-    assert b["variants"]["mmalib"]["total_cycles"] != a["variants"]["mmalib"]["total_cycles"]
+    slow = estimate_model(dataclasses.replace(built.spec, target=TargetSpec("am62a")), _manifests(built), None,
+                          tmp_path / "b.json")
+    wide = estimate_model(dataclasses.replace(built.spec, target=TargetSpec("tda4vm")), _manifests(built), None,
+                          tmp_path / "c.json")
+    assert (a["target"]["name"], slow["target"]["name"], wide["target"]["name"]) == ("am67a", "am62a", "tda4vm")
+    # am62a's DDR is 12.8 GB/s against 17.064: a DDR-bound build is slower by about that ratio
+    ratio = slow["variants"]["mmalib"]["total_cycles"] / a["variants"]["mmalib"]["total_cycles"]
+    assert 1.0 < ratio <= 17.064 / 12.8 + 1e-6
+    # tda4vm's MMA is 4x wider: its compute bound is 4x lower (the DDR-bound total barely moves)
+    assert wide["variants"]["mmalib"]["compute_bound_cycles"] * 4 == pytest.approx(
+        a["variants"]["mmalib"]["compute_bound_cycles"], abs=4)
 
 
 def test_synthetic_board_log_is_read_back_with_the_right_ratios(built, tmp_path):

@@ -385,3 +385,67 @@ def test_profile_and_numerics_tabs(full_page, driver, shots):
 
 def manifests_of(html: Path) -> list:
     return data_block(html.read_text())["builds"]["mmalib"]["layers"]
+
+
+@pytest.fixture(scope="module")
+def estimate_page(built, tmp_path_factory):
+    """A page with the C7x estimate and a synthetic board log (1.5x the estimate) of the MMALIB build."""
+    from pipeline.backend.profile_block import format_block
+    from pipeline.stages.estimate import estimate_model
+    from pipeline.stages.visualize import visualize_model
+
+    d = tmp_path_factory.mktemp("viz_estimate")
+    mans = {v: built.layout.codegen_dir(v) / "manifest.json" for v in VARIANTS}
+    plain = estimate_model(built.spec, mans, None, d / "plain.json")["variants"]["mmalib"]
+    log = d / "board.txt"
+    log.write_text(format_block([f"__tvm_ffi_tiny_{c['func']}" for c in plain["calls"]],
+                                [round(1.5 * c["cycles"]) for c in plain["calls"]]))
+    est = estimate_model(built.spec, mans, log, d / "estimate.json")
+    out = d / "offload.html"
+    visualize_model("tiny", mans, out, estimate=d / "estimate.json")
+    return out, est
+
+
+def test_estimate_reaches_the_page_data(estimate_page):
+    out, est = estimate_page
+    data = data_block(out.read_text())
+    e = data["estimate"]["mmalib"]
+    assert e["target"] == "am67a" and "not a measurement" in e["label"]
+    assert e["total_cycles"] == est["variants"]["mmalib"]["total_cycles"]
+    assert set(e["calls"]) == {str(c["index"]) for c in est["variants"]["mmalib"]["calls"]}
+    assert all(abs(c["ratio"] - 1.5) < 0.01 for c in e["calls"].values())
+    assert "board" in e and data["estimate"]["scalar"]["board"] is None
+    assert data["profile"] is None
+
+
+@needs_browser
+def test_estimate_on_nodes_sidebar_details_and_profile_tab(estimate_page, driver, shots):
+    from selenium.webdriver.common.by import By
+
+    out, est = estimate_page
+    open_page(driver, out)
+    calls = count(driver, "#graph g.node") - 2
+    texts = driver.execute_script("return [...document.querySelectorAll('#graph g.node text')].map(t => t.textContent)")
+    assert sum(t.startswith("est. ") for t in texts) == calls  # every call node carries its estimate
+    side = driver.find_element(By.ID, "estimate-line").text
+    assert side.startswith("Estimated on am67a:") and "FPS" in side and "not a measurement" in side, side
+    top = est["variants"]["mmalib"]["top"]
+    assert count(driver, "#estimate-top li") == len(top) <= 5
+    driver.find_element(By.CSS_SELECTOR, '#graph g.node[data-layer="linear"] rect.box').click()
+    details = driver.find_element(By.ID, "details").get_attribute("textContent")
+    assert "C7x estimate" in details and "-bound" in details and "1.50\u00d7 the estimate" in details, details
+    driver.save_screenshot(str(shots / "offload_tiny_estimate_graph.png"))
+
+    profile_tab = driver.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="profile"]')
+    assert profile_tab.is_displayed()  # an estimate alone shows the tab
+    profile_tab.click()
+    assert driver.find_element(By.ID, "estimate-target").text == "am67a"
+    ratios = column(driver, "#profile-table", "ratio")
+    assert ratios and all(r == "1.50\u00d7" for r in ratios), ratios
+    slowest = est["variants"]["mmalib"]["layers"][0]
+    first = driver.find_element(By.CSS_SELECTOR, "#profile-table tbody tr")
+    assert first.get_attribute("data-layer") == (slowest["layer"] or "")
+    assert column(driver, "#profile-table", "time") == []  # no host profile given: no host column
+    driver.save_screenshot(str(shots / "offload_tiny_estimate.png"))
+    assert errors(driver) == []
+    assert [u for u in browser.requests(driver) if not u.startswith(("file://", "data:"))] == []

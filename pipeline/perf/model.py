@@ -215,3 +215,28 @@ def fit(target: Target) -> Constants:
 def fitted() -> Constants:
     """:func:`fit` on the default target's file (AM67A, where the document measured)."""
     return fit(load_target(DEFAULT_TARGET))
+
+
+# ----------------------------------------------------------------------------- a layer before codegen
+
+def layer_call(op: str, dtype: str, *, macs: int, in_elems: int, out_elems: int, w_elems: int = 0,
+               c_out: int = 1, depthwise: bool = False) -> dict:
+    """A call record for one layer of a float program, before any codegen: what the
+    mixed-precision budget in cycles (``[quantizer] int16_cycles``) estimates.
+
+    ``op``: "conv2d" / "linear" (an MMALIB kernel) or "add" (the C7x residual add);
+    ``dtype``: "int8" / "int16" activations (an int16 MMALIB kernel reads its int8
+    weights widened to int16, as codegen stores them); bias, scale and shift as
+    three int32 per output channel. Every tensor in DDR, as the flat plan puts it."""
+    size = 2 if dtype == "int16" else 1
+    if op == "add":
+        return {"backend": "c7x", "kernel": f"c7x_{dtype}_residual_add_relu", "dtype": dtype,
+                "work": {"elements": 2 * in_elems + out_elems},
+                "reads": [_rw("x", in_elems * size, "ddr", dtype=dtype), _rw("skip", in_elems * size, "ddr", dtype=dtype)],
+                "writes": [_rw("out", out_elems * size, "ddr", dtype=dtype)]}
+    kernel = ("mmalib_depthwise_conv2d" if depthwise else "mmalib_conv2d" if op == "conv2d" else "mmalib_matmul_bias")
+    reads = [_rw("input", in_elems * size, "ddr", dtype=dtype),
+             _rw("weight", w_elems * size, "ddr", "weight", dtype),
+             _rw("requant", 12 * c_out, "ddr", "weight", "int32")]
+    return {"backend": "mmalib", "kernel": f"{kernel}_i{8 * size}", "dtype": dtype, "work": {"macs": macs},
+            "reads": reads, "writes": [_rw("output", out_elems * size, "ddr", dtype=dtype)]}

@@ -62,15 +62,20 @@ MIN_GAIN = 0.01
 
 @dataclass(frozen=True)
 class Layer:
-    """One int16 candidate layer: id (float FX node name), module path, op kind, MACs per image."""
+    """One int16 candidate layer: id (float FX node name), module path, op kind, MACs per
+    image, and (when a target was given) its estimated C7x cycles as int8 and as int16."""
 
     id: str
     module: str
     op: str
     macs: int
+    cycles: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "module": self.module, "op": self.op, "macs": self.macs}
+        out = {"id": self.id, "module": self.module, "op": self.op, "macs": self.macs}
+        if self.cycles is not None:
+            out["cycles_int8"], out["cycles_int16"] = (round(c) for c in self.cycles)
+        return out
 
 
 def layer_id(node) -> str:
@@ -99,8 +104,24 @@ def macs(node) -> int:
     return int(math.prod(out) * weight[1])  # linear: weight [N, K]
 
 
-def program_layers(graph) -> list[Layer]:
-    """The conv2d / linear / add layers of a float program's FX ``graph``, in graph order.
+def layer_cycles(node, kind: str, target) -> tuple[float, float]:
+    """Estimated C7x cycles of a conv2d / linear / add node as int8 and as int16
+    (:func:`pipeline.perf.model.layer_call` on ``target``, the flat DDR plan)."""
+    from ..perf.model import estimate_call, layer_call
+
+    out = _shape(node)[1:]
+    geometry = {"macs": macs(node), "in_elems": math.prod(_shape(node.args[0])[1:]), "out_elems": math.prod(out)}
+    if kind != "add":
+        w = _shape(node.args[1])
+        groups = node.args[6] if kind == "conv2d" and len(node.args) > 6 else 1
+        geometry.update(w_elems=math.prod(w), c_out=w[0],
+                        depthwise=kind == "conv2d" and groups > 1 and w[1] == 1)
+    return tuple(estimate_call(layer_call(kind, dt, **geometry), target)["cycles"] for dt in ("int8", "int16"))
+
+
+def program_layers(graph, target=None) -> list[Layer]:
+    """The conv2d / linear / add layers of a float program's FX ``graph``, in graph order;
+    with ``target`` (a :class:`pipeline.perf.target.Target`), each with its estimated cycles.
 
     An add of a tensor and a constant (``x + 1.0``) is not a layer (the quantizer
     leaves it float)."""
@@ -110,7 +131,8 @@ def program_layers(graph) -> list[Layer]:
         if kind == "add" and not all(hasattr(a, "meta") for a in node.args[:2]):
             continue
         if kind:
-            out.append(Layer(layer_id(node), _module_path(node), kind, macs(node)))
+            cycles = layer_cycles(node, kind, target) if target is not None else None
+            out.append(Layer(layer_id(node), _module_path(node), kind, macs(node), cycles))
     return out
 
 
@@ -142,6 +164,23 @@ def mac_share(ids, layers: list[Layer]) -> float:
     return sum(layer.macs for layer in layers if layer.id in set(ids)) / total if total else 0.0
 
 
+def costs(layers: list[Layer], unit: str) -> tuple[dict[str, float], float]:
+    """``({layer id: cost of making it int16}, the budget's denominator)`` in ``unit``:
+    "macs" (its MACs; of all conv/linear MACs) or "cycles" (its estimated int16
+    cycles; of the all-int8 model's estimated cycles, ``Layer.cycles``)."""
+    if unit == "macs":
+        return {layer.id: layer.macs for layer in layers}, total_macs(layers)
+    if any(layer.cycles is None for layer in layers):
+        raise ValueError("a budget in cycles needs layers with estimated cycles (program_layers(graph, target))")
+    return {layer.id: layer.cycles[1] for layer in layers}, sum(layer.cycles[0] for layer in layers)
+
+
+def cost_share(ids, layers: list[Layer], unit: str) -> float:
+    """Share of the budget's denominator that the layers ``ids`` cost in int16 (:func:`costs`)."""
+    cost, total = costs(layers, unit)
+    return sum(cost[i] for i in set(ids)) / total if total else 0.0
+
+
 @dataclass(frozen=True)
 class TensorCandidate:
     """A tensor edge ``producer -> consumer`` that becomes int16 when all of ``layers`` are.
@@ -157,20 +196,22 @@ class TensorCandidate:
 
 
 def choose(candidates: list[TensorCandidate], layers: list[Layer], budget: float,
-           fixed=(), min_gain: float = 0.0) -> list[str]:
-    """Greedy choice of int16 layers (ids, graph order) within ``budget`` (share of MACs).
+           fixed=(), min_gain: float = 0.0, unit: str = "macs") -> list[str]:
+    """Greedy choice of int16 layers (ids, graph order) within ``budget``, a share of
+    the model's MACs (``unit="macs"``) or of its estimated cycles (``"cycles"``:
+    each layer costs its estimated int16 cycles, :func:`costs`).
 
     Starts from ``fixed`` (manual patterns; they count against the budget) and
-    repeatedly takes the candidate with the largest gain per added MAC (cost 0
+    repeatedly takes the candidate with the largest gain per added cost (cost 0
     ranks first, by gain) among those with ``gain >= min_gain`` that fit; see
     the module docstring. Raises ValueError when ``fixed`` alone exceeds the budget."""
-    cost = {layer.id: layer.macs for layer in layers}
-    limit = budget * total_macs(layers)
+    cost, total = costs(layers, unit)
+    limit = budget * total
     chosen = set(fixed)
     used = sum(cost[i] for i in chosen)
     if used > limit + 1e-9:
-        raise ValueError(f"the int16_layers patterns alone take {used / total_macs(layers):.1%} of the MACs, "
-                         f"over the int16_macs budget of {budget:.1%}")
+        raise ValueError(f"the int16_layers patterns alone take {used / total:.1%} of the {unit}, "
+                         f"over the int16_{unit} budget of {budget:.1%}")
     while True:
         best, best_key = None, None
         for k, c in enumerate(candidates):

@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from ..fsutil import write_json
 from ..quant import mixed
 from .calibrate import calibration_batches
+from .estimate import spec_target
 from .torch_outputs import single_output
 from .prepare import build_prepared, load_program, make_quantizer
 
@@ -58,12 +59,13 @@ def mixed_precision_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, out
         raise ConfigError(f"{spec.source}: mixed precision needs quantizer.implementation = 'c7x' "
                           f"(the int16_layers option of our quantizer); got {q.implementation!r}")
     ep = load_program(float_pt2)
-    layers = mixed.program_layers(ep.graph)
+    unit, budget = budget_of(spec)
+    layers = mixed.program_layers(ep.graph, spec_target(spec) if unit == "cycles" else None)
     manual = mixed.resolve_patterns(q.int16_layers, layers, spec.source)
-    if q.mixed_precision == "auto" and mixed.mac_share(manual, layers) > q.int16_macs + 1e-12:
+    if q.mixed_precision == "auto" and mixed.cost_share(manual, layers, unit) > budget + 1e-12:
         raise ConfigError(f"{spec.source}: the int16_layers patterns alone take "
-                          f"{mixed.mac_share(manual, layers):.1%} of the MACs, over int16_macs = "
-                          f"{q.int16_macs:g}; raise int16_macs or list fewer layers")
+                          f"{mixed.cost_share(manual, layers, unit):.1%} of the {unit}, over int16_{unit} = "
+                          f"{budget:g}; raise int16_{unit} or list fewer layers")
     cal = spec.calibration
     images = select_images(calib_dir, cal, spec.name) if cal.source == "images" else []
     chosen, candidates, errors, n_used, t_sens = _measure_and_choose(spec, ep, layers, manual, images)
@@ -73,10 +75,18 @@ def mixed_precision_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, out
     write_json(out_selection, {"layers": sorted(chosen), "modules": [by_id[i].module for i in sorted(chosen)]})
     write_json(out, record)
     print(f"mixed_precision {spec.name}: {len(chosen)}/{len(layers)} layers int16 "
-          f"({record['int16_share']:.1%} of MACs, {record['method']}), logit MSE int8 "
+          f"({record['int16_share']:.1%} of MACs"
+          + (f", {record['int16_cycles_share']:.1%} of estimated cycles" if "int16_cycles_share" in record else "")
+          + f", {record['method']}), logit MSE int8 "
           f"{errors['all_int8']['mse']:.4g} -> chosen {errors['chosen']['mse']:.4g} (int16 "
           f"{errors['all_int16']['mse']:.4g}), {record['seconds']} s", file=sys.stderr)
     return record
+
+
+def budget_of(spec: ModelSpec) -> tuple[str, float]:
+    """("macs", int16_macs) or ("cycles", int16_cycles): the unit and share of the automatic choice."""
+    q = spec.quantizer
+    return ("cycles", q.int16_cycles) if q.int16_cycles is not None else ("macs", q.int16_macs)
 
 
 def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: list[Path]):
@@ -95,7 +105,8 @@ def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: 
     if q.mixed_precision == "auto":
         candidates = _sensitivity(sim, x, metric, ids, errors["all_int16"]["mse"])
         gap = errors["all_int8"]["mse"] - errors["all_int16"]["mse"]
-        chosen = mixed.choose(candidates, layers, q.int16_macs, fixed=manual, min_gain=mixed.MIN_GAIN * gap)
+        unit, budget = budget_of(spec)
+        chosen = mixed.choose(candidates, layers, budget, fixed=manual, min_gain=mixed.MIN_GAIN * gap, unit=unit)
     seconds = round(time.perf_counter() - t0, 2)
     errors["chosen"] = metric.of(sim, x, frozenset(chosen))
     return chosen, candidates, errors, len(x), seconds
@@ -165,7 +176,8 @@ def _record(spec, layers, manual, chosen, candidates, errors, images, n_used, t0
         "metric": "mean squared logit error vs float (mse; lower is better) and output SQNR in dB",
         "measure": ("tensor edge int8 in the all-int16 model, simulated from all-int8 and all-int16 "
                     "calibrated models (pipeline/quant/mixed.py)"),
-        "budget": q.int16_macs if q.mixed_precision == "auto" else None,
+        "budget": budget_of(spec)[1] if q.mixed_precision == "auto" else None,
+        "budget_unit": budget_of(spec)[0],
         "min_gain": mixed.MIN_GAIN if q.mixed_precision == "auto" else None,
         "patterns": list(q.int16_layers),
         "manual": manual,
@@ -179,6 +191,8 @@ def _record(spec, layers, manual, chosen, candidates, errors, images, n_used, t0
         "int16_macs": int16_macs,
         "total_macs": mixed.total_macs(layers),
         "int16_share": round(mixed.mac_share(chosen, layers), 6),
+        **({"int16_cycles_share": round(mixed.cost_share(chosen, layers, "cycles"), 6),
+            "target": spec.target.name} if budget_of(spec)[0] == "cycles" else {}),
         "errors": errors,
         "bias_correction_simulated": False,
         "images": [p.name for p in images][:n_used],

@@ -218,7 +218,8 @@ def _mixed_doc(ctx: StageContext) -> str:
     q = ctx.spec.quantizer
     parts = [f"{len(q.int16_layers)} int16_layers pattern(s)"] if q.int16_layers else []
     if q.mixed_precision == "auto":
-        parts.append(f"auto, budget {q.int16_macs:.0%} of MACs")
+        parts.append(f"auto, budget {q.int16_cycles:.0%} of estimated cycles" if q.int16_cycles
+                     else f"auto, budget {q.int16_macs:.0%} of MACs")
     return "int8/int16 mixed precision: " + ", ".join(parts) + " -> mixed_precision.json"
 
 
@@ -283,9 +284,12 @@ STAGES: tuple[Stage, ...] = (
         name="mixed_precision", doc="choose the int16 layers of an int8 model (patterns, sensitivity pass)",
         func="pipeline.stages.mixed_precision:mixed_precision_model",
         code=("stages/mixed_precision.py", "stages/prepare.py", "stages/calibrate.py", "stages/calibrate_shards.py",
-              "stages/torch_outputs.py", "torchenv.py", "quant", "data"),
+              "stages/torch_outputs.py", "stages/estimate.py", "torchenv.py", "quant", "data", "perf",
+              "frontend/provenance.py"),
         params=QUANT + ("calibration", "preprocess"), versions=("torchao",),
-        extra=lambda c: {"images": [p.name for p in c.calibration_images]},
+        # a budget in cycles depends on the target (and on the performance model: code)
+        extra=lambda c: {"images": [p.name for p in c.calibration_images],
+                         **({"target": _field(c.spec, "target")} if c.spec.quantizer.int16_cycles else {})},
         deps=lambda c: [c.layout.float_pt2, *c.calibration_images],
         outs=lambda c: [c.layout.mixed_precision, c.layout.int16_selection],
         args=lambda c: {"spec": c.spec, "float_pt2": c.layout.float_pt2,
@@ -423,11 +427,13 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.holdout:holdout_model",
         code=("stages/holdout.py", "stages/mixed_precision.py", "stages/prepare.py", "stages/calibrate.py",
               "stages/calibrate_shards.py", "stages/convert.py", "stages/torch_outputs.py", "stages/relax_import.py",
-              "stages/codegen.py", "torchenv.py", "quant", "data", "frontend", "backend"),
+              "stages/codegen.py", "stages/estimate.py", "torchenv.py", "quant", "data", "frontend", "backend",
+              "perf"),
         params=QUANT + ("calibration", "preprocess", "codegen", "evaluation_set", "evaluation_folds", "name"),
         versions=("torch", "torchao", "apache-tvm"),
         extra=lambda c: {"images": [p.name for p in c.calibration_images],
-                         "evaluation_images": [p.name for p in c.evaluation_images]},
+                         "evaluation_images": [p.name for p in c.evaluation_images],
+                         **({"target": _field(c.spec, "target")} if c.spec.quantizer.int16_cycles else {})},
         deps=lambda c: [c.layout.float_pt2, c.layout.prepared, c.layout.prepared_table, *_selection_deps(c),
                         *c.calibration_images, *c.evaluation_images],
         outs=lambda c: [c.layout.holdout],

@@ -530,7 +530,7 @@
     if (e) {
       eLine.append(h("b", {}, "Estimated on " + e.target + ": " + fmtMs(e.ms) + " = " + (e.fps || 0).toFixed(1) + " FPS"),
                    " (" + fmtTime(e.total_cycles, "cycles") + ", one core; an estimate, not a measurement)",
-                   e.board ? "; board: " + fmtTime(e.board.measured_cycles, "cycles") + " (" + (100 * e.board.error).toFixed(1) + "%)" : "",
+                   e.board ? "; board: " + fmtTime(e.board.measured_cycles, "cycles") + " (" + (e.board.error >= 0 ? "+" : "") + (100 * e.board.error).toFixed(1) + "% vs the estimate)" : "",
                    h("ol", { id: "estimate-top" }, e.top.map((r) => h("li", {},
                      h("a", { onclick: () => select(r.layer, primaryNode(r.layer)) }, r.module || r.layer || "input"),
                      " " + fmtShare(r.share) + ": " + r.reason))));

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 
 import pytest
 
@@ -210,6 +211,60 @@ def test_auto_choice_picks_the_outlier_tensor_within_budget(tmp_path):
     assert sel["modules"] == [next(x["module"] for x in record["layers"] if x["id"] == i) for i in sel["layers"]]
     again, selection2 = run("b")
     assert selection2 == selection and again["candidates"] == record["candidates"]  # deterministic
+
+
+def test_layer_cycles_are_estimated_and_int16_costs_more(ep):
+    from pipeline.perf.target import load_target
+
+    layers = mixed.program_layers(ep.graph, load_target("am67a"))
+    assert all(layer.cycles is not None and layer.cycles[1] > layer.cycles[0] > 0 for layer in layers)
+    assert [layer.macs for layer in layers] == [layer.macs for layer in mixed.program_layers(ep.graph)]
+    assert {"cycles_int8", "cycles_int16"} <= set(layers[0].to_dict())
+    assert "cycles_int8" not in mixed.program_layers(ep.graph)[0].to_dict()  # MAC budget: file unchanged
+
+
+def test_choose_within_a_budget_of_estimated_cycles(ep):
+    from pipeline.perf.target import load_target
+
+    layers = mixed.program_layers(ep.graph, load_target("am67a"))
+    ids = {layer.module: layer.id for layer in layers}
+    a, c, add = ids["features.0.0"], ids["classifier.1"], ids["features.1"]
+    cands = [mixed.TensorCandidate("p", "q", (a,), 0.0, 1.0), mixed.TensorCandidate("q", "r", (c,), 0.0, 0.5),
+             mixed.TensorCandidate("r", "s", (add,), 0.0, 0.4)]
+    cost, total = mixed.costs(layers, "cycles")
+    assert total == pytest.approx(sum(layer.cycles[0] for layer in layers))
+    assert cost[add] > 0  # an add is free in MACs, not in cycles
+    budget = (cost[a] + cost[c]) / total
+    chosen = mixed.choose(cands, layers, budget, unit="cycles")
+    assert mixed.cost_share(chosen, layers, "cycles") <= budget + 1e-12
+    assert set(chosen) <= {a, c, add} and chosen  # within the cycles budget, best gain per cycle first
+    assert mixed.choose(cands, layers, budget, unit="macs") != chosen or budget >= 1
+    with pytest.raises(ValueError, match="over the int16_cycles budget"):
+        mixed.choose(cands, layers, cost[a] / total / 2, fixed=[a], unit="cycles")
+    with pytest.raises(ValueError, match="needs layers with estimated cycles"):
+        mixed.costs(mixed.program_layers(ep.graph), "cycles")
+
+
+def test_auto_choice_within_int16_cycles(tmp_path):
+    spec, run = stage_setup(tmp_path, TinyNet(outlier=300.0), 'mixed_precision = "auto"\nint16_cycles = 0.55')
+    record, _ = run("a")
+    assert record["budget_unit"] == "cycles" and record["budget"] == 0.55 and record["target"] == "am67a"
+    assert record["chosen"] and 0 < record["int16_cycles_share"] <= 0.55
+    cycles = {x["id"]: x["cycles_int16"] for x in record["layers"]}
+    total = sum(x["cycles_int8"] for x in record["layers"])
+    assert record["int16_cycles_share"] == pytest.approx(sum(cycles[i] for i in record["chosen"]) / total, abs=1e-4)
+
+
+@pytest.mark.parametrize("body, message", [
+    ('mixed_precision = "auto"\nint16_cycles = 0.1\nint16_macs = 0.1', "set one budget"),
+    ('int16_cycles = 0.1\nint16_layers = ["features.0.*"]', "int16_cycles is a budget of mixed_precision"),
+    ('mixed_precision = "auto"\nint16_cycles = 1.5', r"int16_cycles must be in \(0, 1\]"),
+])
+def test_int16_cycles_entry_errors_are_one_line(tmp_path, body, message):
+    (tmp_path / "m.toml").write_text('builder = "x.y:z"\ninput_shape = [1, 3, 224, 224]\n[quantizer]\n' + body + "\n")
+    (entry,) = load_models(tmp_path)
+    assert isinstance(entry.error, ConfigError) and "\n" not in str(entry.error)
+    assert re.search(message, str(entry.error)), entry.error
 
 
 def test_manual_patterns_over_budget_fail_in_one_line(tmp_path):
