@@ -132,7 +132,7 @@ def test_quant_opts_cover_every_quantizer_field_but_the_int16_choice():
 
     from pipeline.config import QuantizerSpec
     from pipeline.stages import registry
-    choice = {"int16_layers", "mixed_precision", "int16_macs"}
+    choice = {"int16_layers", "mixed_precision", "int16_macs", "int16_cycles"}
     tracked = {p.split(".", 1)[1] for p in registry.QUANT_OPTS if p.startswith("quantizer.")}
     assert tracked | choice == {f.name for f in dataclasses.fields(QuantizerSpec)}
     assert not tracked & choice
