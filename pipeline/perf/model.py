@@ -16,13 +16,13 @@ C7x's engines and memory levels, and a fixed cost per call:
 - memory, per level: L2 and MSMC bytes over their rates; DDR read in place by
   the kernel (no staging) at ``ddr_read_efficiency`` of the DDR bandwidth,
   DDR writes at the full bandwidth (posted writes); bytes staged into L2 by
-  DMA at min(DMA, DDR) rate, added (``dma_serial``: TI's fork copies
-  synchronously) or overlapped with compute (double-buffered).
+  DMA at min(DMA, DDR) rate, added (``dma_serial``: a synchronous copy,
+  docs/estimate.md) or overlapped with compute (double-buffered).
 - ``call``: the target's fixed cost per call of the engine.
 
-The three free constants (:class:`Constants`) are fitted on the user's
-document's single-conv figures only (:data:`DOCUMENT_CONV`, :func:`fit`);
-docs/estimate.md writes each fitted value and how. The call records are
+The three free constants (:class:`Constants`) are fitted on one measured
+conv only (:data:`DOCUMENT_CONV`, :func:`fit`); docs/estimate.md ("The fitted
+constants") records the measurements, each fitted value and how. The call records are
 ``manifest.json``'s (:mod:`pipeline.backend.call_work`). Pure Python: no
 torch, no tvm.
 """
@@ -53,10 +53,10 @@ class Constants:
     scalar_macs_per_cycle: float
 
 
-# ----------------------------------------------------------------------------- the document's conv
+# ----------------------------------------------------------------------------- the measured conv
 
-#: The user's document (and TI's fork, AM67A at 1 GHz, int8): one conv 64 -> 64 channels,
-#: 3x3, pad 1, 56x56, measured three ways. The only figures the constants are fitted on.
+#: One int8 conv, 64 -> 64 channels, 3x3, pad 1, 56x56, measured three ways on AM67A at 1 GHz
+#: (docs/estimate.md, "The fitted constants"). The only figures the constants are fitted on.
 DOCUMENT_CONV = {"c_in": 64, "c_out": 64, "k": 3, "h": 56, "w": 56,
                  "cycles": {"scalar": 45_200_000, "mmalib_ddr": 1_670_000, "mmalib_l2_dma": 477_000}}
 
@@ -69,7 +69,7 @@ def conv_call(case: str, c_in: int = 64, c_out: int = 64, k: int = 3, h: int = 5
     """A call record (as in ``manifest.json``) of an int8 ``k x k`` same-size conv,
     ``case``: "scalar" (TVM's C, data in DDR), "mmalib_ddr" (MMALIB reading DDR
     in place) or "mmalib_l2_dma" (input and weights copied DDR -> L2 by DMA before
-    the call, as TI's ``InjectMMALIBDMA``: bias, scales and output stay in DDR)."""
+    the call; bias, scales and output stay in DDR: docs/estimate.md)."""
     macs = h * w * c_out * c_in * k * k
     staged = case == "mmalib_l2_dma"
     lvl = "l2" if staged else "ddr"
@@ -213,7 +213,7 @@ def fit(target: Target) -> Constants:
 
 @cache
 def fitted() -> Constants:
-    """:func:`fit` on the default target's file (AM67A, where the document measured)."""
+    """:func:`fit` on the default target's file (AM67A, where the conv was measured)."""
     return fit(load_target(DEFAULT_TARGET))
 
 

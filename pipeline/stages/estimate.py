@@ -42,8 +42,8 @@ def rests_on(target: Target) -> list[str]:
         "written there by each kernel, no DMA staging into L2 SRAM",
         f"target figures of {target.source} ({n_assumed} assumed, {len(target.conflicting)} chosen among "
         f"conflicting sources, {len(target.overridden)} overridden by the entry; sources: docs/targets.md)",
-        "3 constants fitted on the user's document's single conv (scalar 45.2M, MMALIB 1.67M, MMALIB + L2 "
-        "DMA 477K cycles) and nothing else (docs/estimate.md)",
+        "3 constants fitted on one measured conv (scalar 45.2M, MMALIB 1.67M, MMALIB + L2 DMA 477K cycles) "
+        "and nothing else (docs/estimate.md)",
         "one C7x core, batch 1, steady state (no cold caches, no first-call initialisation)",
     ]
 
