@@ -40,6 +40,7 @@ ORDERS = ("sorted", "shuffled")
 CALIB_SOURCES = ("images", "random")
 QUANTIZER_IMPLS = ("c7x", "tvm")
 WEIGHT_FORMATS = ("bin", "c_array")
+MEMORY_PLANS = ("staged", "flat")  # pipeline/backend/emit_c.py MEMORY_PLANS
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 # "detection": the output is [1, D, 6] end-to-end detections (pipeline/data/detections.py);
 # verify and evaluate compare IoU-matched detections instead of top-1, verify draws them.
@@ -180,10 +181,15 @@ class CodegenSpec:
     """Code generation options. ``mmalib``: offload eligible layers to
     MMALIB/C7x kernels (off = everything on TVM's scalar path, the baseline).
     ``weights_format``: "bin" (``weights.bin`` loaded at run time) or
-    "c_array" (also emit ``weights_data.c`` with the blob as a C array)."""
+    "c_array" (also emit ``weights_data.c`` with the blob as a C array).
+    ``memory``: "staged" (buffers placed on the C7x's L2 SRAM / MSMC / DDR
+    within the ``[target]`` sizes, weights copied into L2 by DMA:
+    pipeline/backend/levels.py) or "flat" (one DDR arena, weights read in
+    place: the plan before staging, for comparison and debugging)."""
 
     mmalib: bool = True
     weights_format: str = "bin"
+    memory: str = "staged"
 
 
 @dataclass(frozen=True)
@@ -384,6 +390,7 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     _check_choice(fail, "calibration.source", calibration.source, CALIB_SOURCES)
     _check_choice(fail, "quantizer.implementation", quantizer.implementation, QUANTIZER_IMPLS)
     _check_choice(fail, "codegen.weights_format", codegen.weights_format, WEIGHT_FORMATS)
+    _check_choice(fail, "codegen.memory", codegen.memory, MEMORY_PLANS)
     if quantizer.weight_dtype not in (None,) + DTYPES:
         fail(f"quantizer.weight_dtype {quantizer.weight_dtype!r} is not supported; use int8 or int16")
     if quantizer.weight_dtype == "int16" and dtype == "int8":

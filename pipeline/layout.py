@@ -14,7 +14,7 @@ from .config import ModelSpec
 #: Files of one codegen build folder ``c/<variant>/`` (``weights_data.c`` is
 #: added with ``weights_format = "c_array"``).
 CODEGEN_FILES = ("model.c", "model.h", "tvm_kernels.c", "weights.bin", "manifest.json", "lowered.py",
-                 "c7x_kernels.h", "c7x_tvm_shim.h")
+                 "c7x_kernels.h", "c7x_tvm_shim.h", "c7x_memory.h", "c7x_memory.cmd", "memory_map.json")
 
 
 def variants(spec: ModelSpec) -> list[str]:

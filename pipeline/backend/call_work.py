@@ -13,7 +13,8 @@ codegen beside each call of ``manifest.json`` (:func:`call_work`):
 - ``reads`` / ``writes``: ``[{"tensor", "bytes", "level", "kind"}]`` per
   tensor argument, ``kind`` "activation" or "weight" (a weights.bin entry),
   ``level`` the memory the static plan puts it in
-  (:func:`.memory_plan.level_of`).
+  (:func:`.memory_plan.level_of`); a weight the staged plan copies into L2 by
+  DMA also has ``staged_from: "ddr"`` and ``dma: "overlapped"``.
 
 Counts are static (shapes are static); an ``IfThenElse`` counts its larger
 branch, an upper bound.
@@ -39,8 +40,11 @@ def tensor_bytes(t: Tensor) -> int:
 
 
 def _traffic(t: Tensor, plan: Plan) -> dict:
-    return {"tensor": t.name, "bytes": tensor_bytes(t), "dtype": t.dtype, "level": level_of(t, plan),
-            "kind": "weight" if t.home == "weight" else "activation"}
+    rec = {"tensor": t.name, "bytes": tensor_bytes(t), "dtype": t.dtype, "level": level_of(t, plan),
+           "kind": "weight" if t.home == "weight" else "activation"}
+    if t.staged is not None:  # copied from weights.bin by DMA during the previous call (.levels)
+        rec.update(staged_from="ddr", dma="overlapped")
+    return rec
 
 
 def _extent(loop) -> int:

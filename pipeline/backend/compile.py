@@ -7,7 +7,8 @@ manifest, then :func:`~pipeline.backend.emit_c.emit`. Output files in
 (``weights_data.c`` too for ``weights_format="c_array"``), copies of
 ``c7x_kernels.h`` and ``c7x_tvm_shim.h`` (the folder compiles with
 ``gcc -I<out_dir>`` alone), ``lowered.py`` (for :mod:`.interp`),
-``manifest.json``. Deterministic: the same module and options
+``manifest.json``, ``memory_map.json`` and ``c7x_memory.cmd`` (where each buffer
+lives on the C7x: :mod:`.levels`). Deterministic: the same module and options
 give byte-identical files.
 """
 
@@ -23,6 +24,7 @@ from tvm.ir import GenericConst
 from ..fsutil import write_json
 from .call_graph import call_records
 from .emit_c import Quant, check_preprocess, emit
+from .levels import default_budget, memory_map
 from .lower import lower_module
 
 MMALIB_OFF_REASON = "mmalib disabled"
@@ -110,7 +112,8 @@ def binding_order(mod: tvm.IRModule) -> dict[str, int]:
 
 def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: bool = True,
                   weights_format: str = "bin", preprocess: dict | None = None,
-                  provenance: dict[str, dict] | None = None) -> dict:
+                  provenance: dict[str, dict] | None = None, memory: str = "staged",
+                  budget=None) -> dict:
     """Compile ``mod`` into the static C files listed in the module docstring.
 
     ``mod``: the imported module with params bound (``load_irmodule``), NCHW,
@@ -125,7 +128,10 @@ def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: 
     (``PreprocessSpec`` fields), written to model.h as ``<M>_PREPROCESS_*``;
     None leaves it out. ``provenance``: binding name -> PyTorch module path,
     source line and layer id (``relax/layers.json``), for the manifest's
-    layers and calls (:mod:`.call_graph`). Returns a summary: ``c_name``, ``layers``,
+    layers and calls (:mod:`.call_graph`). ``memory``: "staged" places buffers on the
+    C7x's memory levels within ``budget`` (:class:`.levels.Budget`, :mod:`.levels`;
+    None: the default target's, :func:`.levels.default_budget`), "flat" keeps one DDR arena; either way ``memory_map.json`` and ``c7x_memory.cmd``
+    say where everything is. Returns a summary: ``c_name``, ``layers``,
     ``layers_offloaded``, ``macs_total``, ``macs_offloaded``, ``arena_bytes``,
     ``workspace_bytes``, ``weights_bytes``, ``kernels`` (distinct PrimFuncs),
     ``calls`` (kernel calls per image), ``calls_by_backend`` ({"mmalib",
@@ -141,12 +147,17 @@ def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: 
     low = lower_module(mod, mmalib=mmalib)
     manifest = _manifest(mod, low.offloaded, low.offload_log, mmalib)
     name_layers(manifest["layers"], provenance)
+    if memory == "staged" and budget is None:
+        budget = default_budget()
     info = emit(low.mod, model_name, out_dir, quant=io_quantization(mod), weights_format=weights_format,
-                preprocess=preprocess)
+                preprocess=preprocess, memory=memory, budget=budget)
+    mem = memory_map(info["plan"])
+    write_json(out_dir / "memory_map.json", mem)
     manifest["calls"] = call_records(low.mod, info["plan"], binding_order(mod), manifest["layers"],
                                      low.fused)
     manifest["summary"].update({k: info[k] for k in ("arena_bytes", "workspace_bytes", "weights_bytes")})
     manifest["summary"].update(calls=info["calls_by_backend"], tvm_kernels=info["tvm_kernels"])
+    manifest["summary"]["memory"] = {k: mem[k] for k in ("plan", "peak", "traffic")}
     write_json(out_dir / "manifest.json", manifest)
     s = manifest["summary"]
     return {"c_name": info["c_name"], "layers": s["layers"], "layers_offloaded": s["layers_offloaded"],

@@ -51,9 +51,14 @@ from ..errors import UnsupportedOpError
 from . import weights_bin
 from .interp import lowered_script
 from .kernel_source import KERNELS_HEADER, kernel_source
-from .memory_plan import Plan, Tensor, call_counts, plan_main
+from .levels import ALIGN, Budget, place
+from .memory_plan import LEVELS, Plan, Tensor, call_counts, plan_main
+
+#: the named section of each memory level (c7x_memory.cmd maps them)
+SECTIONS = {"l2": ".l2sram", "msmc": ".msmc", "ddr": ".ddr"}
 
 SHIM_HEADER = Path(__file__).parent / "kernels" / "c7x_tvm_shim.h"
+MEMORY_HEADER = Path(__file__).parent / "kernels" / "c7x_memory.h"
 
 _DL_CODE = {"int": "kDLInt", "uint": "kDLUInt", "float": "kDLFloat"}
 
@@ -186,7 +191,15 @@ def header(m: str, plan: Plan, sizes: dict, crc: int, quant: dict[str, Quant | N
     if len(plan.outputs) > 1:
         lines += _outputs_lines(M, plan)
     lines += ["/* memory, bytes */",
-              f"#define {M}_ARENA_BYTES {sizes['arena']}u /* static activation arena */",
+              f"#define {M}_ARENA_BYTES {sizes['arena']}u /* static activation arena"
+              + (", all levels */" if plan.levels is not None else " */")]
+    if plan.levels is not None:
+        lv = plan.levels
+        lines += [f"#define {M}_ARENA_{lvl.upper()}_BYTES {lv.arena[lvl]}u /* activations in {SECTIONS[lvl]} */"
+                  for lvl in LEVELS if lv.arena[lvl]]
+        if lv.slot_bytes:
+            lines.append(f"#define {M}_WEIGHT_SLOT_BYTES {lv.slot_bytes}u /* one of two L2 weight slots */")
+    lines += [
               f"#define {M}_WORKSPACE_BYTES {sizes['workspace']}u /* static kernel scratch (LIFO) */",
               f"#define {M}_WEIGHTS_BYTES {sizes['weights']}u /* weights.bin, 64-byte aligned */",
               f"#define {M}_WEIGHTS_COUNT {len(plan.weights)}u",
@@ -237,14 +250,15 @@ _ALIGN_MACRO = """/* 64-byte alignment (MMALIB / DMA). GCC and TI's cl7x take th
 """
 
 
-def _runtime_support(m: str, M: str) -> str:
-    """Workspace allocator and weights checks (C text)."""
+def _runtime_support(m: str, M: str, ws_section: str = "") -> str:
+    """Workspace allocator and weights checks (C text). ``ws_section``: the
+    workspace's ``C7X_SECTION(...)`` attribute text (staged plan), or ""."""
     return f"""
 /* ---- static LIFO workspace: TVMBackendAllocWorkspace without malloc ---- */
 #ifndef {M}_WORKSPACE_LIMIT /* tests may shrink it to provoke {M}_ERR_WORKSPACE */
 #define {M}_WORKSPACE_LIMIT {M}_WORKSPACE_BYTES
 #endif
-static uint8_t {m}_workspace[{M}_WORKSPACE_LIMIT] C7X_ALIGNED(64);
+static uint8_t {m}_workspace[{M}_WORKSPACE_LIMIT] C7X_ALIGNED(64){ws_section};
 static size_t {m}_ws_top;
 static int {m}_ws_overflow;
 
@@ -404,6 +418,83 @@ void {m}_print_layer_profile(void) {{
 #endif"""
 
 
+def _traffic_support(m: str, M: str, plan: Plan) -> str:
+    """Instrumented traffic count (C text, inside ``#ifdef <M>_COUNT_TRAFFIC``): the bytes
+    every kernel call's tensors occupy, by the level their address is in, and the bytes
+    copied DDR -> L2 by DMA. What the plan says (manifest ``memory``) must equal it."""
+    on_chip = {"l2": [], "msmc": []}
+    if plan.levels is not None:
+        for lvl in on_chip:
+            if plan.levels.arena[lvl]:
+                on_chip[lvl].append(_arena_name(m, lvl))
+        if plan.levels.slot_bytes:
+            on_chip["l2"].append(f"{m}_wslot")
+    tests = [(i, " || ".join(f"{m}_in(p, {a}, sizeof {a})" for a in arrays))
+             for i, arrays in ((0, on_chip["l2"]), (1, on_chip["msmc"])) if arrays]
+    body = "".join(f"  if ({cond}) return {i};\n" for i, cond in tests)
+    helper = (f"""static int {m}_in(const void* p, const void* lo, size_t n) {{
+  uintptr_t a = (uintptr_t)p, b = (uintptr_t)lo;
+  return a >= b && a - b < n;
+}}
+""" if tests else "")
+    unused = "" if tests else "  (void)p;\n"
+    count = (f"""{helper}static int {m}_level(const void* p) {{
+{unused}{body}  return 2;
+}}
+static void {m}_count(DLTensor* const* t, int n) {{
+  int i, d;
+  for (i = 0; i < n; ++i) {{
+    uint64_t bytes = ((uint64_t)t[i]->dtype.bits * t[i]->dtype.lanes + 7u) / 8u;
+    for (d = 0; d < t[i]->ndim; ++d) bytes *= (uint64_t)t[i]->shape[d];
+    {m}_traffic[{m}_level(t[i]->data)] += bytes;
+  }}
+}}
+""" if plan.calls else "")
+    return f"""#ifdef {M}_COUNT_TRAFFIC
+/* ---- traffic count, switched on with -D{M}_COUNT_TRAFFIC ----
+ * Bytes per inference: [0] L2, [1] MSMC, [2] DDR, read or written by the kernel calls (each
+ * tensor argument counted whole, at the level its address is in), and [3] copied DDR -> L2
+ * by DMA. {m}_print_traffic() prints the last run's counts as one line to stdout. */
+#include <inttypes.h>
+#include <stdio.h>
+static uint64_t {m}_traffic[4];
+{count}void {m}_print_traffic(void);
+void {m}_print_traffic(void) {{
+  printf("c7x-traffic l2=%" PRIu64 " msmc=%" PRIu64 " ddr=%" PRIu64 " dma=%" PRIu64 "\\n",
+         {m}_traffic[0], {m}_traffic[1], {m}_traffic[2], {m}_traffic[3]);
+}}
+#define {M}_TRAFFIC_RESET() memset({m}_traffic, 0, sizeof {m}_traffic)
+#define {M}_TRAFFIC_COUNT(a, n) {m}_count(a, n)
+#define {M}_DMA(dst, src, n) do {{ C7X_DMA_COPY(dst, src, n); {m}_traffic[3] += (n); }} while (0)
+#else
+#define {M}_TRAFFIC_RESET()
+#define {M}_TRAFFIC_COUNT(a, n)
+#define {M}_DMA(dst, src, n) C7X_DMA_COPY(dst, src, n)
+#endif"""
+
+
+def _arena_decls(m: str, M: str, plan: Plan, tensors: list[Tensor]) -> list[str]:
+    """Static arenas: the flat plan's one (TVM's offsets), or one per level in its
+    section plus the two L2 weight slots (:mod:`.levels`)."""
+    if plan.levels is None:
+        if not any(t.home == "arena" for t in tensors):  # else an unused static (-Wunused-variable)
+            return []
+        return ["", "/* activations: one arena, offsets from TVM's StaticPlanBlockMemory */",
+                f"static uint8_t {m}_arena[{M}_ARENA_BYTES] C7X_ALIGNED(64);"]
+    lv = plan.levels
+    out = ["", "/* activations: one arena per memory level, each tensor placed for its lifetime "
+               "(pipeline/backend/levels.py) */"]
+    for lvl in LEVELS:
+        if lv.arena[lvl]:
+            out.append(f"static uint8_t {_arena_name(m, lvl)}[{M}_ARENA_{lvl.upper()}_BYTES] "
+                       f"C7X_ALIGNED({ALIGN}) C7X_SECTION(\"{SECTIONS[lvl]}\");")
+    if lv.slot_bytes:
+        out += ["/* weights: two L2 slots, filled from weights.bin by DMA one call ahead (double-buffered) */",
+                f"static uint8_t {m}_wslot[2][{M}_WEIGHT_SLOT_BYTES] C7X_ALIGNED({ALIGN}) "
+                f"C7X_SECTION(\"{SECTIONS['l2']}\");"]
+    return out
+
+
 def _tensor_decls(m: str, tensors: list[Tensor]) -> list[str]:
     """One static shape array and DLTensor per tensor (data set by <m>_run)."""
     out = ["/* ---- tensors ---- */"]
@@ -414,26 +505,53 @@ def _tensor_decls(m: str, tensors: list[Tensor]) -> list[str]:
     return out
 
 
+def _arena_name(m: str, level: str | None) -> str:
+    """C name of the activation arena of ``level`` (None: the flat plan's one arena)."""
+    return f"{m}_arena" + (f"_{level}" if level else "")
+
+
+def _nbytes(t: Tensor) -> int:
+    return int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
+
+
+def _dma_lines(m: str, M: str, plan: Plan, k: int, entries: list, indent: str = "  ") -> list[str]:
+    """The copies of call ``k``'s staged weights from weights.bin into its L2 slot."""
+    return [f"{indent}{M}_DMA({m}_wslot[{t.staged[0]}] + {t.staged[1]}, weights + {entries[t.offset].offset}, "
+            f"{_nbytes(t)}u); /* {t.name} -> slot {t.staged[0]} */" for t in plan.levels.staged[k]]
+
+
 def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, prefix: str) -> list[str]:
-    """<m>_run: checks, tensor data pointers, one packed call per kernel."""
+    """<m>_run: checks, tensor data pointers, one packed call per kernel (and, in the
+    staged plan, the weight DMA: the next staged call's copy starts before a staged call)."""
     M = m.upper()
+    staged = plan.levels is not None
     offsets = {"input": lambda t: "(void*)input",
                "output": lambda t: f"(void*)(output + {t.offset})" if t.offset else "(void*)output",
-               "arena": lambda t: f"(void*)({m}_arena + {t.offset})",
-               "weight": lambda t: f"(void*)(weights + {entries[t.offset].offset})"}
+               "arena": lambda t: f"(void*)({_arena_name(m, t.level if staged else None)} + {t.offset})",
+               "weight": lambda t: (f"(void*)({m}_wslot[{t.staged[0]}] + {t.staged[1]})" if t.staged else
+                                    f"(void*)(weights + {entries[t.offset].offset})")}
     out = ["", f"int {m}_run(const uint8_t* weights, const float* input, float* output) {{",
            f"  if (weights == NULL || input == NULL || output == NULL) return {M}_ERR_NULL;",
            f"  if (((uintptr_t)weights & 63u) != 0) return {M}_ERR_ALIGN;",
            f"  if (!{m}_header_ok(weights)) return {M}_ERR_WEIGHTS;",
-           f"  {m}_ws_top = 0;", f"  {m}_ws_overflow = 0;", f"  {M}_PROFILE_RESET();"]
+           f"  {m}_ws_top = 0;", f"  {m}_ws_overflow = 0;", f"  {M}_PROFILE_RESET();", f"  {M}_TRAFFIC_RESET();"]
     out += [f"  {m}_{t.name}.data = {offsets[t.home](t)};" for t in tensors]
+    order = [k for k in range(len(plan.calls)) if staged and plan.levels.staged[k]]
+    if order:
+        out += ["  /* weights of the first staged call; each staged call then starts the next one's copy */"]
+        out += _dma_lines(m, M, plan, order[0], entries)
     for k, (name, args) in enumerate(plan.calls):
         refs = ", ".join(f"&{m}_{t.name}" for t in args)
-        out += [f"  {{ /* {k}: {name} */",
-                f"    DLTensor* const a[{len(args)}] = {{{refs}}};",
+        out += [f"  {{ /* {k}: {name} */"]
+        if k in order:
+            nxt = order.index(k) + 1
+            out += ["    C7X_DMA_WAIT(); /* this call's weights are in its slot */"]
+            out += _dma_lines(m, M, plan, order[nxt], entries, "    ") if nxt < len(order) else []
+        out += [f"    DLTensor* const a[{len(args)}] = {{{refs}}};",
                 f"    {M}_PROFILE_START();",
                 f"    if ({m}_call(__tvm_ffi_{prefix}{name}, a, {len(args)}) != 0) return {m}_fail({k});",
                 f"    {M}_PROFILE_STOP({k});",
+                f"    {M}_TRAFFIC_COUNT(a, {len(args)});",
                 "  }"]
     for i, t in plan.copies():  # outputs not written in place (module docstring of memory_plan)
         off = plan.output_offsets[i]
@@ -457,18 +575,18 @@ def model_source(m: str, plan: Plan, entries: list, prefix: str) -> str:
            '#include "model.h"', "",
            f"#define TVMBackendAllocWorkspace {m}_TVMBackendAllocWorkspace",
            f"#define TVMBackendFreeWorkspace {m}_TVMBackendFreeWorkspace",
-           '#include "c7x_tvm_shim.h"', "", _ALIGN_MACRO,
+           '#include "c7x_tvm_shim.h"', '#include "c7x_memory.h"', "", _ALIGN_MACRO,
            "/* kernels (tvm_kernels.c) */"]
     out += [f"int32_t __tvm_ffi_{prefix}{k}(void* self, void* args, int32_t num_args, void* result);"
             for k in kernels]
     used = {id(t) for _, args in plan.calls for t in args} | {id(plan.input)} | {id(t) for t in plan.outputs}
     tensors = [t for t in plan.tensors if id(t) in used]
-    if any(t.home == "arena" for t in tensors):  # else an unused static (-Wunused-variable)
-        out += ["", "/* activations: one arena, offsets from TVM's StaticPlanBlockMemory */",
-                f"static uint8_t {m}_arena[{M}_ARENA_BYTES] C7X_ALIGNED(64);"]
-    out.append(_runtime_support(m, M))
+    out += _arena_decls(m, M, plan, tensors)
+    ws_level = plan.levels.workspace_level if plan.levels is not None else None
+    out.append(_runtime_support(m, M, f' C7X_SECTION("{SECTIONS[ws_level]}")' if ws_level else ""))
     if plan.calls:
         out.append(_call_support(m, M, max_args))
+    out.append(_traffic_support(m, M, plan))
     out.append(_profile_support(m, M, [f"__tvm_ffi_{prefix}{name}" for name, _ in plan.calls]))
     out += _tensor_decls(m, tensors)
     out += _run_function(m, plan, tensors, entries, prefix)
@@ -489,12 +607,35 @@ def weights_array_source(m: str, blob: bytes) -> str:
 # everything
 # ---------------------------------------------------------------------------
 
-HEADERS = (KERNELS_HEADER, SHIM_HEADER)
+HEADERS = (KERNELS_HEADER, SHIM_HEADER, MEMORY_HEADER)
+MEMORY_PLANS = ("staged", "flat")
+"""``[codegen] memory``: "staged" (:mod:`.levels`: L2 / MSMC / DDR, weights by DMA) or
+"flat" (one DDR arena laid out by TVM, weights read in place)."""
 """Headers copied into every codegen folder, so ``gcc -I<folder>`` suffices."""
 
 
+def linker_command(m: str, plan: Plan) -> str:
+    """Text of c7x_memory.cmd: a TI linker command file placing the named sections of
+    model.c (:data:`SECTIONS`) in the memory ranges ``L2SRAM``, ``MSMC`` and ``DDR``,
+    which the application's own linker file (the SDK's) defines. Listed with the
+    application's .cmd on the cl7x link line (:func:`pipeline.toolchain.link_command`)."""
+    peak = plan.levels.peak if plan.levels is not None else None
+    lines = [f"/* c7x_memory.cmd: where model {m}'s buffers go on the C7x; generated by doit-c7x, do not edit.",
+             " * Link it with the application's linker command file, which defines the MEMORY ranges",
+             " * L2SRAM, MSMC and DDR (TI's SDK linker files do). Bytes this model needs in each: */"]
+    for lvl in LEVELS:
+        need = peak[lvl] if peak else 0
+        lines.append(f"/*   {SECTIONS[lvl]:8} {need:>10} bytes */")
+    lines += ["SECTIONS", "{"]
+    region = {"l2": "L2SRAM", "msmc": "MSMC", "ddr": "DDR"}
+    lines += [f"    {SECTIONS[lvl]:8} > {region[lvl]}" for lvl in LEVELS if not peak or peak[lvl]]
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
 def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | None = None,
-         weights_format: str = "bin", preprocess: dict | None = None) -> dict:
+         weights_format: str = "bin", preprocess: dict | None = None, memory: str = "flat",
+         budget: Budget | None = None) -> dict:
     """Write model.h, model.c, tvm_kernels.c, weights.bin (+ weights_data.c
     for ``weights_format="c_array"``), lowered.py and copies of
     c7x_kernels.h / c7x_tvm_shim.h into ``out_dir``.
@@ -514,6 +655,8 @@ def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | Non
 
     if weights_format not in ("bin", "c_array"):
         raise ValueError(f"weights_format must be 'bin' or 'c_array', not {weights_format!r}")
+    if memory not in MEMORY_PLANS or (memory == "staged" and budget is None):
+        raise ValueError(f"memory must be one of {list(MEMORY_PLANS)} (staged needs a budget), not {memory!r}")
     if preprocess is not None:
         check_preprocess(preprocess)
     m = c_name(model_name)
@@ -523,6 +666,9 @@ def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | Non
     ks = kernel_source(mod, prefix)
     called = {name for name, _ in plan.calls}
     workspace = max([ks.workspace.get(k, 0) for k in called] + [64])
+    if memory == "staged":
+        place(plan, budget, workspace)
+        plan.arena_bytes = sum(plan.levels.arena.values())
     sizes = {"arena": plan.arena_bytes, "workspace": workspace, "weights": len(blob)}
     out_dir = Path(out_dir)
     write_text(out_dir / "model.h", header(m, plan, sizes, crc, quant or {}, weights_format == "c_array",
@@ -535,6 +681,7 @@ def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | Non
     if weights_format == "c_array":
         write_text(out_dir / "weights_data.c", weights_array_source(m, blob))
     write_text(out_dir / "lowered.py", lowered_script(mod, plan))
+    write_text(out_dir / "c7x_memory.cmd", linker_command(m, plan))
     by_backend, tvm_kernels = call_counts(mod, plan)
     return {"c_name": m, "arena_bytes": plan.arena_bytes, "workspace_bytes": workspace,
             "weights_bytes": len(blob), "weights_count": len(entries), "weights_crc32": crc,

@@ -97,8 +97,26 @@ def _kernel_sources() -> list[Path]:
 def profile_flags(codegen_dir: Path) -> tuple[str, ...]:
     """Extra gcc flags of the per-layer profile build: ``-D<M>_PROFILE_LAYERS``
     for model.c (its timers and ``<m>_print_layer_profile``) and
-    ``-DC7X_PROFILE_LAYERS`` for the harness (print one block after every image)."""
-    return (f"-D{model_info(codegen_dir).c_name.upper()}_PROFILE_LAYERS", "-DC7X_PROFILE_LAYERS")
+    ``-DC7X_PROFILE_LAYERS`` for the harness (print one block after every image),
+    and the traffic count (:func:`traffic_flags`)."""
+    return (f"-D{model_info(codegen_dir).c_name.upper()}_PROFILE_LAYERS", "-DC7X_PROFILE_LAYERS",
+            *traffic_flags(codegen_dir))
+
+
+def traffic_flags(codegen_dir: Path) -> tuple[str, ...]:
+    """Extra gcc flags of the instrumented build that counts the bytes every kernel call
+    touches at each memory level (model.c ``-D<M>_COUNT_TRAFFIC``, harness
+    ``-DC7X_COUNT_TRAFFIC``): one ``c7x-traffic`` line per image on stdout (:func:`parse_traffic`)."""
+    return (f"-D{model_info(codegen_dir).c_name.upper()}_COUNT_TRAFFIC", "-DC7X_COUNT_TRAFFIC")
+
+
+_TRAFFIC = re.compile(r"^c7x-traffic l2=(\d+) msmc=(\d+) ddr=(\d+) dma=(\d+)$", re.M)
+
+
+def parse_traffic(stdout: str) -> list[dict[str, int]]:
+    """The ``c7x-traffic`` lines of an instrumented run, one ``{"l2", "msmc", "ddr", "dma"}``
+    (bytes per inference) per image, in order."""
+    return [dict(zip(("l2", "msmc", "ddr", "dma"), map(int, m))) for m in _TRAFFIC.findall(stdout)]
 
 
 def dump_flags(codegen_dir: Path) -> list[str]:

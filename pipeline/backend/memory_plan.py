@@ -40,7 +40,11 @@ class Tensor:
     """A DLTensor of the entry point. ``home``: "input", "output" (``offset`` =
     float32 element offset in the caller's packed output buffer), "arena"
     (``offset`` = byte offset in the arena) or "weight" (``offset`` = entry
-    index). ``view``: True for a reshape view of another tensor."""
+    index). ``view``: True for a reshape view of another tensor. ``level``: the
+    memory holding it on the C7x (:data:`LEVELS`; "arena" tensors: which
+    level's arena ``offset`` is in). ``staged``: for a weight copied by DMA
+    into an L2 weight slot before its call, ``(slot, byte offset in the slot)``
+    (:mod:`.levels`)."""
 
     name: str
     shape: tuple[int, ...]
@@ -48,6 +52,8 @@ class Tensor:
     home: str
     offset: int
     view: bool = False
+    level: str = "ddr"
+    staged: tuple[int, int] | None = None
 
 
 @dataclass
@@ -70,6 +76,9 @@ class Plan:
     # and the tensor a reshape view reads.
     aliases: dict[str, list[str]] = field(default_factory=dict)
     views: dict[str, str] = field(default_factory=dict)
+    # The placement on the C7x's memory levels (:func:`.levels.place`); None = flat
+    # (everything in DDR, one arena laid out by TVM).
+    levels: "object | None" = None
 
     @property
     def output_aliased(self) -> bool:
@@ -92,13 +101,17 @@ LEVELS = ("l2", "msmc", "ddr")
 
 
 def level_of(t: Tensor, plan: Plan) -> str:
-    """Memory level holding ``t`` on the C7x: one of :data:`LEVELS`.
+    """Memory level a kernel reads or writes ``t`` at on the C7x: one of :data:`LEVELS`.
 
-    This plan is flat: the input, the caller's output buffer, the one
-    activation arena and weights.bin are all in DDR, and every kernel reads and
-    writes them there (no DMA staging into L2 SRAM). The performance estimate
-    (:mod:`pipeline.perf`) reads each call's bytes per level from here."""
-    return "ddr"
+    The flat plan (``plan.levels`` None) keeps everything in DDR. The staged plan
+    (:func:`.levels.place`) puts activations in the L2 / MSMC / DDR arena it chose
+    and a staged weight in its L2 slot (copied there from weights.bin in DDR by
+    DMA: :meth:`.levels.Levels.dma_of`). The input and the caller's output buffer
+    are in DDR. The performance estimate (:mod:`pipeline.perf`) reads each call's
+    bytes per level from here, and the instrumented build counts the same."""
+    if t.home == "weight":
+        return "l2" if t.staged is not None else "ddr"
+    return t.level
 
 
 def const_key(const: GenericConst) -> tuple[np.ndarray, tuple]:

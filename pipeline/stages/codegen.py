@@ -25,9 +25,22 @@ def _remove_other_variants(out_dirs: dict[str, Path]) -> None:
                 shutil.rmtree(d)
 
 
+def memory_budget(spec: ModelSpec):
+    """The L2 SRAM and MSMC sizes of the entry's ``[target]`` (:class:`~pipeline.backend.levels.Budget`)
+    for the staged memory plan; None for ``[codegen] memory = "flat"``. ConfigError: one line."""
+    if spec.codegen.memory == "flat":
+        return None
+    from ..backend.levels import Budget
+    from .estimate import spec_target
+
+    t = spec_target(spec)
+    return Budget(l2=int(t.l2_sram_bytes), msmc=int(t.msmc_bytes))
+
+
 def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[str, Path],
                   layers: Path | None = None) -> dict:
-    """Compile ``relax/module.py`` + ``params.bin`` once per variant into ``out_dirs``.
+    """Compile ``relax/module.py`` + ``params.bin`` once per variant into ``out_dirs``,
+    with the memory plan of ``[codegen] memory`` (:func:`memory_budget`).
 
     ``layers``: ``relax/layers.json`` (binding -> PyTorch module path, source
     line, layer id) for the manifest. Returns {variant: compile summary}.
@@ -38,6 +51,7 @@ def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[st
 
     mod = load_irmodule(script, params)
     provenance = json.loads(Path(layers).read_text()) if layers else None
+    budget = memory_budget(spec)
     _remove_other_variants(out_dirs)
     summaries = {}
     for variant, out in out_dirs.items():
@@ -45,5 +59,6 @@ def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[st
             summaries[variant] = compile_model(mod, spec.name, tmp, mmalib=(variant == "mmalib"),
                                                weights_format=spec.codegen.weights_format,
                                                preprocess=dataclasses.asdict(spec.preprocess),
-                                               provenance=provenance)
+                                               provenance=provenance, memory=spec.codegen.memory,
+                                               budget=budget)
     return summaries

@@ -19,7 +19,9 @@ the difference per call and layer is reported as ``init_delta``. The log is
 ``profile.json``, per variant: every call (index, C symbol, backend, layer id,
 PyTorch module, time, share of the total) in model.c order, every layer (the
 summed time of its calls, share) sorted by time, the total, the unit and the
-label.
+label, and ``traffic``: the bytes per inference the instrumented build counted
+at each memory level (the same executable, built with ``-D<M>_COUNT_TRAFFIC``)
+beside what the memory plan says (:func:`counted_traffic`).
 """
 
 from __future__ import annotations
@@ -130,7 +132,25 @@ def _host_variant(codegen_dir: Path, exe: Path, images: np.ndarray) -> dict:
         match_calls(b, calls, c_name, source, fix)
     m = measurement(calls, blocks, source="host", unit="ns", label=HOST_LABEL, steady="median")
     m["build"] = shlex.join(host_command(codegen_dir, exe, extra_flags=flags))
+    m["traffic"] = counted_traffic(codegen_dir, run.stdout, len(images), source)
     return m
+
+
+def counted_traffic(codegen_dir: Path, stdout: str, n_images: int, source: str) -> dict:
+    """Bytes per inference at each memory level counted by the instrumented build
+    (``c7x-traffic`` lines, :func:`pipeline.backend.host.parse_traffic`) beside what the
+    plan says (manifest ``summary.memory.traffic``): ``{"counted", "plan", "matches_plan"}``.
+    Raises ProfileLogError when a run printed no count or the images disagree (the
+    traffic of a static plan cannot depend on the pixels)."""
+    from ..backend.host import parse_traffic
+
+    runs = parse_traffic(stdout)
+    if len(runs) != n_images or any(r != runs[0] for r in runs):
+        raise ProfileLogError(f"{source}: {len(runs)} traffic counts for {n_images} images, or counts that differ "
+                              f"between images; re-run codegen (please report it)")
+    manifest = json.loads((Path(codegen_dir) / "manifest.json").read_text())
+    plan = manifest["summary"].get("memory", {}).get("traffic")
+    return {"counted": runs[0], "plan": plan, "matches_plan": runs[0] == plan}
 
 
 def board_measurement(spec: ModelSpec, codegen_dir: Path, board_log: Path) -> dict:
@@ -192,7 +212,7 @@ def profile_model(spec: ModelSpec, images_dir: Path, builds: dict[str, tuple[Pat
     for variant, (codegen_dir, exe) in builds.items():
         host = _host_variant(codegen_dir, exe, images)
         if board and board[0] == variant:
-            variants[variant] = {**board[1], "host": host}
+            variants[variant] = {**board[1], "host": host, "traffic": host["traffic"]}
         else:
             variants[variant] = host
     report = {"model": spec.name, "images": [p.name for p in paths],

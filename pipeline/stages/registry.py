@@ -252,6 +252,16 @@ def _board_log_deps(ctx: StageContext) -> list[Path]:
     return [log] if log is not None and log.is_file() else []  # a missing one fails in the stage
 
 
+def _memory_budget(ctx: StageContext) -> list[int] | None:
+    """[L2, MSMC] bytes of the entry's target for the staged plan (None: flat)."""
+    if ctx.spec.codegen.memory == "flat":
+        return None
+    from ..perf.target import load_target  # light: tomllib, no torch/tvm
+
+    t = load_target(ctx.spec.target.name, ctx.spec.target.figures)
+    return [int(t.l2_sram_bytes), int(t.msmc_bytes)]
+
+
 def _cross_outputs(ctx: StageContext) -> list[Path]:
     from .cross_compile import outputs  # light: no torch/tvm
     c_sources = [f.name for f in _mmalib_files(ctx) if f.suffix == ".c"]
@@ -353,8 +363,10 @@ STAGES: tuple[Stage, ...] = (
         # codegen, and byte-identical output stops the cascade there.
         name="codegen", doc="MMALIB offload + static C + weights.bin",
         func="pipeline.stages.codegen:codegen_model",
-        code=("stages/codegen.py", "frontend/irmodule_io.py", "backend"),
+        code=("stages/codegen.py", "stages/estimate.py", "frontend/irmodule_io.py", "backend", "perf"),
         params=("codegen", "name"), versions=("apache-tvm",),
+        # the staged memory plan depends on the target's L2 / MSMC sizes only
+        extra=lambda c: {"memory_budget": _memory_budget(c)},
         deps=lambda c: [c.layout.relax_script, c.layout.relax_params, c.layout.relax_layers],
         outs=lambda c: c.layout.codegen_files(c.spec),
         args=lambda c: {"spec": c.spec, "script": c.layout.relax_script, "params": c.layout.relax_params,

@@ -22,6 +22,10 @@
  * runtime prints one per inference (also after a failed run: its block ends at
  * the last call that completed). On the host the counts are nanoseconds.
  *
+ * Memory traffic: with -DC7X_COUNT_TRAFFIC (and -D<M>_COUNT_TRAFFIC for
+ * model.c) the harness calls <m>_print_traffic() after every image: one line
+ * "c7x-traffic l2=<B> msmc=<B> ddr=<B> dma=<B>" on stdout (bytes of that run).
+ *
  * Intermediate tensors: built with -DC7X_DUMP_CALLS and
  * -DC7X_DUMP_SYMBOLS='C7X_WRAP(<sym>) ...' (one per kernel symbol of model.c)
  * and linked with -Wl,--wrap=<sym> for each (pipeline/backend/host.py does
@@ -84,6 +88,10 @@ C7X_DUMP_SYMBOLS
 #define INPUT_SIZE C7X_CAT(C7X_MODEL_UC, _INPUT_SIZE)
 #define OUTPUT_SIZE C7X_CAT(C7X_MODEL_UC, _OUTPUT_SIZE)
 #define WEIGHTS_BYTES C7X_CAT(C7X_MODEL_UC, _WEIGHTS_BYTES)
+#ifdef C7X_COUNT_TRAFFIC
+#define PRINT_TRAFFIC C7X_CAT(C7X_MODEL, _print_traffic)
+void PRINT_TRAFFIC(void); /* model.c, built with -D<M>_COUNT_TRAFFIC */
+#endif
 #ifdef C7X_PROFILE_LAYERS
 #define PRINT_LAYER_PROFILE C7X_CAT(C7X_MODEL, _print_layer_profile)
 void PRINT_LAYER_PROFILE(void); /* model.c, built with -D<M>_PROFILE_LAYERS */
@@ -175,6 +183,9 @@ int main(int argc, char** argv) {
     rc = RUN(weights, input + (size_t)i * INPUT_SIZE, output + (size_t)i * OUTPUT_SIZE);
 #ifdef C7X_PROFILE_LAYERS
     PRINT_LAYER_PROFILE();
+#endif
+#ifdef C7X_COUNT_TRAFFIC
+    PRINT_TRAFFIC();
 #endif
     if (rc != 0) {
       fprintf(stderr, "c7x-host: run failed on image %ld (%d)\n", i, rc);

@@ -1,0 +1,250 @@
+"""The staged memory plan: which memory level of the C7x holds each buffer.
+
+The flat plan (:mod:`.memory_plan`) keeps every activation in one DDR arena
+and every kernel reads its weights from weights.bin in DDR. The user's
+document measures what that costs: the same MMALIB conv takes 1.67M cycles
+reading DDR and 477K once its operands are staged in L2 SRAM (docs/estimate.md).
+:func:`place` re-places the plan on the target's levels (``[target]``
+``l2_sram`` and ``msmc`` sizes, bytes):
+
+- **Activations** (every arena tensor, reshape views with the tensor they
+  view): each gets its lifetime (first to last kernel call that touches it)
+  and is packed first-fit, in order of first use, into the L2 arena, else the
+  MSMC arena, else the DDR arena; tensors whose lifetimes overlap never share
+  bytes. Offsets are 128-byte aligned (the MMA's activation rows, as TI's
+  fork aligns them), and the L2 arena ends with a 128-byte guard (the
+  streaming engine reads ahead). So an activation stays in L2 from the call
+  that writes it to the last call that reads it, and spills only when it
+  does not fit.
+- **Weights** stream from weights.bin (DDR) into one of two L2 weight slots
+  by DMA: the weights of the j-th staged call go to slot ``j % 2`` and are
+  copied while call j-1 runs (double-buffered, so the copy overlaps
+  compute). A slot holds the largest set of weights of one call that is at
+  most a share of L2 (1/4, 1/8 or 1/16: :data:`SLOT_SHARES`, whichever plan
+  reads the fewest bytes from DDR in place, what the document shows is
+  slow); a call with more has its weight tensors staged in argument order
+  while they fit, and the rest (MobileNetV2's 1280x1000 classifier matrix)
+  read in place from DDR.
+- **Workspace** (kernels' scratch, :mod:`.emit_c`) is in L2 when it is at
+  most an eighth of L2, else in DDR.
+- The input and the caller's output buffer are the caller's, in DDR.
+
+Not done yet (docs/memory.md): tiling a layer whose working set exceeds L2
+(its tensors then live in DDR), and fusing layers so a spilled activation
+need not round-trip DDR. Pure Python over the plan: no tvm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .memory_plan import LEVELS, Plan, Tensor
+
+#: byte alignment of activations in every arena (TI fork: 128-byte activation rows)
+ALIGN = 128
+#: bytes left free after the L2 arena: the streaming engine's read-ahead guard (TI fork)
+GUARD = 128
+#: a weight slot is at most one of these shares of L2; :func:`place` keeps the one whose
+#: plan reads the fewest bytes from DDR in place (two slots: half of L2 at most)
+SLOT_SHARES = (4, 8, 16)
+#: the workspace is placed in L2 when it is at most this share of L2
+WORKSPACE_SHARE = 8
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Sizes of the on-chip levels, bytes: ``l2`` (L2 SRAM of one C7x core) and
+    ``msmc`` (shared L3 SRAM; 0 = none). From the ``[target]`` figures
+    ``l2_sram`` and ``msmc`` (pipeline/perf/targets/, docs/targets.md)."""
+
+    l2: int
+    msmc: int
+
+
+def default_budget() -> Budget:
+    """The default target's sizes (``pipeline.perf.target.DEFAULT_TARGET``, AM67A)."""
+    from ..perf.target import load_target
+
+    t = load_target()
+    return Budget(l2=int(t.l2_sram_bytes), msmc=int(t.msmc_bytes))
+
+
+@dataclass
+class Levels:
+    """Where :func:`place` put everything.
+
+    ``arena``: bytes of the arena of each level (:data:`LEVELS`; 0 = unused);
+    ``slot_bytes``: one L2 weight slot (0 = no weight is staged);
+    ``workspace_level``: "l2" or "ddr"; ``workspace_bytes``;
+    ``staged``: per call (plan order) the weight tensors copied into its slot
+    before it runs, ``slot``: per call its slot (0 / 1) or None;
+    ``peak``: bytes used per level (L2: arena + guard + 2 slots + workspace
+    when there); ``budget``: the :class:`Budget` placed against."""
+
+    budget: Budget
+    arena: dict[str, int]
+    slot_bytes: int
+    workspace_level: str
+    workspace_bytes: int
+    staged: list[list[Tensor]] = field(default_factory=list)
+    slot: list[int | None] = field(default_factory=list)
+    in_place_ddr: int = 0  # bytes the kernels read / write in DDR per inference (traffic()["ddr"])
+
+    @property
+    def peak(self) -> dict[str, int]:
+        """Bytes this plan uses on each level (what must fit the target)."""
+        l2 = self.arena["l2"] + (GUARD if self.arena["l2"] else 0) + 2 * self.slot_bytes
+        ws = self.workspace_bytes
+        return {"l2": l2 + (ws if self.workspace_level == "l2" else 0), "msmc": self.arena["msmc"],
+                "ddr": self.arena["ddr"] + (ws if self.workspace_level == "ddr" else 0)}
+
+    def dma_of(self, k: int) -> int:
+        """Bytes copied DDR -> L2 by DMA for call ``k``."""
+        return sum(_nbytes(t) for t in self.staged[k])
+
+
+def _nbytes(t: Tensor) -> int:
+    return int(math.prod(t.shape)) * np.dtype(t.dtype).itemsize
+
+
+def _align(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+def _root(plan: Plan, t: Tensor) -> str:
+    return plan.views.get(t.name, t.name)
+
+
+def lifetimes(plan: Plan) -> dict[str, tuple[int, int]]:
+    """Root arena tensor name -> (first, last) index of the kernel calls touching it or
+    a view of it. A tensor copied into the output after the last call lives to the end."""
+    spans: dict[str, list[int]] = {}
+    for k, (_, args) in enumerate(plan.calls):
+        for t in args:
+            if t.home == "arena":
+                s = spans.setdefault(_root(plan, t), [k, k])
+                s[1] = k
+    end = len(plan.calls)
+    for _, t in plan.copies():
+        if t.home == "arena":
+            spans.setdefault(_root(plan, t), [end, end])[1] = end
+    return {name: (a, b) for name, (a, b) in spans.items()}
+
+
+def _first_fit(size: int, span: tuple[int, int], placed: list[tuple[int, int, int, int]],
+               capacity: int | None) -> int | None:
+    """Lowest aligned offset where ``size`` bytes fit beside the ``placed`` blocks
+    ``(offset, size, first, last)`` whose lifetimes overlap ``span``; None if over ``capacity``."""
+    busy = sorted((o, o + s) for o, s, a, b in placed if a <= span[1] and span[0] <= b)
+    offset = 0
+    for lo, hi in busy:
+        if offset + size <= lo:
+            break
+        offset = max(offset, _align(hi))
+    return offset if capacity is None or offset + size <= capacity else None
+
+
+def _stage_weights(plan: Plan, slot_cap: int) -> tuple[int, list[list[Tensor]], list[int | None]]:
+    """Slot size, the weights staged per call, and each call's slot (module docstring)."""
+    wanted = [sum(_align(_nbytes(t)) for t in args if t.home == "weight") for _, args in plan.calls]
+    slot = max([w for w in wanted if w <= slot_cap] + [0])
+    staged, slots, j = [], [], 0
+    for _, args in plan.calls:
+        mine, used = [], 0
+        for t in args:
+            if t.home == "weight" and used + _align(_nbytes(t)) <= slot:
+                t.staged = (j % 2, used)
+                used += _align(_nbytes(t))
+                mine.append(t)
+        staged.append(mine)
+        slots.append(j % 2 if mine else None)
+        j += bool(mine)
+    return (slot if any(staged) else 0), staged, slots
+
+
+def place(plan: Plan, budget: Budget, workspace_bytes: int) -> Levels:
+    """:func:`place_with` the slot share of :data:`SLOT_SHARES` whose plan reads the fewest
+    bytes from DDR in place (``traffic(plan)["ddr"]``; ties: the larger slot)."""
+    best = min(SLOT_SHARES, key=lambda share: place_with(plan, budget, workspace_bytes, share).in_place_ddr)
+    return place_with(plan, budget, workspace_bytes, best)
+
+
+def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int = 4) -> Levels:
+    """Place ``plan`` on the levels of ``budget`` (module docstring), in place: sets each
+    arena tensor's ``level`` and ``offset`` (bytes into its level's arena), each staged
+    weight's ``staged``, and ``plan.levels``. ``workspace_bytes``: the static workspace
+    the kernels need (:func:`.emit_c.emit`). Returns the :class:`Levels`.
+
+    Raises ValueError for a negative size. A level too small for a tensor is not an
+    error: the tensor goes to the next level (DDR holds anything)."""
+    if budget.l2 < 0 or budget.msmc < 0:
+        raise ValueError(f"memory level sizes must be >= 0 bytes, got L2 {budget.l2}, MSMC {budget.msmc}")
+    ws_level = "l2" if 0 < workspace_bytes <= budget.l2 // WORKSPACE_SHARE else "ddr"
+    for t in plan.tensors:  # a fresh placement
+        t.staged = None
+    slot, staged, slots = _stage_weights(plan, budget.l2 // slot_share)
+    l2_free = budget.l2 - 2 * slot - GUARD - (workspace_bytes if ws_level == "l2" else 0)
+    capacity = {"l2": max(l2_free, 0), "msmc": budget.msmc, "ddr": None}
+    roots = {t.name: t for t in plan.tensors if t.home == "arena" and not t.view}
+    placed: dict[str, list] = {lvl: [] for lvl in LEVELS}
+    spans = lifetimes(plan)
+    for name in sorted(spans, key=lambda n: (spans[n][0], n)):
+        t, size = roots[name], _align(_nbytes(roots[name]))
+        for lvl in LEVELS:
+            offset = _first_fit(size, spans[name], placed[lvl], capacity[lvl])
+            if offset is not None:
+                t.level, t.offset = lvl, offset
+                placed[lvl].append((offset, size, *spans[name]))
+                break
+    for t in plan.tensors:  # views follow the tensor they view
+        if t.home == "arena" and t.view:
+            root = roots[_root(plan, t)]
+            t.level, t.offset = root.level, root.offset
+    arena = {lvl: max([o + s for o, s, _, _ in placed[lvl]] + [0]) for lvl in LEVELS}
+    plan.levels = Levels(budget, arena, slot, ws_level, workspace_bytes, staged, slots)
+    plan.levels.in_place_ddr = traffic(plan)["ddr"]
+    return plan.levels
+
+
+def traffic(plan: Plan) -> dict[str, int]:
+    """Bytes per inference the plan's kernel calls touch at each level (every tensor
+    argument whole, at :func:`.memory_plan.level_of`), and ``dma``: bytes copied DDR -> L2.
+    DDR traffic = ``ddr + dma``. The instrumented build (``-D<M>_COUNT_TRAFFIC``) counts
+    the same four numbers from the addresses model.c really uses."""
+    from .memory_plan import level_of
+
+    out = dict.fromkeys((*LEVELS, "dma"), 0)
+    for k, (_, args) in enumerate(plan.calls):
+        for t in args:
+            out[level_of(t, plan)] += _nbytes(t)
+        if plan.levels is not None:
+            out["dma"] += plan.levels.dma_of(k)
+    return out
+
+
+def memory_map(plan: Plan, entries: list | None = None) -> dict:
+    """The build folder's ``memory_map.json``: ``plan`` ("staged" / "flat"), ``budget``
+    (bytes of L2 / MSMC placed against, staged only), ``peak`` (bytes used per level),
+    ``arena`` (bytes of each level's arena), ``slot_bytes``, ``workspace`` ({level, bytes}),
+    ``traffic`` (:func:`traffic`), ``tensors`` (each activation: level, byte offset in its
+    arena, bytes, first and last call) and ``staged_weights`` (call, tensor, weights.bin
+    entry, bytes, slot, offset in the slot)."""
+    lv = plan.levels
+    spans = lifetimes(plan)
+    roots = [t for t in plan.tensors if t.home == "arena" and not t.view and t.name in spans]
+    tensors = [{"tensor": t.name, "level": t.level if lv else "ddr", "offset": t.offset, "bytes": _nbytes(t),
+                "first_call": spans[t.name][0], "last_call": spans[t.name][1]} for t in roots]
+    out = {"plan": "staged" if lv else "flat", "traffic": traffic(plan), "tensors": tensors}
+    if lv is None:
+        out.update(peak={"l2": 0, "msmc": 0, "ddr": plan.arena_bytes}, arena={"ddr": plan.arena_bytes},
+                   slot_bytes=0, staged_weights=[])
+        return out
+    out.update(budget={"l2": lv.budget.l2, "msmc": lv.budget.msmc}, peak=lv.peak, arena=lv.arena,
+               slot_bytes=lv.slot_bytes, workspace={"level": lv.workspace_level, "bytes": lv.workspace_bytes},
+               staged_weights=[{"call": k, "tensor": t.name, "entry": t.offset, "bytes": _nbytes(t),
+                                "slot": t.staged[0], "offset": t.staged[1]}
+                               for k, ts in enumerate(lv.staged) for t in ts])
+    return out
