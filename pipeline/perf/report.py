@@ -44,6 +44,18 @@ def reason(call: dict, est: dict, target: Target, k: Constants) -> str:
     return f"compute-bound: {work['macs'] / 1e6:.2f}M MACs on the MMA at {share}"
 
 
+def as_flat(manifest: dict) -> dict:
+    """``manifest`` as the flat memory plan would have it: every tensor of every call in
+    DDR, read in place (no L2 arena, no DMA staging). The calls and their work are those
+    of the build, so :func:`estimate_build` of the result is the flat plan's estimate
+    of the same program (what ``[codegen] memory = "flat"`` builds)."""
+    def ddr(rw: dict) -> dict:
+        return {k: v for k, v in rw.items() if k not in ("staged_from", "dma")} | {"level": "ddr"}
+    calls = [{**c, "reads": [ddr(r) for r in c["reads"]], "writes": [ddr(w) for w in c["writes"]]}
+             for c in manifest["calls"]]
+    return {**manifest, "calls": calls}
+
+
 def _call_row(call: dict, target: Target, k: Constants, modules: dict) -> dict:
     est = estimate_call(call, target, k)
     return {"index": call["index"], "func": call["func"], "kernel": call["kernel"], "backend": call["backend"],
@@ -105,6 +117,7 @@ def estimate_build(manifest: dict, target: Target, k: Constants | None = None) -
             "compute_bound_cycles": math.ceil(macs / peak),
             "by_engine": by_engine, "by_bound": by_bound,
             "ddr_bytes": sum(c["bytes"]["ddr_read"] + c["bytes"]["ddr_write"] for c in calls),
+            "dma_bytes": sum(c["bytes"]["dma_serial"] + c["bytes"]["dma_overlapped"] for c in calls),
             "calls": calls, "layers": layers,
             "top": [{k2: r[k2] for k2 in ("layer", "module", "op", "cycles", "share", "bound", "reason")}
                     for r in layers[:TOP]]}

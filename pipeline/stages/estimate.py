@@ -25,7 +25,7 @@ from pathlib import Path
 from ..config import ModelSpec
 from ..fsutil import write_json
 from ..perf.model import fitted
-from ..perf.report import LABEL, compare_board, estimate_build
+from ..perf.report import LABEL, as_flat, compare_board, estimate_build
 from ..perf.target import Target, load_target
 
 
@@ -34,18 +34,40 @@ def spec_target(spec: ModelSpec) -> Target:
     return load_target(spec.target.name, spec.target.figures, where=f"{spec.source} [target]")
 
 
-def rests_on(target: Target) -> list[str]:
-    """What every estimate assumes, in words (shown with it)."""
+PLAN_WORDS = {
+    "flat": "codegen's flat memory plan: every buffer (input, activations, weights, output) in DDR, read and "
+            "written there by each kernel, no DMA staging into L2 SRAM",
+    "staged": "codegen's staged memory plan (memory_map.json): activations in the L2 / MSMC / DDR arena codegen "
+              "placed them in, weights copied into L2 by DMA during the previous call (overlapped), what does "
+              "not fit read from DDR in place; no tiling yet",
+}
+
+
+def rests_on(target: Target, plan: str = "staged") -> list[str]:
+    """What every estimate assumes, in words (shown with it); ``plan``: the memory plan
+    of the builds ("staged" / "flat", ``[codegen] memory``)."""
     n_assumed = len([f for f in target.assumed if f not in target.overridden])
     return [
-        "codegen's memory plan: every buffer (input, activations, weights, output) in DDR, read and "
-        "written there by each kernel, no DMA staging into L2 SRAM",
+        PLAN_WORDS[plan],
         f"target figures of {target.source} ({n_assumed} assumed, {len(target.conflicting)} chosen among "
         f"conflicting sources, {len(target.overridden)} overridden by the entry; sources: docs/targets.md)",
         "3 constants fitted on one measured conv (scalar 45.2M, MMALIB 1.67M, MMALIB + L2 DMA 477K cycles) "
         "and nothing else (docs/estimate.md)",
         "one C7x core, batch 1, steady state (no cold caches, no first-call initialisation)",
     ]
+
+
+def memory_figures(manifest: dict, target: Target, est: dict) -> dict:
+    """The build's memory plan in figures: ``plan``, ``peak`` bytes per level, ``traffic``
+    (bytes per inference per level and DMA, from the plan), ``ddr_traffic_bytes`` (DDR
+    read or written in place + copied by DMA), ``flat_cycles`` (the same calls with every
+    tensor in DDR, :func:`pipeline.perf.report.as_flat`) and ``gain`` (flat / this)."""
+    mem = manifest["summary"].get("memory", {"plan": "flat", "peak": {}, "traffic": {}})
+    flat = estimate_build(as_flat(manifest), target)["total_cycles"]
+    t = mem["traffic"]
+    return {"plan": mem["plan"], "peak": mem["peak"], "traffic": t,
+            "ddr_traffic_bytes": t.get("ddr", 0) + t.get("dma", 0), "flat_cycles": flat,
+            "gain": round(flat / est["total_cycles"], 3) if est["total_cycles"] else None}
 
 
 def _line(spec: ModelSpec, target: Target, variants: dict) -> str:
@@ -72,13 +94,14 @@ def estimate_model(spec: ModelSpec, manifests: dict[str, Path], board_log: Path 
             raise ValueError(f"{path}: the manifest has no per-call work (written by an older codegen); "
                              f"re-run codegen:{spec.name}")
         variants[variant] = estimate_build(manifest, target)
+        variants[variant]["memory"] = memory_figures(manifest, target, variants[variant])
     if board_log is not None:
         from .profile import board_measurement
 
         first = next(iter(manifests))
         board = board_measurement(spec, Path(manifests[first]).parent, Path(board_log))
         variants[first]["board"] = compare_board(variants[first], board)
-    report = {"model": spec.name, "label": LABEL, "rests_on": rests_on(target), "target": target.to_json(),
+    report = {"model": spec.name, "label": LABEL, "rests_on": rests_on(target, spec.codegen.memory), "target": target.to_json(),
               "constants": dataclasses.asdict(fitted()), "variants": variants,
               "summary_lines": [_line(spec, target, variants)]}
     write_json(out, report)

@@ -161,12 +161,31 @@ def estimate_lines(estimate: dict) -> list[str]:
     for i, r in enumerate(b["top"], 1):
         lines.append(f"    {i}. {r['module'] or r['layer'] or 'input'} ({r['op'] or 'input quantize'}) "
                      f"{100 * r['share']:.1f}%: {r['reason']}")
+    lines += memory_lines(b, fig)
     board = b.get("board")
     if board:
         lines.append(f"  vs board       measured {board['measured_cycles'] / 1e6:,.2f}M cycles, estimated "
                      f"{board['estimated_cycles'] / 1e6:,.2f}M: error {100 * board['error']:+.1f}% "
                      f"(median per-layer |log2 ratio| {board['median_abs_log2_ratio']})")
     return lines
+
+
+def memory_lines(b: dict, figures: dict) -> list[str]:
+    """The first build's memory plan: peak bytes per level against the target's sizes,
+    DDR traffic per inference, and the estimate beside the flat plan's (estimate.json)."""
+    m = b.get("memory")
+    if not m:
+        return []
+    peak, t = m["peak"], m["traffic"]
+    msmc = (f"MSMC {_mb(peak.get('msmc', 0))} of {_mb(figures['msmc_bytes'])}" if figures["msmc_bytes"]
+            else "no MSMC")
+    where = (f"peak L2 {_mb(peak.get('l2', 0))} of {_mb(figures['l2_sram_bytes'])}, {msmc}, "
+             f"DDR {_mb(peak.get('ddr', 0))}")
+    ddr = (f"DDR traffic {m['ddr_traffic_bytes'] / 1e6:.2f} MB per inference "
+           f"({t.get('ddr', 0) / 1e6:.2f} MB read/written in place + {t.get('dma', 0) / 1e6:.2f} MB by DMA)")
+    gain = (f"est. {b['total_cycles'] / 1e6:,.2f}M cycles vs {m['flat_cycles'] / 1e6:,.2f}M with the flat plan "
+            f"({m['gain']:.2f}x)" if m["plan"] == "staged" else "")
+    return [f"  memory plan    {m['plan']}: {where}; {ddr}" + (f"; {gain}" if gain else "")]
 
 
 def estimate_table(data: dict, payload: dict) -> list[str]:
@@ -178,11 +197,15 @@ def estimate_table(data: dict, payload: dict) -> list[str]:
             continue
         v, b = next(iter(e["variants"].items()))
         kind = payload.get("kinds", {}).get(name, "")
+        m = b.get("memory") or {}
+        gain = f"{m['gain']:.2f}x" if m.get("plan") == "staged" and m.get("gain") else "-"
+        ddr = f"{m['ddr_traffic_bytes'] / 1e6:.1f}" if m else "-"
         rows.append(f"  {name:<24} {kind:<6} {v:<7} {e['target']['name']:<7} {b['total_cycles'] / 1e6:>9,.2f} "
-                    f"{b['ms']:>9,.2f} {b['fps']:>8,.1f}")
+                    f"{b['ms']:>9,.2f} {b['fps']:>8,.1f} {m.get('plan', '-'):>7} {ddr:>7} {gain:>8}")
     if not rows:
         return []
-    head = f"  {'model':<24} {'kind':<6} {'build':<7} {'target':<7} {'Mcycles':>9} {'ms':>9} {'FPS':>8}"
+    head = (f"  {'model':<24} {'kind':<6} {'build':<7} {'target':<7} {'Mcycles':>9} {'ms':>9} {'FPS':>8} "
+            f"{'memory':>7} {'DDR MB':>7} {'vs flat':>8}")
     return ["", "== estimated C7x latency (one core, batch 1; an estimate, see estimate.json) ==", head] + rows
 
 

@@ -1,0 +1,185 @@
+"""The staged memory plan (pipeline/backend/levels.py): placement invariants,
+bit-exact C at every level (L2, MSMC, DDR spills), the instrumented build's
+byte counts equal to the plan's, sections and the linker command file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from c_check import compile_and_compare, inputs
+from qflow import InvertedResidual, ResidualBlock, quantize, randomize_bn
+
+from pipeline.backend.compile import compile_model
+from pipeline.backend.host import build_host, parse_traffic, run_host, run_host_timed, traffic_flags
+from pipeline.backend.levels import ALIGN, GUARD, Budget, lifetimes, place_with
+from pipeline.backend.memory_plan import Plan, Tensor, level_of
+
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+#: (L2, MSMC) bytes: the AM67A default, L2 just big enough for a few tensors (spills to
+#: MSMC, then DDR), and no on-chip memory at all (everything in DDR, as the flat plan)
+BUDGETS = {"am67a": Budget(1_310_720, 0), "tight": Budget(6_000, 5_000), "none": Budget(0, 0)}
+
+
+# ----------------------------------------------------------------------------- placement, no compiler
+
+def _plan(sizes: list[int], weights: list[int]) -> Plan:
+    """A chain: call k reads activation k (or the input) and weight k, writes activation k+1."""
+    x = Tensor("x", (1, 4), "float32", "input", 0)
+    acts = [Tensor(f"a{i}", (1, n), "int8", "arena", 0) for i, n in enumerate(sizes)]
+    ws = [Tensor(f"w{i}", (n,), "int8", "weight", i) for i, n in enumerate(weights)]
+    out = Tensor("y", (1, 4), "float32", "output", 0)
+    calls = [("q", [x, acts[0]])]
+    calls += [(f"f{i}", [acts[i], ws[i], acts[i + 1]]) for i in range(len(sizes) - 1)]
+    calls += [("dq", [acts[-1], out])]
+    return Plan(input=x, output=out, arena_bytes=0, outputs=[out], output_offsets=[0],
+                tensors=[x, *acts, *ws, out], calls=calls)
+
+
+def _overlaps(plan: Plan) -> list[tuple[str, str]]:
+    spans = lifetimes(plan)
+    roots = [t for t in plan.tensors if t.home == "arena" and not t.view]
+    bad = []
+    for i, a in enumerate(roots):
+        for b in roots[i + 1:]:
+            live = spans[a.name][0] <= spans[b.name][1] and spans[b.name][0] <= spans[a.name][1]
+            na, nb = int(np.prod(a.shape)), int(np.prod(b.shape))
+            if a.level == b.level and live and a.offset < b.offset + nb and b.offset < a.offset + na:
+                bad.append((a.name, b.name))
+    return bad
+
+
+@pytest.mark.parametrize("budget", BUDGETS.values(), ids=BUDGETS.keys())
+def test_placement_never_overlaps_live_tensors_and_fits_the_levels(budget):
+    plan = _plan([3000, 4000, 2500, 5000, 1000, 200], [1500, 300, 2000, 100, 50])
+    lv = place_with(plan, budget, workspace_bytes=64)
+    assert _overlaps(plan) == []
+    assert lv.peak["l2"] <= max(budget.l2, 0) and lv.peak["msmc"] <= budget.msmc
+    for t in plan.tensors:
+        if t.home == "arena":
+            assert t.offset % ALIGN == 0
+            assert t.offset + int(np.prod(t.shape)) <= lv.arena[t.level]
+    if budget.l2 == 0:  # nothing on chip: the flat plan's levels
+        assert {level_of(t, plan) for t in plan.tensors} == {"ddr"}
+
+
+def test_tight_budget_spills_in_order_l2_msmc_ddr():
+    plan = _plan([3000, 4000, 2500, 5000, 1000, 200], [1500, 300, 2000, 100, 50])
+    place_with(plan, BUDGETS["tight"], workspace_bytes=64)
+    levels = {t.name: t.level for t in plan.tensors if t.home == "arena"}
+    assert set(levels.values()) == {"l2", "msmc", "ddr"}, levels
+    # a dead tensor's bytes are reused: a0 (calls 0-1) and a2 (calls 2-3) may share an offset
+    assert levels["a5"] == "l2"  # small and late: fits once the big ones are dead
+
+
+def test_weights_stage_into_alternating_slots_and_big_ones_stay_in_ddr():
+    plan = _plan([100, 100, 100, 100], [200, 50_000, 300])
+    lv = place_with(plan, Budget(40_000, 0), workspace_bytes=64, slot_share=4)
+    staged = [ts for ts in lv.staged if ts]
+    assert [t.name for ts in staged for t in ts] == ["w0", "w2"]  # w1 (50 KB) > the 10 KB slot cap
+    assert [t.staged[0] for ts in staged for t in ts] == [0, 1]  # double-buffered
+    w1 = next(t for t in plan.tensors if t.name == "w1")
+    assert level_of(w1, plan) == "ddr" and w1.staged is None
+    assert lv.slot_bytes == 384 and lv.peak["l2"] <= 40_000  # max(align(200), align(300))
+    assert lv.peak["l2"] == lv.arena["l2"] + GUARD + 2 * lv.slot_bytes + 64
+
+
+def test_negative_sizes_are_refused():
+    with pytest.raises(ValueError, match="must be >= 0 bytes"):
+        place_with(_plan([10, 10], [5]), Budget(-1, 0), 64)
+
+
+# ----------------------------------------------------------------------------- generated C
+
+@pytest.fixture(scope="module")
+def flows():
+    """name -> (quantized flow, input shape)."""
+    torch.manual_seed(0)
+    return {"inv_i8": (quantize(randomize_bn(InvertedResidual(stride=1, cout=32)), torch.randn(*INV), dtype="int8"),
+                       INV),
+            "res_i16": (quantize(randomize_bn(ResidualBlock()), torch.randn(*RES), dtype="int16"), RES)}
+
+
+INV, RES = (1, 32, 12, 12), (1, 32, 8, 8)
+
+
+def _counted(out, x) -> dict:
+    build_host(out, out / "traffic.exe", extra_flags=traffic_flags(out))
+    runs = parse_traffic(run_host_timed(out / "traffic.exe", out, x).stdout)
+    assert len(runs) == len(x) and all(r == runs[0] for r in runs)
+    return runs[0]
+
+
+@needs_gcc
+@pytest.mark.parametrize("budget", sorted(BUDGETS))
+@pytest.mark.parametrize("name", ["inv_i8", "res_i16"])
+def test_staged_c_is_bit_exact_and_counts_what_the_plan_says(flows, name, budget, tmp_path):
+    f, shape = flows[name]
+    x = inputs(shape)
+    staged, flat = tmp_path / "staged", tmp_path / "flat"
+    staged.mkdir(), flat.mkdir()
+    _, c_staged = compile_and_compare(f.mod, name, staged, x, mmalib=True, memory="staged",
+                                      budget=BUDGETS[budget])
+    _, c_flat = compile_and_compare(f.mod, name, flat, x, mmalib=True, memory="flat")
+    np.testing.assert_array_equal(c_staged.view(np.uint32), c_flat.view(np.uint32))
+    mm = json.loads((staged / "memory_map.json").read_text())
+    assert _counted(staged, x) == mm["traffic"]
+    assert _counted(flat, x) == json.loads((flat / "memory_map.json").read_text())["traffic"]
+    levels = {t["level"] for t in mm["tensors"]}
+    if budget == "none":
+        assert levels == {"ddr"} and mm["traffic"]["l2"] == 0 and mm["traffic"]["dma"] == 0
+    else:
+        assert mm["peak"]["l2"] <= BUDGETS[budget].l2 and mm["peak"]["msmc"] <= BUDGETS[budget].msmc
+        assert "l2" in levels and mm["traffic"]["ddr"] < json.loads((flat / "memory_map.json").read_text())[
+            "traffic"]["ddr"]
+    if budget == "tight":
+        assert levels - {"l2"}, "the tight budget must spill some activation off L2"
+
+
+@needs_gcc
+def test_sections_hold_the_arenas_and_the_linker_file_maps_them(flows, tmp_path):
+    f, _ = flows["inv_i8"]
+    compile_model(f.mod, "inv", tmp_path, mmalib=True, budget=BUDGETS["tight"])
+    obj = tmp_path / "model.o"
+    done = subprocess.run(["gcc", "-std=c99", "-DC7X_SECTIONS", "-I", str(tmp_path), "-c",
+                           str(tmp_path / "model.c"), "-o", str(obj)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    table = subprocess.run(["objdump", "-t", str(obj)], capture_output=True, text=True).stdout
+    section_of = {ln.split()[-1]: ln.split()[3] for ln in table.splitlines() if "inv_" in ln and "O" in ln.split()}
+    assert section_of["inv_arena_l2"] == ".l2sram" and section_of["inv_wslot"] == ".l2sram"
+    assert section_of["inv_arena_msmc"] == ".msmc" and section_of["inv_arena_ddr"] == ".ddr"
+    cmd = (tmp_path / "c7x_memory.cmd").read_text()
+    for sec, region in ((".l2sram", "L2SRAM"), (".msmc", "MSMC"), (".ddr", "DDR")):
+        assert any(ln.split()[:3] == [sec, ">", region] for ln in cmd.splitlines()), cmd
+    header = (tmp_path / "model.h").read_text()
+    mm = json.loads((tmp_path / "memory_map.json").read_text())
+    assert f"#define INV_ARENA_L2_BYTES {mm['arena']['l2']}u" in header
+    assert f"#define INV_WEIGHT_SLOT_BYTES {mm['slot_bytes']}u" in header
+
+
+@needs_gcc
+def test_a_dma_hook_replaces_memcpy(flows, tmp_path):
+    """The target build maps C7X_DMA_COPY / C7X_DMA_WAIT on its DMA driver; here a counting
+    stand-in proves model.c issues every copy through the hook and waits before each use."""
+    f, _ = flows["inv_i8"]
+    compile_model(f.mod, "inv", tmp_path, mmalib=True)
+    hook = tmp_path / "dma_hook.h"
+    hook.write_text("#include <string.h>\n#include <stdio.h>\nstatic int hook_pending;\n"
+                    "#define C7X_DMA_COPY(d, s, n) (memcpy((d), (s), (n)), ++hook_pending)\n"
+                    "#define C7X_DMA_WAIT() (printf(\"hook-wait %d\\n\", hook_pending), hook_pending = 0)\n")
+    x = inputs(INV, n=1)
+    build_host(tmp_path, tmp_path / "hook.exe", extra_flags=("-include", str(hook)))
+    waits = [ln for ln in run_host_timed(tmp_path / "hook.exe", tmp_path, x).stdout.splitlines()
+             if ln.startswith("hook-wait")]
+    mm = json.loads((tmp_path / "memory_map.json").read_text())
+    staged_calls = sorted({w["call"] for w in mm["staged_weights"]})
+    assert len(waits) == len(staged_calls) > 0
+    ref = run_host(tmp_path / "hook.exe", tmp_path, x)
+    build_host(tmp_path, tmp_path / "plain.exe")
+    np.testing.assert_array_equal(ref.view(np.uint32), run_host(tmp_path / "plain.exe", tmp_path, x).view(np.uint32))
