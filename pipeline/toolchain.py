@@ -62,6 +62,15 @@ def archive_command(cgt: Path, library: Path, objects: list[Path]) -> list[str]:
     return [str(cgt / "bin" / "ar7x"), "rq", str(library)] + [str(o) for o in objects]
 
 
+def link_command(cgt: Path, inputs: list[str], output: str) -> list[str]:
+    """``cl7x --run_linker`` command linking ``inputs`` (objects, libraries and linker
+    command files, in order: the model's ``c7x_memory.cmd`` before the application's own
+    .cmd, which defines the L2SRAM / MSMC / DDR ranges) into the firmware ``output``."""
+    return ([str(cgt / "bin" / "cl7x")] + common_flags(cgt) + ["--run_linker", f"--output_file={output}",
+                                                              "--reread_libs", "--warn_sections"]
+            + [str(i) for i in inputs])
+
+
 @functools.lru_cache(maxsize=1)
 def host_cpu() -> str:
     """Which CPU kind the host executables are built for (``gcc -march=native``,

@@ -47,6 +47,7 @@ def codegen_dir(tmp_path) -> Path:
     for f in ("model.c", "tvm_kernels.c"):
         (d / f).write_text("int x;\n")
     (d / "model.h").write_text("")
+    (d / "c7x_memory.cmd").write_text("SECTIONS\n{\n    .l2sram  > L2SRAM\n}\n")
     return d
 
 
@@ -69,6 +70,32 @@ def test_commands_follow_ti_flags_and_library_is_built(tmp_path, monkeypatch):
     from pipeline.stages.cross_compile import outputs
     assert sorted(outputs("net", ["model.c", "tvm_kernels.c"])) == sorted(p.name for p in out.iterdir())
     assert json.loads((out / "build.json").read_text())["commands"] == info["commands"]
+    assert (out / "c7x_memory.cmd").read_text() == (tmp_path / "c" / "mmalib" / "c7x_memory.cmd").read_text()
+
+
+def test_firmware_link_line_places_the_model_sections(tmp_path, monkeypatch):
+    """build.json's link line lists the model's c7x_memory.cmd before the application's
+    linker file; run as given (placeholders filled) it reaches the linker whole."""
+    import subprocess
+
+    from pipeline.stages.cross_compile import cross_compile_model
+    cgt = fake_cgt(tmp_path)
+    monkeypatch.setenv("TI_CGT_C7000_PATH", str(cgt))
+    out = tmp_path / "c7x"
+    link = cross_compile_model(spec(tmp_path), codegen_dir(tmp_path), out)["link"]
+    assert link[0] == str(cgt / "bin" / "cl7x") and "--run_linker" in link and "-mv7524" in link
+    order = [a for a in link if a in ("libnet.lib", "c7x_memory.cmd", "<app linker.cmd>")]
+    assert order == ["libnet.lib", "c7x_memory.cmd", "<app linker.cmd>"]
+    (out / "app.obj").write_text("obj")
+    (out / "app.cmd").write_text("MEMORY { L2SRAM: o = 0x7E000000, l = 0x140000 }")
+    filled = [{"<app objects>": "app.obj", "<app linker.cmd>": "app.cmd", "<firmware>.out": "fw.out"}.get(a, a)
+              for a in link]
+    filled = [a.replace("<firmware>.out", "fw.out") for a in filled]
+    assert subprocess.run(filled, cwd=out).returncode == 0
+    last = (tmp_path / "calls.log").read_text().splitlines()[-1]
+    assert last.startswith("cl7x ") and last.endswith("--run_linker --output_file=fw.out --reread_libs "
+                                                      "--warn_sections app.obj libnet.lib c7x_memory.cmd app.cmd")
+    assert (out / "fw.out").is_file()
 
 
 def test_missing_toolchain_is_one_clear_line(tmp_path, monkeypatch):

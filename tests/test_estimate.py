@@ -242,7 +242,7 @@ def test_synthetic_board_log_is_read_back_with_the_right_ratios(built, tmp_path)
 
 # ----------------------------------------------------------------------------- with doit
 
-def test_target_is_tracked_by_estimate_only_and_a_bad_one_fails_its_entry(tmp_path):
+def test_target_sizes_are_tracked_by_codegen_the_rest_by_estimate_only(tmp_path):
     p = Project(tmp_path / "proj")
     p.add_images("setA", 2)
     path = p.add_model("tiny", "setA")
@@ -251,10 +251,13 @@ def test_target_is_tracked_by_estimate_only_and_a_bad_one_fails_its_entry(tmp_pa
     assert "estimate tiny on am67a" in run.out
     assert p.doit("estimate:tiny").executed == []
     path.write_text(path.read_text() + '\n[target]\nname = "am62a"\n')
-    run = p.doit("estimate:tiny")
-    assert run.returncode == 0 and run.executed == ["estimate:tiny"], run.out
+    run = p.doit("estimate:tiny")  # another L2 size: the staged memory plan is redone
+    assert run.returncode == 0 and run.executed == ["codegen:tiny", "estimate:tiny"], run.out
     est = json.loads((p.root / "artifacts" / "tiny" / "estimate.json").read_text())
     assert est["target"]["name"] == "am62a"
+    path.write_text(path.read_text() + "clock_hz = 2000000000\n")  # not a size: estimate only
+    run = p.doit("estimate:tiny")
+    assert run.returncode == 0 and run.executed == ["estimate:tiny"], run.out
     path.write_text(path.read_text().replace('name = "am62a"', 'name = "am99"'))
     run = p.doit("estimate:tiny")
     assert run.returncode != 0

@@ -3,7 +3,10 @@
 Output folder ``c7x/``: one ``.obj`` per generated C file, ``lib<model>.lib``
 (link it into the DSP firmware together with TI's MMALIB wrappers), the
 portable reference kernels as ``c7x_kernels_ref.obj`` (a slow fallback for
-firmware without the wrappers), and ``build.json`` with every command line.
+firmware without the wrappers), ``c7x_memory.cmd`` (codegen's linker command
+file placing the model's ``.l2sram`` / ``.msmc`` / ``.ddr`` sections), and
+``build.json`` with every command line and, under ``link``, the firmware link
+line to use (``<app objects>`` and ``<app linker.cmd>`` are the application's).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 from ..config import ModelSpec
 from ..errors import ToolchainError
 from ..fsutil import atomic_dir, write_json
-from ..toolchain import archive_command, compile_command, find_cgt
+from ..toolchain import archive_command, compile_command, find_cgt, link_command
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "backend" / "kernels"
 
@@ -32,10 +35,13 @@ def _run(cmd: list[str], model: str, cwd: Path, what: str) -> None:
                              f"{first_error or 'no output'}")
 
 
+MEMORY_CMD = "c7x_memory.cmd"
+
+
 def outputs(model: str, c_sources: list[str]) -> list[str]:
     """File names the stage writes into its folder (doit targets)."""
     objs = [Path(c).stem + ".obj" for c in c_sources] + ["c7x_kernels_ref.obj"]
-    return ["build.json", f"lib{model}.lib"] + objs
+    return ["build.json", f"lib{model}.lib", MEMORY_CMD] + objs
 
 
 def cross_compile_model(spec: ModelSpec, codegen_dir: Path, out: Path) -> dict:
@@ -60,7 +66,10 @@ def cross_compile_model(spec: ModelSpec, codegen_dir: Path, out: Path) -> dict:
         cmd = archive_command(cgt, lib, objects)
         commands.append(cmd)
         _run(cmd, spec.name, tmp, lib.name)
+        (tmp / MEMORY_CMD).write_bytes((codegen_dir / MEMORY_CMD).read_bytes())
+        link = link_command(cgt, ["<app objects>", lib.name, MEMORY_CMD, "<app linker.cmd>"], "<firmware>.out")
         info = {"model": spec.name, "cgt": str(cgt), "commands": commands,
-                "library": lib.name, "objects": [o.name for o in objects]}
+                "library": lib.name, "objects": [o.name for o in objects], "memory_cmd": MEMORY_CMD,
+                "link": link}
         write_json(tmp / "build.json", info)
     return info
