@@ -152,7 +152,23 @@ typedef struct {
     const uint8_t* scale;
     const uint8_t* shift;
     elem_type type;
+    int64_t act_min, act_max; /* output saturation range: the dtype's, or a fused ReLU / clip */
 } requant_params;
+
+/* Saturate the requantized v to [act_min, act_max] and store out[idx]: the fused
+ * activation (ReLU, ReLU6, clip) is the saturation range, no pass of its own. */
+static void store_requant(void* out, int64_t idx, int64_t v, const requant_params* q)
+{
+    store_saturated(out, idx, clamp_i64(v, q->act_min, q->act_max), q->type);
+}
+
+/* Nonzero when act_min <= act_max, both in the element type's range. */
+static int act_range_ok(const requant_params* q)
+{
+    const int64_t lo = q->type == ELEM_I8 ? INT8_MIN : INT16_MIN;
+    const int64_t hi = q->type == ELEM_I8 ? INT8_MAX : INT16_MAX;
+    return lo <= q->act_min && q->act_min <= q->act_max && q->act_max <= hi;
+}
 
 static int64_t channel_bias(const requant_params* q, int32_t c)
 {
@@ -243,7 +259,7 @@ static int32_t conv_check(conv_shape* s, const requant_params* q)
         reduction > C7X_MAX_REDUCTION || elem_count(s->C_out, (int32_t)reduction, 1, 1) < 0) {
         return C7X_ERR_SHAPE;
     }
-    return requant_params_ok(q->scale, q->shift, s->C_out) ? C7X_OK : C7X_ERR_PARAM;
+    return requant_params_ok(q->scale, q->shift, s->C_out) && act_range_ok(q) ? C7X_OK : C7X_ERR_PARAM;
 }
 
 /* Output columns [*lo, *hi) of the tile [ow0, ow0 + n) whose input column
@@ -394,8 +410,7 @@ static void pointwise_run_i16(const int16_t* in, const int16_t* w, const requant
             const int32_t n = plane - p0 < ROW_TILE ? (int32_t)(plane - p0) : ROW_TILE;
             pointwise_accumulate_i16(in, w, s->C_in, plane, co, p0, n, acc);
             for (i = 0; i < n; ++i) {
-                store_saturated(out, (int64_t)co * plane + p0 + i,
-                                requantize(acc[i], bias, scale, shift), ELEM_I16);
+                store_requant(out, (int64_t)co * plane + p0 + i, requantize(acc[i], bias, scale, shift), q);
             }
         }
     }
@@ -422,8 +437,7 @@ static void pointwise_run_i8(const int8_t* in, const int8_t* w, const requant_pa
             const int32_t n = plane - p0 < ROW_TILE ? (int32_t)(plane - p0) : ROW_TILE;
             pointwise_accumulate_i8(in, w, s->C_in, plane, co, p0, n, acc);
             for (i = 0; i < n; ++i) {
-                store_saturated(out, (int64_t)co * plane + p0 + i,
-                                requantize(acc[i], bias, scale, shift), ELEM_I8);
+                store_requant(out, (int64_t)co * plane + p0 + i, requantize(acc[i], bias, scale, shift), q);
             }
         }
     }
@@ -444,8 +458,7 @@ static void conv_run_i8(const int8_t* in, const int8_t* w, const requant_params*
                 const int32_t n = s->W_out - ow0 < ROW_TILE ? s->W_out - ow0 : ROW_TILE;
                 conv_accumulate_i8(s, in, w, co, oh, ow0, n, acc);
                 for (i = 0; i < n; ++i) {
-                    store_saturated(out, orow + ow0 + i, requantize(acc[i], bias, scale, shift),
-                                    ELEM_I8);
+                    store_requant(out, orow + ow0 + i, requantize(acc[i], bias, scale, shift), q);
                 }
             }
         }
@@ -490,8 +503,7 @@ static int32_t conv_run(const void* in, const void* w, const requant_params* q, 
                 const int32_t n = s.W_out - ow0 < ROW_TILE ? s.W_out - ow0 : ROW_TILE;
                 conv_accumulate(&s, in, w, q->type, co, oh, ow0, n, acc);
                 for (i = 0; i < n; ++i) {
-                    store_saturated(out, orow + ow0 + i, requantize(acc[i], bias, scale, shift),
-                                    q->type);
+                    store_requant(out, orow + ow0 + i, requantize(acc[i], bias, scale, shift), q);
                 }
             }
         }
@@ -524,13 +536,15 @@ static conv_shape make_conv_shape(int32_t C_in, int32_t H_in, int32_t W_in, int3
 }
 
 static requant_params make_requant(const void* bias, const uint8_t* scale, const uint8_t* shift,
-                                   elem_type t)
+                                   elem_type t, int32_t act_min, int32_t act_max)
 {
     requant_params q;
     q.bias = bias;
     q.scale = scale;
     q.shift = shift;
     q.type = t;
+    q.act_min = act_min;
+    q.act_max = act_max;
     return q;
 }
 
@@ -538,9 +552,10 @@ int32_t mmalib_conv2d_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
                          const uint8_t* scale, const uint8_t* shift, int8_t* out,
                          int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
                          int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
-                         int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right)
+                         int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
+                         int32_t act_min, int32_t act_max)
 {
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I8);
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I8, act_min, act_max);
     return conv_run(in, w, &q, out,
                     make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top,
                                     pad_bottom, pad_left, pad_right, 1));
@@ -550,9 +565,10 @@ int32_t mmalib_conv2d_i16(const int16_t* in, const int16_t* w, const int64_t* bi
                           const uint8_t* scale, const uint8_t* shift, int16_t* out,
                           int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
                           int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
-                          int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right)
+                          int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
+                         int32_t act_min, int32_t act_max)
 {
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I16);
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I16, act_min, act_max);
     return conv_run(in, w, &q, out,
                     make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top,
                                     pad_bottom, pad_left, pad_right, 1));
@@ -563,9 +579,10 @@ int32_t mmalib_conv2d_i8_grouped_loop(const int8_t* in, const int8_t* w, const i
                                       int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
                                       int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
                                       int32_t pad_top, int32_t pad_bottom, int32_t pad_left,
-                                      int32_t pad_right, int32_t groups)
+                                      int32_t pad_right, int32_t groups,
+                         int32_t act_min, int32_t act_max)
 {
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I8);
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I8, act_min, act_max);
     return conv_run(in, w, &q, out,
                     make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top,
                                     pad_bottom, pad_left, pad_right, groups));
@@ -590,9 +607,10 @@ int32_t mmalib_depthwise_conv2d_i8(const int8_t* in, const int8_t* w, const int3
                                    int32_t C, int32_t H_in, int32_t W_in, int32_t KH, int32_t KW,
                                    int32_t stride_h, int32_t stride_w, int32_t pad_top,
                                    int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
-                                   int32_t num_groups)
+                                   int32_t num_groups,
+                         int32_t act_min, int32_t act_max)
 {
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I8);
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I8, act_min, act_max);
     return depthwise_run(in, w, &q, out,
                          make_conv_shape(C, H_in, W_in, C, KH, KW, stride_h, stride_w, pad_top,
                                          pad_bottom, pad_left, pad_right, C),
@@ -604,9 +622,10 @@ int32_t mmalib_depthwise_conv2d_i16(const int16_t* in, const int16_t* w, const i
                                     int32_t C, int32_t H_in, int32_t W_in, int32_t KH, int32_t KW,
                                     int32_t stride_h, int32_t stride_w, int32_t pad_top,
                                     int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
-                                    int32_t num_groups)
+                                    int32_t num_groups,
+                         int32_t act_min, int32_t act_max)
 {
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I16);
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I16, act_min, act_max);
     return depthwise_run(in, w, &q, out,
                          make_conv_shape(C, H_in, W_in, C, KH, KW, stride_h, stride_w, pad_top,
                                          pad_bottom, pad_left, pad_right, C),
@@ -629,17 +648,15 @@ static int32_t matmul_run(const void* in, const void* w, const requant_params* q
         K > C7X_MAX_REDUCTION) {
         return C7X_ERR_SHAPE;
     }
-    if (!requant_params_ok(q->scale, q->shift, N)) {
+    if (!requant_params_ok(q->scale, q->shift, N) || !act_range_ok(q)) {
         return C7X_ERR_PARAM;
     }
     for (m = 0; m < M; ++m) {
         const void* row = elem_offset(in, (int64_t)m * K, q->type);
         for (n = 0; n < N; ++n) {
             const int64_t acc = dot(row, elem_offset(w, (int64_t)n * K, q->type), K, q->type);
-            store_saturated(out, (int64_t)m * N + n,
-                            requantize(acc, channel_bias(q, n), channel_scale(q, n),
-                                       channel_shift(q, n)),
-                            q->type);
+            store_requant(out, (int64_t)m * N + n,
+                          requantize(acc, channel_bias(q, n), channel_scale(q, n), channel_shift(q, n)), q);
         }
     }
     return C7X_OK;
@@ -647,17 +664,19 @@ static int32_t matmul_run(const void* in, const void* w, const requant_params* q
 
 int32_t mmalib_matmul_bias_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
                               const uint8_t* scale, const uint8_t* shift, int8_t* out,
-                              int32_t M, int32_t K, int32_t N)
+                              int32_t M, int32_t K, int32_t N,
+                         int32_t act_min, int32_t act_max)
 {
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I8);
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I8, act_min, act_max);
     return matmul_run(in, w, &q, out, M, K, N);
 }
 
 int32_t mmalib_matmul_bias_i16(const int16_t* in, const int16_t* w, const int64_t* bias,
                                const uint8_t* scale, const uint8_t* shift, int16_t* out,
-                               int32_t M, int32_t K, int32_t N)
+                               int32_t M, int32_t K, int32_t N,
+                         int32_t act_min, int32_t act_max)
 {
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I16);
+    const requant_params q = make_requant(bias, scale, shift, ELEM_I16, act_min, act_max);
     return matmul_run(in, w, &q, out, M, K, N);
 }
 

@@ -100,10 +100,17 @@ def requantize(acc: np.ndarray, bias, scale, shift, dtype,
     ``dtype``: output int8 / int16. Bias is clamped to +-2^55 and the sum to
     +-2^54 exactly as the C does; neither can change the saturated result.
     """
-    return _requantize_in_place(acc.astype(np.int64), bias, scale, shift, dtype, rounding)
+    return _requantize_in_place(acc.astype(np.int64), bias, scale, shift, dtype, rounding, act)
 
 
-def _requantize_in_place(total: np.ndarray, bias, scale, shift, dtype, rounding: str | None) -> np.ndarray:
+def act_range_ok(act: tuple[int, int], dtype) -> bool:
+    """``act_min <= act_max``, both in the range of ``dtype`` (the C's ``act_range_ok``)."""
+    info = np.iinfo(dtype)
+    return info.min <= act[0] <= act[1] <= info.max
+
+
+def _requantize_in_place(total: np.ndarray, bias, scale, shift, dtype, rounding: str | None,
+                         act: tuple[int, int] | None = None) -> np.ndarray:
     """:func:`requantize` of int64 accumulators ``total``, which it overwrites."""
     channels = total.shape[0]
     per_channel = (slice(None),) + (None,) * (total.ndim - 1)
@@ -125,7 +132,8 @@ def _requantize_in_place(total: np.ndarray, bias, scale, shift, dtype, rounding:
         total += np.where(sh > 0, np.left_shift(np.int64(1), np.maximum(sh - 1, 0)), 0)[per_channel]
     total >>= sh[per_channel]
     info = np.iinfo(dtype)
-    np.clip(total, info.min, info.max, out=total)
+    lo, hi = act if act is not None else (info.min, info.max)
+    np.clip(total, max(lo, info.min), min(hi, info.max), out=total)
     return total.astype(dtype)
 
 
@@ -389,7 +397,7 @@ def conv_accumulate(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray
     return acc[0].numpy().astype(np.int64)
 
 
-def _conv(in_, w, bias, scale, shift, out, g, dtype: np.dtype, rounding) -> int:
+def _conv(in_, w, bias, scale, shift, out, g, dtype: np.dtype, rounding, act: tuple[int, int]) -> int:
     """Plain, grouped and depthwise convolution (``g``: Conv/DepthwiseGeometry)."""
     rounding = _check_rounding(rounding)
     if in_ is None or w is None or out is None:
@@ -404,14 +412,15 @@ def _conv(in_, w, bias, scale, shift, out, g, dtype: np.dtype, rounding) -> int:
     b = None if bias is None else _array("bias", bias, sh["bias"], _BIAS_DTYPE[dtype])
     s = None if scale is None else _array("scale", scale, sh["scale"], _U8)
     t = None if shift is None else _array("shift", shift, sh["shift"], _U8)
-    if not _requant_params_ok(s, t):
+    if not _requant_params_ok(s, t) or not act_range_ok(act, dtype):
         return C7X_ERR_PARAM
     geometry = g.conv() if isinstance(g, DepthwiseGeometry) else g
-    y[0] = _requantize_in_place(conv_accumulate(x, wv, geometry), b, s, t, dtype, rounding)
+    y[0] = _requantize_in_place(conv_accumulate(x, wv, geometry), b, s, t, dtype, rounding, act)
     return C7X_OK
 
 
-def _matmul(in_, w, bias, scale, shift, out, g: MatmulGeometry, dtype: np.dtype, rounding) -> int:
+def _matmul(in_, w, bias, scale, shift, out, g: MatmulGeometry, dtype: np.dtype, rounding,
+            act: tuple[int, int]) -> int:
     """out[m, n] = requant(sum_k in[m, k] * w[n, k], channel n), exact in int64."""
     rounding = _check_rounding(rounding)
     if in_ is None or w is None or out is None:
@@ -426,10 +435,10 @@ def _matmul(in_, w, bias, scale, shift, out, g: MatmulGeometry, dtype: np.dtype,
     b = None if bias is None else _array("bias", bias, sh["bias"], _BIAS_DTYPE[dtype])
     s = None if scale is None else _array("scale", scale, sh["scale"], _U8)
     t = None if shift is None else _array("shift", shift, sh["shift"], _U8)
-    if not _requant_params_ok(s, t):
+    if not _requant_params_ok(s, t) or not act_range_ok(act, dtype):
         return C7X_ERR_PARAM
     acc = (x @ wv.T).T                         # [N, M]: requantize wants channels first
-    y[...] = requantize(acc, b, s, t, dtype, rounding).T
+    y[...] = requantize(acc, b, s, t, dtype, rounding, act).T
     return C7X_OK
 
 
@@ -511,65 +520,70 @@ def _elementwise(in_, out, n, fn) -> int:
 
 def mmalib_conv2d_i8(in_, w, bias, scale, shift, out, C_in, H_in, W_in, C_out, KH, KW,
                      stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
-                     rounding=None) -> int:
+                     act_min, act_max, rounding=None) -> int:
     """int8 conv2d, groups = 1: in int8 [1, C_in, H_in, W_in] (NCHW), w int8
     [C_out, C_in, KH, KW] (OIHW), bias int32 [C_out], scale / shift uint8 [C_out]
     (None = 0 / 1 / 0), out int8 [1, C_out, H_out, W_out] with
     H_out = (H_in + pad_top + pad_bottom - KH) // stride_h + 1 (W alike).
-    out = saturate(rshift((acc + bias) * scale, shift)), docs/reference.md, "Kernel math"."""
+    out = clamp(rshift((acc + bias) * scale, shift), act_min, act_max), docs/reference.md,
+    "Kernel math"; [act_min, act_max] is the int8 range or a fused activation's bounds."""
     g = ConvGeometry(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                      pad_left, pad_right)
-    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding)
+    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding, (act_min, act_max))
 
 
 def mmalib_conv2d_i16(in_, w, bias, scale, shift, out, C_in, H_in, W_in, C_out, KH, KW,
                       stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
-                      rounding=None) -> int:
+                      act_min, act_max, rounding=None) -> int:
     """int16 conv2d: as :func:`mmalib_conv2d_i8` with int16 in / w / out and int64 bias."""
     g = ConvGeometry(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                      pad_left, pad_right)
-    return _conv(in_, w, bias, scale, shift, out, g, _I16, rounding)
+    return _conv(in_, w, bias, scale, shift, out, g, _I16, rounding, (act_min, act_max))
 
 
 def mmalib_conv2d_i8_grouped_loop(in_, w, bias, scale, shift, out, C_in, H_in, W_in, C_out,
                                   KH, KW, stride_h, stride_w, pad_top, pad_bottom, pad_left,
-                                  pad_right, groups, rounding=None) -> int:
+                                  pad_right, groups, act_min, act_max, rounding=None) -> int:
     """Grouped int8 conv2d: as :func:`mmalib_conv2d_i8` with w int8
     [C_out, C_in / groups, KH, KW]; groups must divide C_in and C_out."""
     g = ConvGeometry(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                      pad_left, pad_right, groups)
-    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding)
+    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding, (act_min, act_max))
 
 
 def mmalib_depthwise_conv2d_i8(in_, w, bias, scale, shift, out, C, H_in, W_in, KH, KW,
                                stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
-                               num_groups, rounding=None) -> int:
+                               num_groups, act_min, act_max, rounding=None) -> int:
     """Depthwise int8 conv2d (groups = C): in / out int8 [1, C, H, W], w int8
     [C * KH * KW] (natural order = OIHW with I = 1), bias int32 [C],
     scale / shift uint8 [C]; num_groups must equal C."""
     g = DepthwiseGeometry(C, H_in, W_in, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                           pad_left, pad_right, num_groups)
-    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding)
+    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding, (act_min, act_max))
 
 
 def mmalib_depthwise_conv2d_i16(in_, w, bias, scale, shift, out, C, H_in, W_in, KH, KW,
                                 stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
-                                num_groups, rounding=None) -> int:
+                                num_groups, act_min, act_max, rounding=None) -> int:
     """Depthwise int16 conv2d: as the int8 one with int16 tensors and int64 bias."""
     g = DepthwiseGeometry(C, H_in, W_in, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                           pad_left, pad_right, num_groups)
-    return _conv(in_, w, bias, scale, shift, out, g, _I16, rounding)
+    return _conv(in_, w, bias, scale, shift, out, g, _I16, rounding, (act_min, act_max))
 
 
-def mmalib_matmul_bias_i8(in_, w, bias, scale, shift, out, M, K, N, rounding=None) -> int:
+def mmalib_matmul_bias_i8(in_, w, bias, scale, shift, out, M, K, N, act_min, act_max,
+                          rounding=None) -> int:
     """int8 fully connected: in int8 [M, K], w int8 [N, K], bias int32 [N],
     scale / shift uint8 [N], out int8 [M, N]; requantized per output column n."""
-    return _matmul(in_, w, bias, scale, shift, out, MatmulGeometry(M, K, N), _I8, rounding)
+    return _matmul(in_, w, bias, scale, shift, out, MatmulGeometry(M, K, N), _I8, rounding,
+                   (act_min, act_max))
 
 
-def mmalib_matmul_bias_i16(in_, w, bias, scale, shift, out, M, K, N, rounding=None) -> int:
+def mmalib_matmul_bias_i16(in_, w, bias, scale, shift, out, M, K, N, act_min, act_max,
+                           rounding=None) -> int:
     """int16 fully connected: as the int8 one with int16 tensors and int64 bias."""
-    return _matmul(in_, w, bias, scale, shift, out, MatmulGeometry(M, K, N), _I16, rounding)
+    return _matmul(in_, w, bias, scale, shift, out, MatmulGeometry(M, K, N), _I16, rounding,
+                   (act_min, act_max))
 
 
 def c7x_int8_residual_add_relu(x, skip, params, out, n, has_relu, rounding=None) -> int:

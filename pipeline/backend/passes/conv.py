@@ -3,7 +3,8 @@
 Pattern (NCHW data, OIHW weights)::
 
     q([relu|clip](add(conv2d(dq(x, d_s, d_zp), dq(W, w_s, 0)), bias)), o_s, o_zp)
-      ->  [int clip](call_tir(mmalib_conv2d_i8 | _i16 | _i8_grouped_loop, x, W, bias', scale, shift))
+      ->  call_tir(mmalib_conv2d_i8 | _i16 | _i8_grouped_loop, x, W, bias', scale, shift)
+        (the relu / clip becomes the kernel's saturation range act_min, act_max)
 
 Eligibility (``docs/reference.md``, "Eligibility"): data and weights int8 (i8) or int16 data
 with int8/int16 weights (i16), weight zero point 0, dilation 1,
@@ -41,7 +42,7 @@ from ..refusal import Declined, declining
 from .graph import Graph, const, dequantize_of, static_shape
 from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
-from .rewrite import Offload, emit_activation, run_pass
+from .rewrite import Offload, act_scalars, run_pass
 from .weighted import (WeightedChain, bias_vector, check_fused_users, check_quant, check_weight_dtype,
                        fold_weighted, match_chain, weights_of)
 
@@ -171,24 +172,24 @@ def conv_offload(chain: WeightedChain, op: str, dtype: str, kernel: str, data, f
                  w_arg: TensorArg, scalars: list[int], kg: ConvGeometry,
                  pad: ZeroPointPad | None = None) -> Offload:
     """The :class:`Offload` of a conv-like layer: [zero-point ``pad``, then]
-    ``call_tir`` on ``[x, W, bias, scale, shift]`` (W reshaped to ``w_arg.shape``)
-    plus the fused activation's integer clip. ``kg``: the geometry the kernel
-    sees (:func:`kernel_geometry`); ``scalars``: the extern's int32 args."""
+    ``call_tir`` on ``[x, W, bias, scale, shift]`` (W reshaped to ``w_arg.shape``),
+    the fused activation applied as the kernel's saturation range (:func:`.rewrite.act_scalars`).
+    ``kg``: the geometry the kernel sees (:func:`kernel_geometry`); ``scalars``: the
+    extern's int32 args before ``act_min, act_max``."""
     out_shape = static_shape(chain.anchor)
     tensors = [TensorArg("data", kg.x_shape, dtype), w_arg,
                TensorArg("bias", folded.bias.shape, str(folded.bias.dtype)),
                TensorArg("scale", folded.scale.shape, "uint8"),
                TensorArg("shift", folded.shift.shape, "uint8"),
                TensorArg("out", out_shape, dtype)]
-    prim = offload_primfunc(kernel, tensors, scalars)
+    out = chain.out
+    prim = offload_primfunc(kernel, tensors, scalars + act_scalars(chain.act, out.s, out.z, dtype))
     w_const = const(folded.w.reshape(w_arg.shape))
     consts = [w_const, const(folded.bias), const(folded.scale), const(folded.shift)]
-    out = chain.out
 
     def build(ctx):
         x = data.data if pad is None else pad.emit(ctx, data.data, f"{chain.name}_zp_pad")
-        res = ctx.call_offload(prim, [x, *consts], out_shape, dtype)
-        return emit_activation(ctx, res, chain.act, out.s, out.z, dtype, f"{ctx.func_name}_out")
+        return ctx.call_offload(prim, [x, *consts], out_shape, dtype)
 
     notes = [n for n in (folded.note, pad.note if pad else None) if n]
     return Offload(chain.name, op, dtype, kernel, build, "; ".join(notes) or None)
@@ -249,7 +250,7 @@ def offload_conv2d_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.I
     Args of the extern (c7x_kernels.h): in int8[1,C_in,H,W], w int8[C_out,C_in/g,KH,KW],
     bias int32[C_out], scale uint8[C_out], shift uint8[C_out], out int8[1,C_out,H_out,W_out],
     C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom, pad_left,
-    pad_right[, groups].
+    pad_right[, groups], act_min, act_max.
     """
     return run_pass(mod, log, "conv2d_i8", _conv_planner("int8"))
 

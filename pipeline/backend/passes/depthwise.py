@@ -4,7 +4,8 @@ Pattern: the conv pattern of :mod:`.conv` with ``groups == C_in`` and weight
 ``[C, 1, KH, KW]``::
 
     q([relu|clip](add(conv2d(dq(x), dq(W), groups=C), bias)), o_s, o_zp)
-      ->  [int clip](call_tir(mmalib_depthwise_conv2d_i8 | _i16, x, W[C*KH*KW], bias', scale, shift))
+      ->  call_tir(mmalib_depthwise_conv2d_i8 | _i16, x, W[C*KH*KW], bias', scale, shift)
+        (the relu / clip becomes the kernel's saturation range act_min, act_max)
 
 Eligibility (``docs/reference.md``, "Eligibility"): square kernel 3, 5 or 7; stride 1 or 2 (square),
 stride 2 only for kernels <= 5; dilation 1; N = 1; no channel multiplier;

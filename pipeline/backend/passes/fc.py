@@ -6,8 +6,8 @@ the bias may be either operand of the add; a 3-D input shows up as
 
     q([relu|clip]([reshape](add(matmul([reshape](dq(x, d_s, d_zp)),
                                        permute_dims(dq(W[N,K], w_s, 0))), bias))), o_s, o_zp)
-      ->  [int clip]([strided_slice](call_tir(mmalib_matmul_bias_i8 | _i16,
-                                              [call_tir(fc_k_pad, x)], W', bias', scale, shift)))
+      ->  [strided_slice](call_tir(mmalib_matmul_bias_i8 | _i16,
+                                   [call_tir(fc_k_pad, x)], W', bias', scale, shift))
 
 ``x`` is ``[..., K]`` with ``M`` = product of the leading dims (the kernel
 sees it as ``[M, K]`` memory). Eligibility (``docs/reference.md``,
@@ -34,8 +34,8 @@ own last call (fused into a flatten, the copy would have become that layer's
 last call, with ``K_pad`` elements).
 (d) int16 with int8 weights widens W and pre-scales each row by
 ``k[n]`` in [1, 256] (``k*scale/2^shift`` multiplier, :mod:`pipeline.backend.fold`). The reference has no
-ReLU variant for FC; a fused ReLU / clip here becomes the same integer clip
-as for conv (exact, see :class:`~.graph.Activation`).
+ReLU variant for FC; a fused ReLU / clip here becomes the kernel's saturation
+range as for conv (``act_min, act_max``; exact, see :class:`~.graph.Activation`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ..refusal import Declined, declining
 from .graph import Graph, const, dequantize_of, static_shape
 from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
-from .rewrite import Offload, emit_activation, run_pass
+from .rewrite import Offload, act_scalars, run_pass
 from .weighted import (Folded, bias_vector, check_fused_users, check_quant, check_weight_dtype,
                        fold_weighted, match_chain, weights_of)
 
@@ -166,11 +166,11 @@ def _fc_constants(graph: Graph, chain, data, w_call, n: int, dtype: str) -> Fold
 
 def _fc_offload(chain, data, folded, shapes, dtype: str) -> Offload:
     """Pad N (deviation (c)) and K (deviation (e)) to the MMA width and build the
-    ``[R.nn.pad] + call_tir [+ slice] [+ clip]``.
+    ``[R.nn.pad] + call_tir [+ slice]`` (a fused ReLU / clip is the kernel's saturation range).
 
     Kernel operands: x ``[..., K]`` (``[..., K_pad]`` after the pad), W ``[N_pad, K_pad]``,
     bias ``[N_pad]`` (int32 / int64), scale, shift uint8 ``[N_pad]``, out ``[..., N_pad]``;
-    scalars ``M, K_pad, N_pad``."""
+    scalars ``M, K_pad, N_pad, act_min, act_max``."""
     x_shape, q_shape, m, k, n = shapes
     n_pad, k_pad = _round_up(n, MMA_MULTIPLE[dtype]), _round_up(k, MMA_MULTIPLE[dtype])
     notes = [folded.note] if folded.note else []
@@ -187,8 +187,8 @@ def _fc_offload(chain, data, folded, shapes, dtype: str) -> Offload:
                TensorArg("bias", (n_pad,), str(folded.bias.dtype)),
                TensorArg("scale", (n_pad,), "uint8"), TensorArg("shift", (n_pad,), "uint8"),
                TensorArg("out", out_shape, dtype)]
-    prim = offload_primfunc(kernel, tensors, [m, k_pad, n_pad])
     out = chain.out
+    prim = offload_primfunc(kernel, tensors, [m, k_pad, n_pad, *act_scalars(chain.act, out.s, out.z, dtype)])
 
     def build(ctx):
         x = data.data
@@ -199,7 +199,7 @@ def _fc_offload(chain, data, folded, shapes, dtype: str) -> Offload:
         if n_pad != n:
             res = relax.op.strided_slice(ctx.emit(res, f"{ctx.func_name}_padded"),
                                          axes=[len(out_shape) - 1], begin=[0], end=[n])
-        return emit_activation(ctx, res, chain.act, out.s, out.z, dtype, f"{ctx.func_name}_out")
+        return res
 
     return Offload(chain.name, "fc", dtype, kernel, build, "; ".join(notes) or None)
 

@@ -107,6 +107,16 @@ def emit_activation(ctx: RewriteContext, value, act: Activation | None, o_s: flo
                          relax.prim_value(tirx.IntImm("int64", hi)))
 
 
+def act_scalars(act: Activation | None, o_s: float, o_zp: int, dtype: str) -> list[int]:
+    """``[act_min, act_max]``, the saturation range an MMALIB conv / depthwise / FC
+    applies after its requantize (c7x_kernels.h): the fused activation's integer bounds
+    (ReLU ``[o_zp, max]``, ReLU6 / clip ``[q(lo), q(hi)]``), or the range of ``dtype``
+    without one. The activation then costs no call of its own."""
+    if act is None:
+        return list(fold.dtype_range(dtype))
+    return list(act.int_bounds(o_s, o_zp, dtype))
+
+
 @mutator
 class _BindingRewriter(PyExprMutator):
     """Re-emits ``main``, replacing the value of each planned root binding."""
