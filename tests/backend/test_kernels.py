@@ -54,6 +54,12 @@ def rand(rng, dtype, shape, lo=None, hi=None) -> np.ndarray:
     return rng.integers(lo, hi, size=shape, dtype=dtype, endpoint=True)
 
 
+def full_range(dtype) -> list[int]:
+    """``[act_min, act_max]`` of an MMALIB kernel without a fused activation: the dtype's range."""
+    info = np.iinfo(dtype)
+    return [int(info.min), int(info.max)]
+
+
 def bias_dtype(dtype):
     return np.int32 if np.dtype(dtype) == np.int8 else np.int64
 
@@ -258,7 +264,7 @@ def conv_args(rng, dtype, case, kind, groups=None):
     bias, scale, shift = requant_params(rng, kind, c_out, dtype, geo.reduction)
     out = np.zeros(geo.shapes()["out"], dtype)
     args = [x, wt, bias, scale, shift, out, *case]
-    return args + ([groups] if groups is not None else [])
+    return args + ([groups] if groups is not None else []) + full_range(dtype)
 
 
 @pytest.mark.parametrize("rounding", ROUNDINGS)
@@ -284,7 +290,7 @@ def test_int8_accumulation_is_exact_at_the_int32_bound(c_in, kh):
     w = np.full((2, c_in, kh, kh), -128, np.int8)
     scale, shift = np.ones(2, np.uint8), np.full(2, 25, np.uint8)
     args = [x, w, np.zeros(2, np.int32), scale, shift, np.zeros((1, 2, 1, 1), np.int8),
-            c_in, kh, kh, 2, kh, kh, 1, 1, 0, 0, 0, 0]
+            c_in, kh, kh, 2, kh, kh, 1, 1, 0, 0, 0, 0, -128, 127]
     out = assert_same("mmalib_conv2d_i8", args, "half_up")
     expected = int(np.floor(c_in * kh * kh * 2**14 / 2**25 + 0.5))
     assert (out == expected).all() and expected == 64
@@ -343,7 +349,7 @@ def dw_args(rng, dtype, case, kind, flat_weights=True):
     geo = ref.DepthwiseGeometry(*case, c)
     bias, scale, shift = requant_params(rng, kind, c, dtype, kh * kw)
     out = np.zeros(geo.shapes()["out"], dtype)
-    return [x, wt, bias, scale, shift, out, *case, c]
+    return [x, wt, bias, scale, shift, out, *case, c, *full_range(dtype)]
 
 
 @pytest.mark.parametrize("rounding", ROUNDINGS)
@@ -369,7 +375,7 @@ def fc_args(rng, dtype, case, kind):
     m, k, n = case
     bias, scale, shift = requant_params(rng, kind, n, dtype, k)
     return [rand(rng, dtype, (m, k)), rand(rng, dtype, (n, k)), bias, scale, shift,
-            np.zeros((m, n), dtype), m, k, n]
+            np.zeros((m, n), dtype), m, k, n, *full_range(dtype)]
 
 
 @pytest.mark.parametrize("rounding", ROUNDINGS)
@@ -467,7 +473,7 @@ def test_conv_with_identity_requant_is_the_saturated_integer_conv(dtype, hi, cas
     explicit = (np.zeros(ch, bias_dtype(dtype)), np.ones(ch, np.uint8), np.zeros(ch, np.uint8))
     for bss in [(None, None, None), explicit]:
         out = np.zeros((1, *expected.shape), dtype)
-        _, out_c, _, out_py = run_both(name, [x, w, *bss, out, *case], "half_up")
+        _, out_c, _, out_py = run_both(name, [x, w, *bss, out, *case, *full_range(dtype)], "half_up")
         np.testing.assert_array_equal(out_c[0], expected)
         np.testing.assert_array_equal(out_py[0], expected)
     info = np.iinfo(dtype)
@@ -482,7 +488,7 @@ def test_grouped_conv_is_the_naive_grouped_conv():
     expected = ref.saturate(naive_conv(x, w, (2, 2), (1, 0, 0, 1), groups=3), np.int8)
     _, out_c, _, out_py = run_both("mmalib_conv2d_i8_grouped_loop",
                                    [x, w, None, None, None, np.zeros((1, *expected.shape), np.int8),
-                                    *case, 3], "half_up")
+                                    *case, 3, -128, 127], "half_up")
     np.testing.assert_array_equal(out_c[0], expected)
     np.testing.assert_array_equal(out_py[0], expected)
 
@@ -495,12 +501,12 @@ def test_depthwise_equals_grouped_conv_and_naive_conv(case, rounding):
     c, h, w, kh, kw, sh, sw, pt, pb, pl, pr = case
     _, dw_c, _, _ = run_both("mmalib_depthwise_conv2d_i8", args, rounding)
     grouped = [args[0], args[1].reshape(c, 1, kh, kw), *args[2:6],
-               c, h, w, c, kh, kw, sh, sw, pt, pb, pl, pr, c]
+               c, h, w, c, kh, kw, sh, sw, pt, pb, pl, pr, c, -128, 127]
     _, gr_c, _, gr_py = run_both("mmalib_conv2d_i8_grouped_loop", grouped, rounding)
     np.testing.assert_array_equal(dw_c, gr_c)
     np.testing.assert_array_equal(dw_c, gr_py)
     # and with identity requantization, the naive depthwise (groups = C) conv
-    ident = [args[0], args[1], None, None, None, np.zeros_like(args[5]), *case, c]
+    ident = [args[0], args[1], None, None, None, np.zeros_like(args[5]), *case, c, -128, 127]
     _, out_c, _, _ = run_both("mmalib_depthwise_conv2d_i8", ident, rounding)
     acc = naive_conv(args[0], args[1].reshape(c, 1, kh, kw), (sh, sw), (pt, pb, pl, pr), groups=c)
     np.testing.assert_array_equal(out_c[0], ref.saturate(acc, np.int8))
@@ -518,10 +524,32 @@ def test_matmul_is_numpy_matmul_then_exact_requant(dtype):
                                             int(shift[j]), rounding, dtype) for j in range(n)]
                              for i in range(m)], dtype)
         _, out_c, _, out_py = run_both(f"mmalib_matmul_bias_i{np.iinfo(dtype).bits}",
-                                       [x, w, bias, scale, shift, np.zeros((m, n), dtype), m, k, n],
+                                       [x, w, bias, scale, shift, np.zeros((m, n), dtype), m, k, n,
+                                        *full_range(dtype)],
                                        rounding)
         np.testing.assert_array_equal(out_c, expected)
         np.testing.assert_array_equal(out_py, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["i8", "i16"])
+@pytest.mark.parametrize("kind", ["conv", "depthwise", "fc"])
+def test_saturation_range_is_the_fused_activation(kind, dtype):
+    """act_min / act_max (a folded ReLU6 / clip) give exactly the full-range result
+    clipped to them, in C and in Python: the clip pass it replaces, bit for bit."""
+    rng = np.random.default_rng(37)
+    bits = np.iinfo(dtype).bits
+    if kind == "conv":
+        name, args = f"mmalib_conv2d_i{bits}", conv_args(rng, dtype, CONV_CASES["3x3_s2_asym_pad"], "moderate")
+    elif kind == "depthwise":
+        name = f"mmalib_depthwise_conv2d_i{bits}"
+        args = dw_args(rng, dtype, (3, 7, 6, 3, 3, 1, 1, 1, 1, 1, 1), "moderate")
+    else:
+        name, args = f"mmalib_matmul_bias_i{bits}", fc_args(rng, dtype, (3, 37, 5), "moderate")
+    full = assert_same(name, args, "half_up")
+    lo, hi = int(np.percentile(full, 25)), int(np.percentile(full, 75))  # ReLU6-like: inside the range
+    clipped = assert_same(name, args[:-2] + [lo, hi], "half_up")
+    np.testing.assert_array_equal(clipped, np.clip(full, lo, hi))
+    assert (full < lo).any() and (full > hi).any()  # both bounds bite
 
 
 @pytest.mark.parametrize("rounding", ROUNDINGS)
@@ -545,7 +573,7 @@ def test_requant_clamps_never_change_the_exact_result(rounding):
     expected = np.array([[exact_requant(int(acc[i, j]), int(biases[j]), int(scale[j]),
                                         int(shift[j]), rounding, np.int16) for j in range(n)]
                          for i in range(m)], np.int16)
-    args = [x, w, biases, scale, shift, np.zeros((m, n), np.int16), m, k, n]
+    args = [x, w, biases, scale, shift, np.zeros((m, n), np.int16), m, k, n, -2**15, 2**15 - 1]
     _, out_c, _, out_py = run_both("mmalib_matmul_bias_i16", args, rounding)
     np.testing.assert_array_equal(out_c, expected)
     np.testing.assert_array_equal(out_py, expected)
@@ -559,7 +587,7 @@ def test_half_up_and_floor_differ_exactly_on_the_upper_half(shift):
     x = np.arange(-2**15, 2**15, dtype=np.int16).reshape(-1, 1)
     m = x.shape[0]
     args = [x, np.ones((1, 1), np.int16), None, np.ones(1, np.uint8),
-            np.full(1, shift, np.uint8), np.zeros((m, 1), np.int16), m, 1, 1]
+            np.full(1, shift, np.uint8), np.zeros((m, 1), np.int16), m, 1, 1, -2**15, 2**15 - 1]
     results = {}
     for rounding in ROUNDINGS:
         _, out_c, _, out_py = run_both("mmalib_matmul_bias_i16", args, rounding)
@@ -575,7 +603,7 @@ def test_rounding_known_answers():
     """Values worked out by hand from the header's formulas (shift 1)."""
     x = np.array([[-3], [-1], [1], [3], [5]], np.int16)
     args = [x, np.ones((1, 1), np.int16), None, None, np.ones(1, np.uint8),
-            np.zeros((5, 1), np.int16), 5, 1, 1]
+            np.zeros((5, 1), np.int16), 5, 1, 1, -2**15, 2**15 - 1]
     expected = {"half_up": [-1, 0, 1, 2, 3], "floor": [-2, -1, 0, 1, 2]}
     for rounding, want in expected.items():
         _, out_c, _, out_py = run_both("mmalib_matmul_bias_i16", args, rounding)
@@ -713,6 +741,9 @@ def bad_calls():
         ("c7x_int8_max_pool", "W_out", 2, ref.C7X_ERR_SHAPE),
         ("c7x_int8_max_pool_tidl", "pH", 3, ref.C7X_ERR_SHAPE),               # pad >= kernel
         ("c7x_int8_clamp", "lo", 7, ref.C7X_ERR_PARAM),                        # lo > hi
+        ("mmalib_conv2d_i8", "act_min", 128, ref.C7X_ERR_PARAM),               # beyond int8, > act_max
+        ("mmalib_depthwise_conv2d_i16", "act_max", -2**15 - 1, ref.C7X_ERR_PARAM),
+        ("mmalib_matmul_bias_i8", "act_max", -129, ref.C7X_ERR_PARAM),
         ("c7x_int8_residual_add_relu", "params", "shift32", ref.C7X_ERR_PARAM),
         ("c7x_int16_residual_add_relu", "params", "shift-1", ref.C7X_ERR_PARAM),
     ]

@@ -92,8 +92,10 @@ def saturate(v: np.ndarray, dtype) -> np.ndarray:
 
 
 def requantize(acc: np.ndarray, bias, scale, shift, dtype,
-               rounding: str | None = None) -> np.ndarray:
-    """out = saturate(rshift((acc + bias[c]) * scale[c], shift[c])) per channel c.
+               rounding: str | None = None, act: tuple[int, int] | None = None) -> np.ndarray:
+    """out = clamp(rshift((acc + bias[c]) * scale[c], shift[c]), act) per channel c;
+    ``act``: the saturation range ``(act_min, act_max)`` (a fused ReLU / clip), None =
+    the range of ``dtype``.
 
     ``acc``: int64 [C, ...] exact accumulators (channel axis first), |acc| <= 2^53;
     ``bias`` int32/int64 [C], ``scale`` / ``shift`` uint8 [C], None = 0 / 1 / 0;
