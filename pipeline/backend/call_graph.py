@@ -86,7 +86,7 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
         n_out = _output_count(args, lambda a: names.get(_root(plan, a), _root(plan, a)), producer)
         n_outs.append(n_out)
         out = args[-1]
-        ins = [names.get(_root(plan, a), _root(plan, a)) for a in args[:-n_out] if a.home != "weight"]
+        ins = [names.get(_root(plan, a), _root(plan, a)) for a in args[:-n_out] if a.home not in ("weight", "slot")]
         outs = [names.get(_root(plan, a), _root(plan, a)) for a in args[-n_out:]]
         out_name = outs[-1]
         aliases = plan.aliases.get(out.name, [])

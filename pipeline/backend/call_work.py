@@ -42,7 +42,7 @@ def tensor_bytes(t: Tensor) -> int:
 def _traffic(t: Tensor, plan: Plan) -> dict:
     rec = {"tensor": t.name, "bytes": tensor_bytes(t), "dtype": t.dtype, "level": level_of(t, plan),
            "kind": "weight" if t.home == "weight" else "activation"}
-    if t.staged is not None:  # copied from weights.bin by DMA during the previous call (.levels)
+    if t.staged is not None or t.tiled:  # copied from weights.bin by DMA, overlapped (.levels, .tiling)
         rec.update(staged_from="ddr", dma="overlapped")
     return rec
 
@@ -117,6 +117,6 @@ def call_work(mod, plan: Plan, n_outputs: list[int]) -> list[dict]:
         else:
             stores, macs = stmt_work(func.body)
             work = {"iterations": stores, "macs": macs}
-        out.append({"work": work, "reads": [_traffic(a, plan) for a in ins],
+        out.append({"work": work, "reads": [_traffic(a, plan) for a in ins if a.home != "slot"],
                     "writes": [_traffic(a, plan) for a in outs]})
     return out

@@ -153,7 +153,7 @@ def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: 
                 preprocess=preprocess, memory=memory, budget=budget)
     mem = memory_map(info["plan"])
     write_json(out_dir / "memory_map.json", mem)
-    manifest["calls"] = call_records(low.mod, info["plan"], binding_order(mod), manifest["layers"],
+    manifest["calls"] = call_records(info["mod"], info["plan"], binding_order(mod), manifest["layers"],
                                      low.fused)
     manifest["summary"].update({k: info[k] for k in ("arena_bytes", "workspace_bytes", "weights_bytes")})
     manifest["summary"].update(calls=info["calls_by_backend"], tvm_kernels=info["tvm_kernels"])

@@ -48,10 +48,11 @@ import numpy as np
 import tvm
 
 from ..errors import UnsupportedOpError
-from . import weights_bin
+from . import tiling, weights_bin
 from .interp import lowered_script
 from .kernel_source import KERNELS_HEADER, kernel_source
 from .levels import ALIGN, Budget, place
+from .lower import is_offload
 from .memory_plan import LEVELS, Plan, Tensor, call_counts, plan_main
 
 #: the named section of each memory level (c7x_memory.cmd maps them)
@@ -441,36 +442,49 @@ def _traffic_support(m: str, M: str, plan: Plan) -> str:
     count = (f"""{helper}static int {m}_level(const void* p) {{
 {unused}{body}  return 2;
 }}
+static uint64_t {m}_bytes(const DLTensor* t) {{
+  uint64_t bytes = ((uint64_t)t->dtype.bits * t->dtype.lanes + 7u) / 8u;
+  int d;
+  for (d = 0; d < t->ndim; ++d) bytes *= (uint64_t)t->shape[d];
+  return bytes;
+}}
 static void {m}_count(DLTensor* const* t, int n) {{
-  int i, d;
-  for (i = 0; i < n; ++i) {{
-    uint64_t bytes = ((uint64_t)t[i]->dtype.bits * t[i]->dtype.lanes + 7u) / 8u;
-    for (d = 0; d < t[i]->ndim; ++d) bytes *= (uint64_t)t[i]->shape[d];
-    {m}_traffic[{m}_level(t[i]->data)] += bytes;
-  }}
+  int i;
+  for (i = 0; i < n; ++i) {m}_traffic[{m}_level(t[i]->data)] += {m}_bytes(t[i]);
 }}
 """ if plan.calls else "")
+    if plan.levels is not None and plan.levels.tiled:
+        count += f"""/* a tiled call (t[0]: the L2 weight slots, t[2]: its weights in DDR): the kernel reads
+ * the weights from the slots, where the DMA (counted by c7x_dma_copy) put them tile by tile */
+static void {m}_count_tiled(DLTensor* const* t, int n) {{
+  int i;
+  for (i = 1; i < n; ++i) {m}_traffic[{m}_level(i == 2 ? t[0]->data : t[i]->data)] += {m}_bytes(t[i]);
+}}
+"""
     return f"""#ifdef {M}_COUNT_TRAFFIC
 /* ---- traffic count, switched on with -D{M}_COUNT_TRAFFIC ----
  * Bytes per inference: [0] L2, [1] MSMC, [2] DDR, read or written by the kernel calls (each
  * tensor argument counted whole, at the level its address is in), and [3] copied DDR -> L2
- * by DMA. {m}_print_traffic() prints the last run's counts as one line to stdout. */
+ * by DMA (c7x_dma_copy counts into c7x_dma_bytes). {m}_print_traffic() prints the last
+ * run's counts as one line to stdout. */
 #include <inttypes.h>
 #include <stdio.h>
 static uint64_t {m}_traffic[4];
+uint64_t c7x_dma_bytes;
 {count}void {m}_print_traffic(void);
 void {m}_print_traffic(void) {{
   printf("c7x-traffic l2=%" PRIu64 " msmc=%" PRIu64 " ddr=%" PRIu64 " dma=%" PRIu64 "\\n",
-         {m}_traffic[0], {m}_traffic[1], {m}_traffic[2], {m}_traffic[3]);
+         {m}_traffic[0], {m}_traffic[1], {m}_traffic[2], c7x_dma_bytes);
 }}
-#define {M}_TRAFFIC_RESET() memset({m}_traffic, 0, sizeof {m}_traffic)
+#define {M}_TRAFFIC_RESET() (memset({m}_traffic, 0, sizeof {m}_traffic), c7x_dma_bytes = 0)
 #define {M}_TRAFFIC_COUNT(a, n) {m}_count(a, n)
-#define {M}_DMA(dst, src, n) do {{ C7X_DMA_COPY(dst, src, n); {m}_traffic[3] += (n); }} while (0)
+#define {M}_TRAFFIC_COUNT_TILED(a, n) {m}_count_tiled(a, n)
 #else
 #define {M}_TRAFFIC_RESET()
 #define {M}_TRAFFIC_COUNT(a, n)
-#define {M}_DMA(dst, src, n) C7X_DMA_COPY(dst, src, n)
-#endif"""
+#define {M}_TRAFFIC_COUNT_TILED(a, n)
+#endif
+#define {M}_DMA(dst, src, n) c7x_dma_copy(dst, src, n)"""
 
 
 def _arena_decls(m: str, M: str, plan: Plan, tensors: list[Tensor]) -> list[str]:
@@ -529,30 +543,44 @@ def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, pref
                "output": lambda t: f"(void*)(output + {t.offset})" if t.offset else "(void*)output",
                "arena": lambda t: f"(void*)({_arena_name(m, t.level if staged else None)} + {t.offset})",
                "weight": lambda t: (f"(void*)({m}_wslot[{t.staged[0]}] + {t.staged[1]})" if t.staged else
-                                    f"(void*)(weights + {entries[t.offset].offset})")}
+                                    f"(void*)(weights + {entries[t.offset].offset})"),
+               "slot": lambda t: f"(void*){m}_wslot"}
     out = ["", f"int {m}_run(const uint8_t* weights, const float* input, float* output) {{",
            f"  if (weights == NULL || input == NULL || output == NULL) return {M}_ERR_NULL;",
            f"  if (((uintptr_t)weights & 63u) != 0) return {M}_ERR_ALIGN;",
            f"  if (!{m}_header_ok(weights)) return {M}_ERR_WEIGHTS;",
            f"  {m}_ws_top = 0;", f"  {m}_ws_overflow = 0;", f"  {M}_PROFILE_RESET();", f"  {M}_TRAFFIC_RESET();"]
     out += [f"  {m}_{t.name}.data = {offsets[t.home](t)};" for t in tensors]
-    order = [k for k in range(len(plan.calls)) if staged and plan.levels.staged[k]]
-    if order:
+    # DMA order: a staged call waits for its weights and starts the next staged call's
+    # copy (into the other slot); a tiled call uses both slots itself (its copies are
+    # inside its kernel, .tiling), so the next staged copy starts after it.
+    lv = plan.levels if staged else None
+    dma = [k for k in range(len(plan.calls)) if lv and (lv.staged[k] or k in lv.tiled)]
+    is_staged = (lambda k: bool(lv.staged[k])) if lv else (lambda k: False)
+
+    def after(k: int) -> int | None:
+        i = dma.index(k) + 1
+        return dma[i] if i < len(dma) and is_staged(dma[i]) else None
+
+    if dma and is_staged(dma[0]):
         out += ["  /* weights of the first staged call; each staged call then starts the next one's copy */"]
-        out += _dma_lines(m, M, plan, order[0], entries)
+        out += _dma_lines(m, M, plan, dma[0], entries)
     for k, (name, args) in enumerate(plan.calls):
         refs = ", ".join(f"&{m}_{t.name}" for t in args)
-        out += [f"  {{ /* {k}: {name} */"]
-        if k in order:
-            nxt = order.index(k) + 1
+        tiled = bool(lv) and k in lv.tiled
+        out += [f"  {{ /* {k}: {name}" + (f", weights in tiles of {lv.tiled[k]} channels" if tiled else "") + " */"]
+        if is_staged(k):
             out += ["    C7X_DMA_WAIT(); /* this call's weights are in its slot */"]
-            out += _dma_lines(m, M, plan, order[nxt], entries, "    ") if nxt < len(order) else []
+            out += _dma_lines(m, M, plan, after(k), entries, "    ") if after(k) is not None else []
         out += [f"    DLTensor* const a[{len(args)}] = {{{refs}}};",
                 f"    {M}_PROFILE_START();",
                 f"    if ({m}_call(__tvm_ffi_{prefix}{name}, a, {len(args)}) != 0) return {m}_fail({k});",
                 f"    {M}_PROFILE_STOP({k});",
-                f"    {M}_TRAFFIC_COUNT(a, {len(args)});",
-                "  }"]
+                f"    {M}_TRAFFIC_COUNT{'_TILED' if tiled else ''}(a, {len(args)});"]
+        if tiled and after(k) is not None:
+            out += ["    /* the next staged call's weights, now that both slots are free */"]
+            out += _dma_lines(m, M, plan, after(k), entries, "    ")
+        out += ["  }"]
     for i, t in plan.copies():  # outputs not written in place (module docstring of memory_plan)
         off = plan.output_offsets[i]
         dst = f"output + {off}" if off else "output"
@@ -573,6 +601,9 @@ def model_source(m: str, plan: Plan, entries: list, prefix: str) -> str:
            "#endif",
            "#include <stddef.h>", "#include <stdint.h>", "#include <string.h>", "",
            '#include "model.h"', "",
+           f"#if defined({M}_COUNT_TRAFFIC) && !defined(C7X_COUNT_DMA)",
+           "#define C7X_COUNT_DMA /* c7x_memory.h's c7x_dma_copy counts into c7x_dma_bytes */",
+           "#endif",
            f"#define TVMBackendAllocWorkspace {m}_TVMBackendAllocWorkspace",
            f"#define TVMBackendFreeWorkspace {m}_TVMBackendFreeWorkspace",
            '#include "c7x_tvm_shim.h"', '#include "c7x_memory.h"', "", _ALIGN_MACRO,
@@ -612,6 +643,34 @@ MEMORY_PLANS = ("staged", "flat")
 """``[codegen] memory``: "staged" (:mod:`.levels`: L2 / MSMC / DDR, weights by DMA) or
 "flat" (one DDR arena laid out by TVM, weights read in place)."""
 """Headers copied into every codegen folder, so ``gcc -I<folder>`` suffices."""
+
+
+def tileable_calls(mod: tvm.IRModule, plan: Plan) -> dict[int, int]:
+    """Call index -> output channels, for the calls :mod:`.tiling` can split."""
+    out = {}
+    for k, (name, _) in enumerate(plan.calls):
+        c = tiling.channels(mod[name]) if is_offload(mod[name]) else None
+        if c:
+            out[k] = c
+    return out
+
+
+def tile_calls(mod: tvm.IRModule, plan: Plan) -> tvm.IRModule:
+    """``mod`` with the PrimFunc of every tiled call (``plan.levels.tiled``) replaced by
+    its tiled form (:func:`.tiling.tiled_primfunc`, same name), and each such call given
+    the L2 weight slots as a first argument (a tensor of ``home`` "slot")."""
+    funcs = dict(mod.functions)
+    by_name = {gv.name_hint: gv for gv in funcs}
+    lv = plan.levels
+    for k, tc in sorted(lv.tiled.items()):
+        name, args = plan.calls[k]
+        w = args[1]
+        elems = lv.slot_bytes // np.dtype(w.dtype).itemsize
+        funcs[by_name[name]] = tiling.tiled_primfunc(mod[name], tc, elems)
+        slots = Tensor(f"t{len(plan.tensors)}", (2 * elems,), w.dtype, "slot", 0, level="l2")
+        plan.tensors.append(slots)
+        plan.calls[k] = (name, [slots, *args])
+    return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
 def linker_command(m: str, plan: Plan) -> str:
@@ -666,9 +725,13 @@ def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | Non
     ks = kernel_source(mod, prefix)
     called = {name for name, _ in plan.calls}
     workspace = max([ks.workspace.get(k, 0) for k in called] + [64])
+    lowered = lowered_script(mod, plan)  # the untiled program: the Python reference runs it
     if memory == "staged":
-        place(plan, budget, workspace)
+        place(plan, budget, workspace, tileable_calls(mod, plan))
         plan.arena_bytes = sum(plan.levels.arena.values())
+        if plan.levels.tiled:
+            mod = tile_calls(mod, plan)
+            ks = kernel_source(mod, prefix)
     sizes = {"arena": plan.arena_bytes, "workspace": workspace, "weights": len(blob)}
     out_dir = Path(out_dir)
     write_text(out_dir / "model.h", header(m, plan, sizes, crc, quant or {}, weights_format == "c_array",
@@ -680,11 +743,12 @@ def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | Non
     write_bytes(out_dir / "weights.bin", blob)
     if weights_format == "c_array":
         write_text(out_dir / "weights_data.c", weights_array_source(m, blob))
-    write_text(out_dir / "lowered.py", lowered_script(mod, plan))
+    write_text(out_dir / "lowered.py", lowered)
     write_text(out_dir / "c7x_memory.cmd", linker_command(m, plan))
     by_backend, tvm_kernels = call_counts(mod, plan)
     return {"c_name": m, "arena_bytes": plan.arena_bytes, "workspace_bytes": workspace,
             "weights_bytes": len(blob), "weights_count": len(entries), "weights_crc32": crc,
             "kernels": len(called), "calls": len(plan.calls), "calls_by_backend": by_backend,
             "tvm_kernels": tvm_kernels,
-            "workspace_by_kernel": {k: ks.workspace.get(k, 0) for k in sorted(called)}, "plan": plan}
+            "workspace_by_kernel": {k: ks.workspace.get(k, 0) for k in sorted(called)}, "plan": plan,
+            "mod": mod}

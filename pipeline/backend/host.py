@@ -107,7 +107,7 @@ def traffic_flags(codegen_dir: Path) -> tuple[str, ...]:
     """Extra gcc flags of the instrumented build that counts the bytes every kernel call
     touches at each memory level (model.c ``-D<M>_COUNT_TRAFFIC``, harness
     ``-DC7X_COUNT_TRAFFIC``): one ``c7x-traffic`` line per image on stdout (:func:`parse_traffic`)."""
-    return (f"-D{model_info(codegen_dir).c_name.upper()}_COUNT_TRAFFIC", "-DC7X_COUNT_TRAFFIC")
+    return (f"-D{model_info(codegen_dir).c_name.upper()}_COUNT_TRAFFIC", "-DC7X_COUNT_TRAFFIC", "-DC7X_COUNT_DMA")
 
 
 _TRAFFIC = re.compile(r"^c7x-traffic l2=(\d+) msmc=(\d+) ddr=(\d+) dma=(\d+)$", re.M)

@@ -35,6 +35,8 @@ from . import tir_c
 from .lower import first_line
 
 KERNELS_HEADER = Path(__file__).parent / "kernels" / "c7x_kernels.h"
+#: the DMA functions of c7x_memory.h the tiled kernels call (:mod:`.tiling`)
+DMA_NAMES = ("c7x_dma_copy", "c7x_dma_wait")
 
 
 def kernel_names() -> list[str]:
@@ -126,7 +128,7 @@ def _strip_tvm_runtime(src: str) -> str:
 def _drop_extern_prototypes(src: str) -> str:
     """TVM's prototypes of the extern functions the shim declares: math.h's
     (libm), the shim's float-bits helpers, c7x_kernels.h's (const-correct)."""
-    declared = "|".join(sorted(tir_c.LIBM_NAMES | {tir_c.F32_BITS, tir_c.F64_BITS, *kernel_names()}))
+    declared = "|".join(sorted(tir_c.LIBM_NAMES | {tir_c.F32_BITS, tir_c.F64_BITS, *kernel_names(), *DMA_NAMES}))
     return re.sub(r'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL \w+ (' + declared + r")\([^)]*\);\n", "", src)
 
 
@@ -146,7 +148,7 @@ def _preamble(prefix: str) -> str:
     return (f"/* tvm_kernels.c: TVM's C codegen of the kernels of model {prefix[:-1]}; generated, do not edit. */\n"
             f"#define TVMBackendAllocWorkspace {prefix}TVMBackendAllocWorkspace\n"
             f"#define TVMBackendFreeWorkspace {prefix}TVMBackendFreeWorkspace\n"
-            '#include "c7x_tvm_shim.h"\n#include "c7x_kernels.h"\n')
+            '#include "c7x_tvm_shim.h"\n#include "c7x_kernels.h"\n#include "c7x_memory.h"\n')
 
 
 def kernel_source(mod: tvm.IRModule, prefix: str) -> KernelSource:

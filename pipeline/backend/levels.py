@@ -29,9 +29,13 @@ reading DDR and 477K once its operands are staged in L2 SRAM (docs/estimate.md).
   most an eighth of L2, else in DDR.
 - The input and the caller's output buffer are the caller's, in DDR.
 
-Not done yet (docs/memory.md): tiling a layer whose working set exceeds L2
-(its tensors then live in DDR), and fusing layers so a spilled activation
-need not round-trip DDR. Pure Python over the plan: no tvm.
+- **Tiling.** A conv or one-row FC whose weights exceed a slot is split over
+  output channels (:mod:`.tiling`): its weights stream through the two slots
+  tile by tile, each copy overlapping the previous tile's call.
+
+Not done yet (docs/memory.md): tiling a layer whose *activations* exceed L2
+(they then live in DDR), and fusing layers so a spilled activation need not
+round-trip DDR. Pure Python over the plan: no tvm.
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ class Levels:
     workspace_bytes: int
     staged: list[list[Tensor]] = field(default_factory=list)
     slot: list[int | None] = field(default_factory=list)
+    tiled: dict[int, int] = field(default_factory=dict)  # call -> output channels per tile (.tiling)
     in_place_ddr: int = 0  # bytes the kernels read / write in DDR per inference (traffic()["ddr"])
 
     @property
@@ -101,8 +106,11 @@ class Levels:
         return {"l2": l2 + (ws if self.workspace_level == "l2" else 0), "msmc": self.arena["msmc"],
                 "ddr": self.arena["ddr"] + (ws if self.workspace_level == "ddr" else 0)}
 
-    def dma_of(self, k: int) -> int:
-        """Bytes copied DDR -> L2 by DMA for call ``k``."""
+    def dma_of(self, k: int, plan: Plan) -> int:
+        """Bytes copied DDR -> L2 by DMA for call ``k`` (its staged weights, or the
+        weights of a tiled call, tile by tile)."""
+        if k in self.tiled:
+            return _nbytes(plan.calls[k][1][1 + (plan.calls[k][1][0].home == "slot")])
         return sum(_nbytes(t) for t in self.staged[k])
 
 
@@ -147,14 +155,32 @@ def _first_fit(size: int, span: tuple[int, int], placed: list[tuple[int, int, in
     return offset if capacity is None or offset + size <= capacity else None
 
 
-def _stage_weights(plan: Plan, slot_cap: int) -> tuple[int, list[list[Tensor]], list[int | None]]:
-    """Slot size, the weights staged per call, and each call's slot (module docstring)."""
+def _tile(plan: Plan, tileable: dict[int, int], wanted: list[int], slot: int) -> dict[int, int]:
+    """Call -> output channels per tile, for the tileable calls whose weights exceed a slot
+    and whose one output channel fits one; sets their weight tensor's ``tiled``."""
+    from .tiling import tile_channels
+
+    out = {}
+    for k, c_out in tileable.items():
+        w = plan.calls[k][1][1]  # the kernels' argument order: in, w, bias, scale, shift, out
+        if wanted[k] <= slot or w.home != "weight":
+            continue
+        tc = tile_channels(c_out, _nbytes(w) // c_out, slot)
+        if tc:
+            w.tiled = out[k] = tc
+    return out
+
+
+def _stage_weights(plan: Plan, slot_cap: int, tileable: dict[int, int]):
+    """Slot size, the weights staged per call, each call's slot, and the tiled calls
+    (module docstring)."""
     wanted = [sum(_align(_nbytes(t)) for t in args if t.home == "weight") for _, args in plan.calls]
     slot = max([w for w in wanted if w <= slot_cap] + [0])
+    tiled = _tile(plan, tileable, wanted, slot)
     staged, slots, j = [], [], 0
-    for _, args in plan.calls:
+    for k, (_, args) in enumerate(plan.calls):
         mine, used = [], 0
-        for t in args:
+        for t in args if k not in tiled else []:
             if t.home == "weight" and used + _align(_nbytes(t)) <= slot:
                 t.staged = (j % 2, used)
                 used += _align(_nbytes(t))
@@ -162,21 +188,25 @@ def _stage_weights(plan: Plan, slot_cap: int) -> tuple[int, list[list[Tensor]], 
         staged.append(mine)
         slots.append(j % 2 if mine else None)
         j += bool(mine)
-    return (slot if any(staged) else 0), staged, slots
+    return (slot if any(staged) or tiled else 0), staged, slots, tiled
 
 
-def place(plan: Plan, budget: Budget, workspace_bytes: int) -> Levels:
+def place(plan: Plan, budget: Budget, workspace_bytes: int, tileable: dict[int, int] | None = None) -> Levels:
     """:func:`place_with` the slot share of :data:`SLOT_SHARES` whose plan reads the fewest
     bytes from DDR in place (``traffic(plan)["ddr"]``; ties: the larger slot)."""
-    best = min(SLOT_SHARES, key=lambda share: place_with(plan, budget, workspace_bytes, share).in_place_ddr)
-    return place_with(plan, budget, workspace_bytes, best)
+    best = min(SLOT_SHARES, key=lambda share: place_with(plan, budget, workspace_bytes, share,
+                                                         tileable).in_place_ddr)
+    return place_with(plan, budget, workspace_bytes, best, tileable)
 
 
-def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int = 4) -> Levels:
+def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int = 4,
+               tileable: dict[int, int] | None = None) -> Levels:
     """Place ``plan`` on the levels of ``budget`` (module docstring), in place: sets each
     arena tensor's ``level`` and ``offset`` (bytes into its level's arena), each staged
-    weight's ``staged``, and ``plan.levels``. ``workspace_bytes``: the static workspace
-    the kernels need (:func:`.emit_c.emit`). Returns the :class:`Levels`.
+    weight's ``staged`` (or ``tiled``), and ``plan.levels``. ``workspace_bytes``: the static
+    workspace the kernels need (:func:`.emit_c.emit`); ``tileable``: call index -> output
+    channels of the calls :mod:`.tiling` can split (their weights are ``args[1]``).
+    Returns the :class:`Levels`.
 
     Raises ValueError for a negative size. A level too small for a tensor is not an
     error: the tensor goes to the next level (DDR holds anything)."""
@@ -184,8 +214,8 @@ def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int
         raise ValueError(f"memory level sizes must be >= 0 bytes, got L2 {budget.l2}, MSMC {budget.msmc}")
     ws_level = "l2" if 0 < workspace_bytes <= budget.l2 // WORKSPACE_SHARE else "ddr"
     for t in plan.tensors:  # a fresh placement
-        t.staged = None
-    slot, staged, slots = _stage_weights(plan, budget.l2 // slot_share)
+        t.staged, t.tiled = None, 0
+    slot, staged, slots, tiled = _stage_weights(plan, budget.l2 // slot_share, tileable or {})
     l2_free = budget.l2 - 2 * slot - GUARD - (workspace_bytes if ws_level == "l2" else 0)
     capacity = {"l2": max(l2_free, 0), "msmc": budget.msmc, "ddr": None}
     roots = {t.name: t for t in plan.tensors if t.home == "arena" and not t.view}
@@ -204,7 +234,7 @@ def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int
             root = roots[_root(plan, t)]
             t.level, t.offset = root.level, root.offset
     arena = {lvl: max([o + s for o, s, _, _ in placed[lvl]] + [0]) for lvl in LEVELS}
-    plan.levels = Levels(budget, arena, slot, ws_level, workspace_bytes, staged, slots)
+    plan.levels = Levels(budget, arena, slot, ws_level, workspace_bytes, staged, slots, tiled)
     plan.levels.in_place_ddr = traffic(plan)["ddr"]
     return plan.levels
 
@@ -219,9 +249,10 @@ def traffic(plan: Plan) -> dict[str, int]:
     out = dict.fromkeys((*LEVELS, "dma"), 0)
     for k, (_, args) in enumerate(plan.calls):
         for t in args:
-            out[level_of(t, plan)] += _nbytes(t)
+            if t.home != "slot":  # a tiled call's L2 slots: where its weights' DMA lands
+                out[level_of(t, plan)] += _nbytes(t)
         if plan.levels is not None:
-            out["dma"] += plan.levels.dma_of(k)
+            out["dma"] += plan.levels.dma_of(k, plan)
     return out
 
 
@@ -240,11 +271,13 @@ def memory_map(plan: Plan, entries: list | None = None) -> dict:
     out = {"plan": "staged" if lv else "flat", "traffic": traffic(plan), "tensors": tensors}
     if lv is None:
         out.update(peak={"l2": 0, "msmc": 0, "ddr": plan.arena_bytes}, arena={"ddr": plan.arena_bytes},
-                   slot_bytes=0, staged_weights=[])
+                   slot_bytes=0, staged_weights=[], tiled_calls=[])
         return out
     out.update(budget={"l2": lv.budget.l2, "msmc": lv.budget.msmc}, peak=lv.peak, arena=lv.arena,
                slot_bytes=lv.slot_bytes, workspace={"level": lv.workspace_level, "bytes": lv.workspace_bytes},
                staged_weights=[{"call": k, "tensor": t.name, "entry": t.offset, "bytes": _nbytes(t),
                                 "slot": t.staged[0], "offset": t.staged[1]}
-                               for k, ts in enumerate(lv.staged) for t in ts])
+                               for k, ts in enumerate(lv.staged) for t in ts],
+               tiled_calls=[{"call": k, "channels_per_tile": tc, "weight_bytes": lv.dma_of(k, plan)}
+                            for k, tc in sorted(lv.tiled.items())])
     return out

@@ -44,7 +44,9 @@ class Tensor:
     memory holding it on the C7x (:data:`LEVELS`; "arena" tensors: which
     level's arena ``offset`` is in). ``staged``: for a weight copied by DMA
     into an L2 weight slot before its call, ``(slot, byte offset in the slot)``
-    (:mod:`.levels`)."""
+    (:mod:`.levels`). ``tiled``: for the weights of a call tiled over output
+    channels, the channels per tile (:mod:`.tiling`); ``home`` "slot" is the two
+    L2 weight slots handed to such a call."""
 
     name: str
     shape: tuple[int, ...]
@@ -54,6 +56,7 @@ class Tensor:
     view: bool = False
     level: str = "ddr"
     staged: tuple[int, int] | None = None
+    tiled: int = 0  # weights copied into L2 tile by tile: output channels per tile (.tiling)
 
 
 @dataclass
@@ -110,7 +113,7 @@ def level_of(t: Tensor, plan: Plan) -> str:
     are in DDR. The performance estimate (:mod:`pipeline.perf`) reads each call's
     bytes per level from here, and the instrumented build counts the same."""
     if t.home == "weight":
-        return "l2" if t.staged is not None else "ddr"
+        return "l2" if t.staged is not None or t.tiled else "ddr"
     return t.level
 
 

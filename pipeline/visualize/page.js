@@ -39,6 +39,15 @@
 
   const fmtInt = (n) => (n === null || n === undefined ? "" : Number(n).toLocaleString("en-US"));
   const fmtShape = (sh) => (sh ? sh.join("\u00d7") : "");
+  // Memory levels of the C7x (codegen's memory plan: manifest call reads / writes)
+  const LEVEL = { l2: "L2", msmc: "MSMC", ddr: "DDR" };
+  const fmtBytes = (n) => (n >= 1e6 ? (n / 1e6).toFixed(2) + " MB" : n >= 1e3 ? (n / 1e3).toFixed(1) + " KB" : n + " B");
+  const fmtPlace = (r) => r.tensor + " " + fmtBytes(r.bytes) + " in " + (LEVEL[r.level] || r.level) +
+    (r.staged_from ? " (DMA from " + (LEVEL[r.staged_from] || r.staged_from) + ")" : "");
+  const ddrBytes = (c) => [...(c.reads || []), ...(c.writes || [])].reduce(
+    (sum, r) => sum + (r.level === "ddr" || r.staged_from === "ddr" ? r.bytes : 0), 0);
+  const memoryOf = (c) => (c.reads ? h("span", { class: "memory" },
+    "reads " + c.reads.map(fmtPlace).join(", "), h("br"), "writes " + c.writes.map(fmtPlace).join(", ")) : null);
   const fmtShare = (x) => (x === null || x === undefined ? "" : (100 * x).toFixed(1) + "%");
   const fmtNum = (x) => (x === null || x === undefined ? "" : typeof x === "number"
     ? (Number.isInteger(x) ? String(x) : Math.abs(x) >= 100 ? x.toFixed(1) : x.toPrecision(4)) : String(x));
@@ -281,6 +290,8 @@
         ["Output shape", fmtShape(lay.output_shape)],
         ["MACs", fmtInt(lay.macs)],
         ["Fused activation", lay.activation || "none"],
+        ["DDR bytes", lay.calls.length && build().calls[0].reads ? fmtBytes(lay.calls.reduce(
+          (sum, i) => sum + ddrBytes(build().calls.find((x) => x.index === i)), 0)) + " per inference" : null, "ddr-bytes"],
         ["Why not offloaded", lay.backend === "scalar" ? lay.reason || "(no reason recorded)" : null, "reason"],
         ["Note", lay.note],
         ["Calls", h("ul", {}, lay.calls.map((i) => {
@@ -334,6 +345,8 @@
         ["Backend", h("span", {}, chip(callKind(call.backend)), " " + DATA.kinds[callKind(call.backend)])],
         ["Reads", call.inputs.join(", ")],
         ["Writes", call.output],
+        ["Memory", memoryOf(call), "memory"],
+        ["DDR bytes", call.reads ? fmtBytes(ddrBytes(call)) : null],
         ["Shape", fmtShape(call.shape)],
         ["dtype", call.dtype],
         ["Time", t ? fmtTime(t.median, p.unit) + (t.share !== null ? " (" + fmtShare(t.share) + ")" : "") : null],
@@ -531,6 +544,10 @@
       eLine.append(h("b", {}, "Estimated on " + e.target + ": " + fmtMs(e.ms) + " = " + (e.fps || 0).toFixed(1) + " FPS"),
                    " (" + fmtTime(e.total_cycles, "cycles") + ", one core; an estimate, not a measurement)",
                    e.board ? "; board: " + fmtTime(e.board.measured_cycles, "cycles") + " (" + (e.board.error >= 0 ? "+" : "") + (100 * e.board.error).toFixed(1) + "% vs the estimate)" : "",
+                   e.memory ? h("div", { id: "memory-line" }, e.memory.plan + " memory plan: DDR " +
+                     fmtBytes(e.memory.ddr_traffic_bytes) + " per inference, peak L2 " + fmtBytes(e.memory.peak.l2 || 0) +
+                     (e.memory.plan === "staged" ? "; " + e.memory.gain.toFixed(2) + "x faster than the flat plan (" +
+                       fmtTime(e.memory.flat_cycles, "cycles") + ")" : "")) : "",
                    h("ol", { id: "estimate-top" }, e.top.map((r) => h("li", {},
                      h("a", { onclick: () => select(r.layer, primaryNode(r.layer)) }, r.module || r.layer || "input"),
                      " " + fmtShare(r.share) + ": " + r.reason))));

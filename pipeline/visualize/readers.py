@@ -156,7 +156,8 @@ _ESTIMATE_ROW = ("cycles", "share", "bound", "reason", "engine", "measured_cycle
 
 def read_estimate(path) -> dict | None:
     """``estimate.json`` -> {variant: {"label", "target", "total_cycles", "ms", "fps",
-    "calls": {index: row}, "layers": {id: row}, "top", "board"}}, or None when absent.
+    "calls": {index: row}, "layers": {id: row}, "top", "board", "memory"}}, or None when absent
+    (``memory``: the build's memory plan figures, :func:`pipeline.stages.estimate.memory_figures`).
     A row: cycles, share, bound, reason, engine (+ measured_cycles, ratio with a board log)."""
     raw = _load(path)
     if not raw or not isinstance(raw.get("variants"), dict):
@@ -171,6 +172,6 @@ def read_estimate(path) -> dict | None:
             "calls": {str(c["index"]): {k: c.get(k) for k in _ESTIMATE_ROW} for c in b.get("calls", [])},
             "layers": {str(r["layer"]): {k: r.get(k) for k in _ESTIMATE_ROW} for r in b.get("layers", [])
                        if r.get("layer") is not None},
-            "top": b.get("top", []), "board": b.get("board"),
+            "top": b.get("top", []), "board": b.get("board"), "memory": b.get("memory"),
         }
     return out

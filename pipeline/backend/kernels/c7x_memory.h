@@ -21,6 +21,8 @@
 #ifndef C7X_MEMORY_H
 #define C7X_MEMORY_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #if defined(__C7000__) || defined(C7X_SECTIONS)
@@ -35,5 +37,30 @@
 #ifndef C7X_DMA_WAIT
 #define C7X_DMA_WAIT() ((void)0)
 #endif
+
+/* Instrumented host builds (-DC7X_COUNT_DMA) count the bytes copied; the
+ * counter is defined by model.c under -D<M>_COUNT_TRAFFIC. */
+#ifdef C7X_COUNT_DMA
+#include <stdint.h>
+extern uint64_t c7x_dma_bytes;
+#define C7X_DMA_COUNT(bytes) (c7x_dma_bytes += (uint64_t)(bytes))
+#else
+#define C7X_DMA_COUNT(bytes) ((void)0)
+#endif
+
+/* The copy and wait as functions, for the tiled kernels of tvm_kernels.c
+ * (pipeline/backend/tiling.py) and model.c alike. */
+static inline int32_t c7x_dma_copy(void* dst, const void* src, int32_t bytes)
+{
+    C7X_DMA_COPY(dst, src, (size_t)bytes);
+    C7X_DMA_COUNT(bytes);
+    return 0;
+}
+
+static inline int32_t c7x_dma_wait(void)
+{
+    C7X_DMA_WAIT();
+    return 0;
+}
 
 #endif /* C7X_MEMORY_H */

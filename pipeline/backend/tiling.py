@@ -1,0 +1,131 @@
+"""Output-channel tiling of an MMALIB call whose weights do not fit an L2 slot.
+
+A conv (OIHW weights) or an FC with one row (``[N, K]`` weights, M = 1) whose
+weights exceed the staged plan's weight slot (:mod:`.levels`) would read them
+from DDR in place, what the user's document measures as 3.5x slower than
+from L2. TI's fork tiles such a layer over output channels
+(``InjectMMALIBDMA``: one weight DMA and one sliced call per tile); so do we,
+with the copy of tile t+1 overlapping the call on tile t.
+
+:func:`tiled_primfunc` rewrites the call's offload PrimFunc: a first
+parameter ``scratch`` (the two L2 weight slots, model.c's ``<m>_wslot``) and
+a body of, per tile t of ``tc`` output channels::
+
+    c7x_dma_wait();                                  # tile t is in slot t % 2
+    c7x_dma_copy(&scratch[(t+1) % 2], &w[c0 + tc], bytes of tile t+1)   (if any)
+    <kernel>(x, &scratch[t % 2], &bias[c0], &scale[c0], &shift[c0], &out[c0], ..., C_out = tc, ...)
+
+after one ``c7x_dma_copy`` of tile 0. Output channels are independent, so
+the result equals the untiled call bit for bit: ``lowered.py`` (the Python
+reference) keeps the untiled call, and every host build compares the tiled C
+with it. ``c7x_dma_copy`` / ``c7x_dma_wait`` are in ``c7x_memory.h``
+(memcpy on the host; the SoC's DMA through the hook macros there).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import tirx
+
+from .passes.primfunc import backend_of
+
+DMA_COPY, DMA_WAIT = "c7x_dma_copy", "c7x_dma_wait"
+
+
+@dataclass(frozen=True)
+class Tileable:
+    """Where a tileable kernel keeps its output-channel count and layouts:
+    ``c_out``: index of the C_out / N scalar among the extern's scalars;
+    ``rows_of``: the scalar that must be 1 (FC: M), or None."""
+
+    c_out: int
+    rows: int | None = None
+
+
+#: kernels tiled over output channels (c7x_kernels.h argument order: in, w, bias, scale,
+#: shift, out, then scalars)
+TILEABLE = {"mmalib_conv2d_i8": Tileable(3), "mmalib_conv2d_i16": Tileable(3),
+            "mmalib_matmul_bias_i8": Tileable(2, rows=0), "mmalib_matmul_bias_i16": Tileable(2, rows=0)}
+
+
+def _extern(func: tirx.PrimFunc):
+    call = func.body.value
+    return str(call.args[0].value), list(call.args[1:])
+
+
+def channels(func: tirx.PrimFunc) -> int | None:
+    """Output channels of a tileable offload PrimFunc (its C_out / N), or None when its
+    kernel is not in :data:`TILEABLE` (or an FC with more than one row)."""
+    kernel = str(func.attrs["c7x_kernel"]) if func.attrs and "c7x_kernel" in func.attrs else None
+    spec = TILEABLE.get(kernel)
+    if spec is None:
+        return None
+    scalars = _extern(func)[1][6:]
+    if spec.rows is not None and int(scalars[spec.rows].value) != 1:
+        return None
+    return int(scalars[spec.c_out].value)
+
+
+def tile_channels(c_out: int, per_channel_bytes: int, slot_bytes: int) -> int:
+    """Channels per tile: as many as one slot holds, rounded down to a multiple of 32
+    (the MMA's width, as TI's fork rounds) when at least 32 fit; 0 when not even one fits."""
+    tc = min(c_out, slot_bytes // max(per_channel_bytes, 1))
+    return tc // 32 * 32 if tc >= 32 and tc < c_out else tc
+
+
+def _addr(buf, index: list[int]):
+    return tirx.address_of(tirx.BufferLoad(buf, [tirx.IntImm("int32", i) for i in index]))
+
+
+def _at_channel(buf, c0: int, conv: bool) -> list[int]:
+    """Index of output channel ``c0`` in a buffer of the call: a per-channel vector
+    ``[C]``, weights (OIHW or ``[N, K]``: channel first), or the output (NCHW conv:
+    axis 1; FC ``[..., N]`` with one row: the last axis)."""
+    ndim = len(buf.shape)
+    if ndim == 1:
+        return [c0]
+    if buf.name != "out":
+        return [c0] + [0] * (ndim - 1)
+    return [0, c0, 0, 0] if conv else [0] * (ndim - 1) + [c0]
+
+
+def tiled_primfunc(func: tirx.PrimFunc, tc: int, slot_elems: int) -> tirx.PrimFunc:
+    """``func`` (a tileable offload PrimFunc) over tiles of ``tc`` output channels, its
+    weights copied into a ``scratch`` parameter of ``2 * slot_elems`` weight elements
+    (module docstring). Raises ValueError if a tile does not fit a slot."""
+    kernel, args = _extern(func)
+    spec = TILEABLE[kernel]
+    conv = spec.rows is None
+    x, w, bias, scale, shift, out = func.params
+    per_channel = math.prod(int(d) for d in w.shape[1:])
+    if tc * per_channel > slot_elems or tc < 1:
+        raise ValueError(f"{kernel}: a tile of {tc} channels x {per_channel} does not fit {slot_elems} elements")
+    scratch = tirx.decl_buffer((2 * slot_elems,), w.dtype, "scratch")
+    itemsize = np.dtype(str(w.dtype)).itemsize
+    scalars = args[6:]
+    c_out = int(scalars[spec.c_out].value)
+    tiles = [(c0, min(tc, c_out - c0)) for c0 in range(0, c_out, tc)]
+
+    def copy(t: int):
+        c0, n = tiles[t]
+        return tirx.Evaluate(tirx.call_extern("int32", DMA_COPY, _addr(scratch, [(t % 2) * slot_elems]),
+                                              _addr(w, _at_channel(w, c0, conv)),
+                                              tirx.IntImm("int32", n * per_channel * itemsize)))
+
+    stmts = [copy(0)]
+    for t, (c0, n) in enumerate(tiles):
+        stmts.append(tirx.Evaluate(tirx.call_extern("int32", DMA_WAIT)))
+        if t + 1 < len(tiles):
+            stmts.append(copy(t + 1))
+        tile_scalars = list(scalars)
+        tile_scalars[spec.c_out] = tirx.IntImm("int32", n)
+        stmts.append(tirx.Evaluate(tirx.call_extern(
+            "int32", kernel, x.data, _addr(scratch, [(t % 2) * slot_elems]),
+            *(_addr(b, _at_channel(b, c0, conv)) for b in (bias, scale, shift)),
+            _addr(out, _at_channel(out, c0, conv)), *tile_scalars)))
+    params = [scratch, *func.params]
+    return tirx.PrimFunc(params, tirx.SeqStmt(stmts)).with_attrs(
+        {"c7x_kernel": kernel, "c7x_offload_backend": backend_of(kernel), "c7x_tiles": len(tiles)})
