@@ -176,6 +176,8 @@ def _stage_weights(plan: Plan, slot_cap: int, tileable: dict[int, int]):
     (module docstring)."""
     wanted = [sum(_align(_nbytes(t)) for t in args if t.home == "weight") for _, args in plan.calls]
     slot = max([w for w in wanted if w <= slot_cap] + [0])
+    if any(wanted[k] > slot for k in tileable):  # a call to tile: give it the largest slot allowed
+        slot = slot_cap // ALIGN * ALIGN
     tiled = _tile(plan, tileable, wanted, slot)
     staged, slots, j = [], [], 0
     for k, (_, args) in enumerate(plan.calls):

@@ -183,3 +183,47 @@ def test_a_dma_hook_replaces_memcpy(flows, tmp_path):
     ref = run_host(tmp_path / "hook.exe", tmp_path, x)
     build_host(tmp_path, tmp_path / "plain.exe")
     np.testing.assert_array_equal(ref.view(np.uint32), run_host(tmp_path / "plain.exe", tmp_path, x).view(np.uint32))
+
+
+# ----------------------------------------------------------------------------- tiling
+
+def test_tile_channels_fill_a_slot_in_mma_widths():
+    from pipeline.backend.tiling import tile_channels
+
+    assert tile_channels(512, 4608, 159_488) == 32  # ResNet layer4 conv: 34 fit, 32 (MMA width) kept
+    assert tile_channels(64, 100, 3_000) == 30      # under 32: as many as fit
+    assert tile_channels(64, 4_000, 3_000) == 0     # not even one channel: no tiling
+    assert tile_channels(20, 10, 1_000) == 20       # all fit: one tile
+
+
+@needs_gcc
+@pytest.mark.parametrize("dtype", ["int8", "int16"])
+def test_tiled_weights_are_bit_exact_and_counted(dtype, tmp_path):
+    """A budget whose slots hold the first conv's weights but not the second conv's nor
+    the FC's: those two stream their weights through the slots in output-channel tiles."""
+    from qflow import ConvReluPool
+
+    torch.manual_seed(1)
+    shape = (1, 3, 12, 12)
+    f = quantize(randomize_bn(ConvReluPool(c=64, classes=80)), torch.randn(*shape), dtype=dtype)
+    x = inputs(shape)
+    tiled, flat = tmp_path / "tiled", tmp_path / "flat"
+    tiled.mkdir(), flat.mkdir()
+    _, c_tiled = compile_and_compare(f.mod, "crp", tiled, x, mmalib=True, budget=Budget(16_000, 0))
+    _, c_flat = compile_and_compare(f.mod, "crp", flat, x, mmalib=True, memory="flat")
+    np.testing.assert_array_equal(c_tiled.view(np.uint32), c_flat.view(np.uint32))
+    mm = json.loads((tiled / "memory_map.json").read_text())
+    manifest = json.loads((tiled / "manifest.json").read_text())
+    kernels = {manifest["calls"][t["call"]]["kernel"] for t in mm["tiled_calls"]}
+    assert any(k.startswith("mmalib_conv2d") for k in kernels) and any(k.startswith("mmalib_matmul") for k in kernels)
+    assert _counted(tiled, x) == mm["traffic"] and mm["traffic"]["dma"] >= sum(t["weight_bytes"] for t in
+                                                                              mm["tiled_calls"])
+    src = (tiled / "tvm_kernels.c").read_text()
+    for t in mm["tiled_calls"]:  # one kernel call per tile in the tiled PrimFunc
+        call = manifest["calls"][t["call"]]
+        body = src.split(f"__tvm_ffi_crp_{call['func']}(")[2].split("\n}\n")[0]
+        tiles = -(-call["shape"][1 if call["kernel"].startswith("mmalib_conv") else -1] // t["channels_per_tile"])
+        assert body.count(call["kernel"] + "(") == tiles > 1 and body.count("c7x_dma_copy(") == tiles
+        weight = next(r for r in call["reads"] if r["kind"] == "weight" and r["bytes"] == t["weight_bytes"])
+        assert weight["level"] == "l2" and weight["staged_from"] == "ddr"
+    assert mm["peak"]["l2"] <= 16_000
