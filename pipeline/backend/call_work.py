@@ -39,11 +39,14 @@ def tensor_bytes(t: Tensor) -> int:
     return int(math.prod(t.shape)) * np.dtype(t.dtype).itemsize
 
 
-def _traffic(t: Tensor, plan: Plan) -> dict:
-    rec = {"tensor": t.name, "bytes": tensor_bytes(t), "dtype": t.dtype, "level": level_of(t, plan),
-           "kind": "weight" if t.home == "weight" else "activation"}
-    if t.staged is not None or t.tiled:  # copied from weights.bin by DMA, overlapped (.levels, .tiling)
+def _traffic(t: Tensor, plan: Plan, streamed: bool = False) -> dict:
+    """``streamed``: ``t`` is the tensor a tiled call copies into L2 tile by tile (.tiling)."""
+    rec = {"tensor": t.name, "bytes": tensor_bytes(t), "dtype": t.dtype,
+           "level": "l2" if streamed else level_of(t, plan), "kind": "weight" if t.home == "weight" else "activation"}
+    if t.staged is not None or t.tiled or streamed:  # copied from weights.bin by DMA, overlapped (.levels, .tiling)
         rec.update(staged_from="ddr", dma="overlapped")
+    elif t.copy_of is not None:  # an activation copied DDR -> L2 just before the call (.levels)
+        rec.update(staged_from="ddr", dma="serial")
     return rec
 
 
@@ -109,7 +112,9 @@ def call_work(mod, plan: Plan, n_outputs: list[int]) -> list[dict]:
     trailing arguments of each call are its outputs (``call_records``' split).
     """
     out = []
-    for (name, args), n_out in zip(plan.calls, n_outputs):
+    lv = plan.levels
+    for k, ((name, args), n_out) in enumerate(zip(plan.calls, n_outputs)):
+        streamed = lv.streamed(k, plan) if lv is not None and k in lv.tiled else None
         func = mod[name]
         ins, outs = args[:-n_out], args[-n_out:]
         if is_offload(func):
@@ -117,6 +122,6 @@ def call_work(mod, plan: Plan, n_outputs: list[int]) -> list[dict]:
         else:
             stores, macs = stmt_work(func.body)
             work = {"iterations": stores, "macs": macs}
-        out.append({"work": work, "reads": [_traffic(a, plan) for a in ins if a.home != "slot"],
+        out.append({"work": work, "reads": [_traffic(a, plan, a is streamed) for a in ins if a.home != "slot"],
                     "writes": [_traffic(a, plan) for a in outs]})
     return out

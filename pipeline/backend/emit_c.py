@@ -454,11 +454,12 @@ static void {m}_count(DLTensor* const* t, int n) {{
 }}
 """ if plan.calls else "")
     if plan.levels is not None and plan.levels.tiled:
-        count += f"""/* a tiled call (t[0]: the L2 weight slots, t[2]: its weights in DDR): the kernel reads
- * the weights from the slots, where the DMA (counted by c7x_dma_copy) put them tile by tile */
-static void {m}_count_tiled(DLTensor* const* t, int n) {{
+        count += f"""/* a tiled call (t[0]: the L2 slots, t[s]: the tensor it streams from DDR, its weights or
+ * its input): the kernel reads t[s] from the slots, where the DMA (counted by c7x_dma_copy)
+ * put it tile by tile */
+static void {m}_count_tiled(DLTensor* const* t, int n, int s) {{
   int i;
-  for (i = 1; i < n; ++i) {m}_traffic[{m}_level(i == 2 ? t[0]->data : t[i]->data)] += {m}_bytes(t[i]);
+  for (i = 1; i < n; ++i) {m}_traffic[{m}_level(i == s ? t[0]->data : t[i]->data)] += {m}_bytes(t[i]);
 }}
 """
     return f"""#ifdef {M}_COUNT_TRAFFIC
@@ -478,11 +479,11 @@ void {m}_print_traffic(void) {{
 }}
 #define {M}_TRAFFIC_RESET() (memset({m}_traffic, 0, sizeof {m}_traffic), c7x_dma_bytes = 0)
 #define {M}_TRAFFIC_COUNT(a, n) {m}_count(a, n)
-#define {M}_TRAFFIC_COUNT_TILED(a, n) {m}_count_tiled(a, n)
+#define {M}_TRAFFIC_COUNT_TILED(a, n, s) {m}_count_tiled(a, n, s)
 #else
 #define {M}_TRAFFIC_RESET()
 #define {M}_TRAFFIC_COUNT(a, n)
-#define {M}_TRAFFIC_COUNT_TILED(a, n)
+#define {M}_TRAFFIC_COUNT_TILED(a, n, s)
 #endif
 #define {M}_DMA(dst, src, n) c7x_dma_copy(dst, src, n)"""
 
@@ -568,15 +569,21 @@ def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, pref
     for k, (name, args) in enumerate(plan.calls):
         refs = ", ".join(f"&{m}_{t.name}" for t in args)
         tiled = bool(lv) and k in lv.tiled
-        out += [f"  {{ /* {k}: {name}" + (f", weights in tiles of {lv.tiled[k]} channels" if tiled else "") + " */"]
+        what = "input" if tiled and k in lv.tiled_input else "weights"
+        out += [f"  {{ /* {k}: {name}" + (f", {what} in tiles of {lv.tiled[k]} channels" if tiled else "") + " */"]
+        for src, copy in (lv.stage_in.get(k, []) if lv else []):
+            out.append(f"    {M}_DMA({m}_{copy.name}.data, {m}_{src.name}.data, {_nbytes(copy)}u); "
+                       f"/* {src.name} (DDR) -> L2 */")
+        if is_staged(k) or (lv and k in lv.stage_in):
+            out += ["    C7X_DMA_WAIT(); /* this call's weights / inputs are in L2 */"]
         if is_staged(k):
-            out += ["    C7X_DMA_WAIT(); /* this call's weights are in its slot */"]
             out += _dma_lines(m, M, plan, after(k), entries, "    ") if after(k) is not None else []
         out += [f"    DLTensor* const a[{len(args)}] = {{{refs}}};",
                 f"    {M}_PROFILE_START();",
                 f"    if ({m}_call(__tvm_ffi_{prefix}{name}, a, {len(args)}) != 0) return {m}_fail({k});",
                 f"    {M}_PROFILE_STOP({k});",
-                f"    {M}_TRAFFIC_COUNT{'_TILED' if tiled else ''}(a, {len(args)});"]
+                (f"    {M}_TRAFFIC_COUNT_TILED(a, {len(args)}, {1 if k in lv.tiled_input else 2});" if tiled
+                 else f"    {M}_TRAFFIC_COUNT(a, {len(args)});")]
         if tiled and after(k) is not None:
             out += ["    /* the next staged call's weights, now that both slots are free */"]
             out += _dma_lines(m, M, plan, after(k), entries, "    ")
@@ -645,8 +652,8 @@ MEMORY_PLANS = ("staged", "flat")
 """Headers copied into every codegen folder, so ``gcc -I<folder>`` suffices."""
 
 
-def tileable_calls(mod: tvm.IRModule, plan: Plan) -> dict[int, int]:
-    """Call index -> output channels, for the calls :mod:`.tiling` can split."""
+def tileable_calls(mod: tvm.IRModule, plan: Plan) -> dict[int, tuple[int, str]]:
+    """Call index -> (output channels, what its tiles stream), for the calls :mod:`.tiling` can split."""
     out = {}
     for k, (name, _) in enumerate(plan.calls):
         c = tiling.channels(mod[name]) if is_offload(mod[name]) else None
@@ -664,7 +671,7 @@ def tile_calls(mod: tvm.IRModule, plan: Plan) -> tvm.IRModule:
     lv = plan.levels
     for k, tc in sorted(lv.tiled.items()):
         name, args = plan.calls[k]
-        w = args[1]
+        w = lv.streamed(k, plan)
         elems = lv.slot_bytes // np.dtype(w.dtype).itemsize
         funcs[by_name[name]] = tiling.tiled_primfunc(mod[name], tc, elems)
         slots = Tensor(f"t{len(plan.tensors)}", (2 * elems,), w.dtype, "slot", 0, level="l2")

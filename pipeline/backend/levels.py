@@ -29,6 +29,9 @@ reading DDR and 477K once its operands are staged in L2 SRAM (docs/estimate.md).
   most an eighth of L2, else in DDR.
 - The input and the caller's output buffer are the caller's, in DDR.
 
+- **Reads from DDR** (the model input, an activation that spilled): copied
+  by DMA into a free L2 block just before the call that reads it, when one
+  is free during that call (:func:`stage_reads`).
 - **Tiling.** A conv or one-row FC whose weights exceed a slot is split over
   output channels (:mod:`.tiling`): its weights stream through the two slots
   tile by tile, each copy overlapping the previous tile's call.
@@ -96,6 +99,9 @@ class Levels:
     staged: list[list[Tensor]] = field(default_factory=list)
     slot: list[int | None] = field(default_factory=list)
     tiled: dict[int, int] = field(default_factory=dict)  # call -> output channels per tile (.tiling)
+    stage_in: dict[int, list] = field(default_factory=dict)  # call -> [(DDR tensor, its L2 copy)]
+    tiled_input: set[int] = field(default_factory=set)  # tiled calls streaming their input (.tiling)
+    l2_activations: int = 0  # bytes of L2 left for activations (after slots, guard, workspace)
     in_place_ddr: int = 0  # bytes the kernels read / write in DDR per inference (traffic()["ddr"])
 
     @property
@@ -106,12 +112,19 @@ class Levels:
         return {"l2": l2 + (ws if self.workspace_level == "l2" else 0), "msmc": self.arena["msmc"],
                 "ddr": self.arena["ddr"] + (ws if self.workspace_level == "ddr" else 0)}
 
+    def streamed(self, k: int, plan: Plan) -> Tensor:
+        """The tensor tiled call ``k`` copies into the slots: its input or its weights."""
+        args = plan.calls[k][1]
+        args = args[1:] if args[0].home == "slot" else args
+        return args[0] if k in self.tiled_input else args[1]
+
     def dma_of(self, k: int, plan: Plan) -> int:
         """Bytes copied DDR -> L2 by DMA for call ``k`` (its staged weights, or the
         weights of a tiled call, tile by tile)."""
+        staged_in = sum(_nbytes(copy) for _, copy in self.stage_in.get(k, []))
         if k in self.tiled:
-            return _nbytes(plan.calls[k][1][1 + (plan.calls[k][1][0].home == "slot")])
-        return sum(_nbytes(t) for t in self.staged[k])
+            return staged_in + _nbytes(self.streamed(k, plan))
+        return staged_in + sum(_nbytes(t) for t in self.staged[k])
 
 
 def _nbytes(t: Tensor) -> int:
@@ -161,8 +174,10 @@ def _tile(plan: Plan, tileable: dict[int, int], wanted: list[int], slot: int) ->
     from .tiling import tile_channels
 
     out = {}
-    for k, c_out in tileable.items():
+    for k, (c_out, streams) in tileable.items():
         w = plan.calls[k][1][1]  # the kernels' argument order: in, w, bias, scale, shift, out
+        if streams != "weights":
+            continue
         if wanted[k] <= slot or w.home != "weight":
             continue
         tc = tile_channels(c_out, _nbytes(w) // c_out, slot)
@@ -193,12 +208,77 @@ def _stage_weights(plan: Plan, slot_cap: int, tileable: dict[int, int]):
     return (slot if any(staged) or tiled else 0), staged, slots, tiled
 
 
-def place(plan: Plan, budget: Budget, workspace_bytes: int, tileable: dict[int, int] | None = None) -> Levels:
+def place(plan: Plan, budget: Budget, workspace_bytes: int,
+          tileable: dict[int, tuple[int, str]] | None = None) -> Levels:
     """:func:`place_with` the slot share of :data:`SLOT_SHARES` whose plan reads the fewest
     bytes from DDR in place (``traffic(plan)["ddr"]``; ties: the larger slot)."""
     best = min(SLOT_SHARES, key=lambda share: place_with(plan, budget, workspace_bytes, share,
                                                          tileable).in_place_ddr)
-    return place_with(plan, budget, workspace_bytes, best, tileable)
+    levels = place_with(plan, budget, workspace_bytes, best, tileable)
+    stage_reads(plan)
+    tile_inputs(plan, tileable or {})
+    return levels
+
+
+def tile_inputs(plan: Plan, tileable: dict[int, tuple[int, str]]) -> None:
+    """A call that can stream its input (a depthwise conv, :mod:`.tiling`) and still reads
+    it from DDR after :func:`stage_reads` (it did not fit L2 whole) streams it through the
+    two L2 slots in channel tiles instead; its weights, if staged, go back to DDR (the
+    slots are the input's now). Sets ``plan.levels.tiled[k]`` and ``tiled_input``."""
+    from .tiling import tile_channels
+
+    lv = plan.levels
+    spans = lifetimes(plan)
+    for k, (c_out, streams) in sorted(tileable.items()):
+        x = plan.calls[k][1][0]
+        if streams != "input" or not lv.slot_bytes or not _reads_ddr(plan, x, spans, k):
+            continue
+        tc = tile_channels(c_out, _nbytes(x) // c_out, lv.slot_bytes)
+        if not tc:
+            continue
+        for t in lv.staged[k]:
+            t.staged = None
+        lv.staged[k], lv.slot[k] = [], None
+        lv.tiled[k] = tc
+        lv.tiled_input.add(k)
+
+
+def stage_reads(plan: Plan) -> None:
+    """Copy by DMA into L2, just before the call, every activation a call reads from DDR
+    (the model input, or a tensor spilled to DDR) when an L2 block of its size is free
+    during that call: the kernel then reads L2 instead of DDR in place (the document's
+    3.5x). In place on ``plan``: a copy tensor (``home`` "arena", level "l2") replaces the
+    source in the call's arguments, ``plan.levels.stage_in[k]`` lists (source, copy)
+    pairs, and the L2 arena grows if needed (never past the L2 left for activations)."""
+    lv = plan.levels
+    spans = lifetimes(plan)
+    capacity = lv.l2_activations
+    placed = [(t.offset, _align(_nbytes(t)), *spans[t.name]) for t in plan.tensors
+              if t.home == "arena" and not t.view and t.level == "l2" and t.name in spans]
+    for k, (name, args) in enumerate(plan.calls):
+        reads = {id(a): a for a in args[:-1] if _reads_ddr(plan, a, spans, k)}  # each tensor once
+        for src in reads.values():
+            size = _align(_nbytes(src))
+            offset = _first_fit(size, (k, k), placed, capacity)
+            if offset is None:
+                continue
+            copy = Tensor(f"t{len(plan.tensors)}", src.shape, src.dtype, "arena", offset, level="l2",
+                          copy_of=src.name)
+            plan.tensors.append(copy)
+            placed.append((offset, size, k, k))
+            args = [copy if a is src else a for a in args]
+            lv.stage_in.setdefault(k, []).append((src, copy))
+        plan.calls[k] = (name, args)
+    lv.arena["l2"] = max([o + n for o, n, _, _ in placed] + [lv.arena["l2"]])
+
+
+def _reads_ddr(plan: Plan, t: Tensor, spans: dict, k: int) -> bool:
+    """``t`` is an activation in DDR that call ``k`` reads: the model input, or an arena
+    tensor written before ``k`` (a tensor first touched at ``k`` is its output)."""
+    if t.home == "input":
+        return True
+    root = plan.views.get(t.name, t.name)
+    return t.home == "arena" and t.level == "ddr" and spans.get(root, (k, k))[0] < k
 
 
 def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int = 4,
@@ -237,6 +317,7 @@ def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int
             t.level, t.offset = root.level, root.offset
     arena = {lvl: max([o + s for o, s, _, _ in placed[lvl]] + [0]) for lvl in LEVELS}
     plan.levels = Levels(budget, arena, slot, ws_level, workspace_bytes, staged, slots, tiled)
+    plan.levels.l2_activations = capacity["l2"]
     plan.levels.in_place_ddr = traffic(plan)["ddr"]
     return plan.levels
 
@@ -250,9 +331,10 @@ def traffic(plan: Plan) -> dict[str, int]:
 
     out = dict.fromkeys((*LEVELS, "dma"), 0)
     for k, (_, args) in enumerate(plan.calls):
+        streamed = plan.levels.streamed(k, plan) if plan.levels is not None and k in plan.levels.tiled else None
         for t in args:
             if t.home != "slot":  # a tiled call's L2 slots: where its weights' DMA lands
-                out[level_of(t, plan)] += _nbytes(t)
+                out["l2" if t is streamed else level_of(t, plan)] += _nbytes(t)
         if plan.levels is not None:
             out["dma"] += plan.levels.dma_of(k, plan)
     return out
@@ -263,8 +345,10 @@ def memory_map(plan: Plan, entries: list | None = None) -> dict:
     (bytes of L2 / MSMC placed against, staged only), ``peak`` (bytes used per level),
     ``arena`` (bytes of each level's arena), ``slot_bytes``, ``workspace`` ({level, bytes}),
     ``traffic`` (:func:`traffic`), ``tensors`` (each activation: level, byte offset in its
-    arena, bytes, first and last call) and ``staged_weights`` (call, tensor, weights.bin
-    entry, bytes, slot, offset in the slot)."""
+    arena, bytes, first and last call), ``staged_weights`` (call, tensor, weights.bin
+    entry, bytes, slot, offset in the slot), ``staged_reads`` (call, DDR tensor, its L2
+    copy, bytes, offset) and ``tiled_calls`` (call, channels per tile, what it streams,
+    the streamed tensor and its bytes)."""
     lv = plan.levels
     spans = lifetimes(plan)
     roots = [t for t in plan.tensors if t.home == "arena" and not t.view and t.name in spans]
@@ -273,13 +357,17 @@ def memory_map(plan: Plan, entries: list | None = None) -> dict:
     out = {"plan": "staged" if lv else "flat", "traffic": traffic(plan), "tensors": tensors}
     if lv is None:
         out.update(peak={"l2": 0, "msmc": 0, "ddr": plan.arena_bytes}, arena={"ddr": plan.arena_bytes},
-                   slot_bytes=0, staged_weights=[], tiled_calls=[])
+                   slot_bytes=0, staged_weights=[], staged_reads=[], tiled_calls=[])
         return out
     out.update(budget={"l2": lv.budget.l2, "msmc": lv.budget.msmc}, peak=lv.peak, arena=lv.arena,
                slot_bytes=lv.slot_bytes, workspace={"level": lv.workspace_level, "bytes": lv.workspace_bytes},
                staged_weights=[{"call": k, "tensor": t.name, "entry": t.offset, "bytes": _nbytes(t),
                                 "slot": t.staged[0], "offset": t.staged[1]}
                                for k, ts in enumerate(lv.staged) for t in ts],
-               tiled_calls=[{"call": k, "channels_per_tile": tc, "weight_bytes": lv.dma_of(k, plan)}
-                            for k, tc in sorted(lv.tiled.items())])
+               staged_reads=[{"call": k, "tensor": src.name, "copy": copy.name, "bytes": _nbytes(copy),
+                              "offset": copy.offset} for k, pairs in sorted(lv.stage_in.items())
+                             for src, copy in pairs],
+               tiled_calls=[{"call": k, "channels_per_tile": tc, "streams": "input" if k in lv.tiled_input
+                             else "weights", "tensor": lv.streamed(k, plan).name,
+                             "bytes": _nbytes(lv.streamed(k, plan))} for k, tc in sorted(lv.tiled.items())])
     return out

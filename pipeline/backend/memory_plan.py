@@ -57,6 +57,7 @@ class Tensor:
     level: str = "ddr"
     staged: tuple[int, int] | None = None
     tiled: int = 0  # weights copied into L2 tile by tile: output channels per tile (.tiling)
+    copy_of: str | None = None  # an L2 copy, made by DMA before its call, of this DDR tensor (.levels)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Output-channel tiling of an MMALIB call whose weights do not fit an L2 slot.
+"""Output-channel tiling of an MMALIB call whose weights (or input) do not fit L2.
 
 A conv (OIHW weights) or an FC with one row (``[N, K]`` weights, M = 1) whose
 weights exceed the staged plan's weight slot (:mod:`.levels`) would read them
@@ -15,7 +15,9 @@ a body of, per tile t of ``tc`` output channels::
     c7x_dma_copy(&scratch[(t+1) % 2], &w[c0 + tc], bytes of tile t+1)   (if any)
     <kernel>(x, &scratch[t % 2], &bias[c0], &scale[c0], &shift[c0], &out[c0], ..., C_out = tc, ...)
 
-after one ``c7x_dma_copy`` of tile 0. Output channels are independent, so
+after one ``c7x_dma_copy`` of tile 0. A depthwise conv whose *input* was
+spilled to DDR streams that input the same way (its channels are
+independent too), its small weights read in place. Output channels are independent, so
 the result equals the untiled call bit for bit: ``lowered.py`` (the Python
 reference) keeps the untiled call, and every host build compares the tiled C
 with it. ``c7x_dma_copy`` / ``c7x_dma_wait`` are in ``c7x_memory.h``
@@ -38,17 +40,29 @@ DMA_COPY, DMA_WAIT = "c7x_dma_copy", "c7x_dma_wait"
 @dataclass(frozen=True)
 class Tileable:
     """Where a tileable kernel keeps its output-channel count and layouts:
-    ``c_out``: index of the C_out / N scalar among the extern's scalars;
-    ``rows_of``: the scalar that must be 1 (FC: M), or None."""
+    ``c_out``: indices of the scalars that are the channel count (C_out / N, and a
+    depthwise's num_groups); ``rows``: the scalar that must be 1 (FC: M), or None;
+    ``streams``: what the tiles copy into L2, "weights" (conv, FC) or "input" (a
+    depthwise conv: its channels are independent, so an input spilled to DDR is
+    streamed channel tile by channel tile while its small weights are read in place);
+    ``kind``: "conv" (NCHW output), "fc" ([..., N] output) or "depthwise"."""
 
-    c_out: int
+    c_out: tuple[int, ...]
+    kind: str
     rows: int | None = None
+
+    @property
+    def streams(self) -> str:
+        return "input" if self.kind == "depthwise" else "weights"
 
 
 #: kernels tiled over output channels (c7x_kernels.h argument order: in, w, bias, scale,
 #: shift, out, then scalars)
-TILEABLE = {"mmalib_conv2d_i8": Tileable(3), "mmalib_conv2d_i16": Tileable(3),
-            "mmalib_matmul_bias_i8": Tileable(2, rows=0), "mmalib_matmul_bias_i16": Tileable(2, rows=0)}
+TILEABLE = {"mmalib_conv2d_i8": Tileable((3,), "conv"), "mmalib_conv2d_i16": Tileable((3,), "conv"),
+            "mmalib_matmul_bias_i8": Tileable((2,), "fc", rows=0),
+            "mmalib_matmul_bias_i16": Tileable((2,), "fc", rows=0),
+            "mmalib_depthwise_conv2d_i8": Tileable((0, 11), "depthwise"),
+            "mmalib_depthwise_conv2d_i16": Tileable((0, 11), "depthwise")}
 
 
 def _extern(func: tirx.PrimFunc):
@@ -56,9 +70,10 @@ def _extern(func: tirx.PrimFunc):
     return str(call.args[0].value), list(call.args[1:])
 
 
-def channels(func: tirx.PrimFunc) -> int | None:
-    """Output channels of a tileable offload PrimFunc (its C_out / N), or None when its
-    kernel is not in :data:`TILEABLE` (or an FC with more than one row)."""
+def channels(func: tirx.PrimFunc) -> tuple[int, str] | None:
+    """``(output channels, what the tiles stream: "weights" / "input")`` of a tileable
+    offload PrimFunc, or None when its kernel is not in :data:`TILEABLE` (or an FC with
+    more than one row)."""
     kernel = str(func.attrs["c7x_kernel"]) if func.attrs and "c7x_kernel" in func.attrs else None
     spec = TILEABLE.get(kernel)
     if spec is None:
@@ -66,7 +81,7 @@ def channels(func: tirx.PrimFunc) -> int | None:
     scalars = _extern(func)[1][6:]
     if spec.rows is not None and int(scalars[spec.rows].value) != 1:
         return None
-    return int(scalars[spec.c_out].value)
+    return int(scalars[spec.c_out[0]].value), spec.streams
 
 
 def tile_channels(c_out: int, per_channel_bytes: int, slot_bytes: int) -> int:
@@ -80,40 +95,45 @@ def _addr(buf, index: list[int]):
     return tirx.address_of(tirx.BufferLoad(buf, [tirx.IntImm("int32", i) for i in index]))
 
 
-def _at_channel(buf, c0: int, conv: bool) -> list[int]:
+def _at_channel(buf, c0: int, per_channel: int, kind: str) -> list[int]:
     """Index of output channel ``c0`` in a buffer of the call: a per-channel vector
-    ``[C]``, weights (OIHW or ``[N, K]``: channel first), or the output (NCHW conv:
-    axis 1; FC ``[..., N]`` with one row: the last axis)."""
+    ``[C]`` (or a depthwise's flat weights, ``per_channel`` elements each), weights
+    (OIHW or ``[N, K]``: channel first), an NCHW activation (axis 1), an FC output
+    ``[..., N]`` with one row (the last axis)."""
     ndim = len(buf.shape)
     if ndim == 1:
-        return [c0]
-    if buf.name != "out":
-        return [c0] + [0] * (ndim - 1)
-    return [0, c0, 0, 0] if conv else [0] * (ndim - 1) + [c0]
+        return [c0 * per_channel]
+    if buf.name in ("out", "data"):
+        return [0] * (ndim - 1) + [c0] if kind == "fc" else [0, c0, 0, 0]
+    return [c0] + [0] * (ndim - 1)
 
 
 def tiled_primfunc(func: tirx.PrimFunc, tc: int, slot_elems: int) -> tirx.PrimFunc:
-    """``func`` (a tileable offload PrimFunc) over tiles of ``tc`` output channels, its
-    weights copied into a ``scratch`` parameter of ``2 * slot_elems`` weight elements
-    (module docstring). Raises ValueError if a tile does not fit a slot."""
+    """``func`` (a tileable offload PrimFunc) over tiles of ``tc`` output channels, the
+    streamed operand (weights, or a depthwise's input) copied into a ``scratch``
+    parameter of ``2 * slot_elems`` elements (module docstring). Raises ValueError if a
+    tile does not fit a slot."""
     kernel, args = _extern(func)
     spec = TILEABLE[kernel]
-    conv = spec.rows is None
     x, w, bias, scale, shift, out = func.params
-    per_channel = math.prod(int(d) for d in w.shape[1:])
+    streamed = x if spec.streams == "input" else w
+    per_channel = math.prod(int(d) for d in streamed.shape[1 if spec.streams == "weights" else 2:])
+    w_per_channel = math.prod(int(d) for d in w.shape) // int(args[6 + spec.c_out[0]].value)
     if tc * per_channel > slot_elems or tc < 1:
         raise ValueError(f"{kernel}: a tile of {tc} channels x {per_channel} does not fit {slot_elems} elements")
-    scratch = tirx.decl_buffer((2 * slot_elems,), w.dtype, "scratch")
-    itemsize = np.dtype(str(w.dtype)).itemsize
+    scratch = tirx.decl_buffer((2 * slot_elems,), streamed.dtype, "scratch")
+    itemsize = np.dtype(str(streamed.dtype)).itemsize
     scalars = args[6:]
-    c_out = int(scalars[spec.c_out].value)
+    c_out = int(scalars[spec.c_out[0]].value)
     tiles = [(c0, min(tc, c_out - c0)) for c0 in range(0, c_out, tc)]
+
+    def at(buf, c0):
+        return _addr(buf, _at_channel(buf, c0, w_per_channel if buf is w else 1, spec.kind))
 
     def copy(t: int):
         c0, n = tiles[t]
         return tirx.Evaluate(tirx.call_extern("int32", DMA_COPY, _addr(scratch, [(t % 2) * slot_elems]),
-                                              _addr(w, _at_channel(w, c0, conv)),
-                                              tirx.IntImm("int32", n * per_channel * itemsize)))
+                                              at(streamed, c0), tirx.IntImm("int32", n * per_channel * itemsize)))
 
     stmts = [copy(0)]
     for t, (c0, n) in enumerate(tiles):
@@ -121,11 +141,11 @@ def tiled_primfunc(func: tirx.PrimFunc, tc: int, slot_elems: int) -> tirx.PrimFu
         if t + 1 < len(tiles):
             stmts.append(copy(t + 1))
         tile_scalars = list(scalars)
-        tile_scalars[spec.c_out] = tirx.IntImm("int32", n)
+        for i in spec.c_out:
+            tile_scalars[i] = tirx.IntImm("int32", n)
+        slot = _addr(scratch, [(t % 2) * slot_elems])
+        operands = (slot, at(w, c0)) if spec.streams == "input" else (x.data, slot)
         stmts.append(tirx.Evaluate(tirx.call_extern(
-            "int32", kernel, x.data, _addr(scratch, [(t % 2) * slot_elems]),
-            *(_addr(b, _at_channel(b, c0, conv)) for b in (bias, scale, shift)),
-            _addr(out, _at_channel(out, c0, conv)), *tile_scalars)))
-    params = [scratch, *func.params]
-    return tirx.PrimFunc(params, tirx.SeqStmt(stmts)).with_attrs(
+            "int32", kernel, *operands, *(at(b, c0) for b in (bias, scale, shift)), at(out, c0), *tile_scalars)))
+    return tirx.PrimFunc([scratch, *func.params], tirx.SeqStmt(stmts)).with_attrs(
         {"c7x_kernel": kernel, "c7x_offload_backend": backend_of(kernel), "c7x_tiles": len(tiles)})
