@@ -34,7 +34,10 @@ def _backend(mod: tvm.IRModule, name: str) -> tuple[str, str]:
 
 
 def _root(plan: Plan, tensor) -> str:
-    return plan.views.get(tensor.name, tensor.name)
+    """The tensor a call argument holds the value of: a reshape view's source, an L2 copy's
+    DDR original (:func:`.levels.stage_reads`), else itself."""
+    name = tensor.copy_of or tensor.name
+    return plan.views.get(name, name)
 
 
 def _output_count(args, name, producer: dict) -> int:

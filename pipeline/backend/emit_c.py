@@ -663,21 +663,25 @@ def tileable_calls(mod: tvm.IRModule, plan: Plan) -> dict[int, tuple[int, str]]:
 
 
 def tile_calls(mod: tvm.IRModule, plan: Plan) -> tvm.IRModule:
-    """``mod`` with the PrimFunc of every tiled call (``plan.levels.tiled``) replaced by
-    its tiled form (:func:`.tiling.tiled_primfunc`, same name), and each such call given
-    the L2 weight slots as a first argument (a tensor of ``home`` "slot")."""
-    funcs = dict(mod.functions)
-    by_name = {gv.name_hint: gv for gv in funcs}
+    """``mod`` with every tiled call (``plan.levels.tiled``) calling the tiled form of its
+    PrimFunc (:func:`.tiling.tiled_primfunc`, named ``tiled<tc><w|i>_<name>``) with the L2
+    slots as a first argument (a tensor of ``home`` "slot"); PrimFuncs no call uses are dropped."""
+    funcs = {gv.name_hint: f for gv, f in mod.functions.items()}
     lv = plan.levels
     for k, tc in sorted(lv.tiled.items()):
         name, args = plan.calls[k]
         w = lv.streamed(k, plan)
         elems = lv.slot_bytes // np.dtype(w.dtype).itemsize
-        funcs[by_name[name]] = tiling.tiled_primfunc(mod[name], tc, elems)
+        # its own name (a PrimFunc shared by calls may be tiled for one of them only), ending
+        # in the untiled one's, which the reference (lowered.py) and the dumps match on
+        tiled = f"tiled{tc}{'i' if k in lv.tiled_input else 'w'}_{name}"
+        funcs.setdefault(tiled, tiling.tiled_primfunc(mod[name], tc, elems))
         slots = Tensor(f"t{len(plan.tensors)}", (2 * elems,), w.dtype, "slot", 0, level="l2")
         plan.tensors.append(slots)
-        plan.calls[k] = (name, [slots, *args])
-    return tvm.IRModule(funcs, attrs=mod.attrs)
+        plan.calls[k] = (tiled, [slots, *args])
+    called = {name for name, _ in plan.calls}
+    return tvm.IRModule({tvm.ir.GlobalVar(n): f for n, f in funcs.items()
+                         if n in called or not isinstance(f, tvm.tirx.PrimFunc)}, attrs=mod.attrs)
 
 
 def linker_command(m: str, plan: Plan) -> str:
@@ -739,6 +743,7 @@ def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | Non
         if plan.levels.tiled:
             mod = tile_calls(mod, plan)
             ks = kernel_source(mod, prefix)
+            called = {name for name, _ in plan.calls}
     sizes = {"arena": plan.arena_bytes, "workspace": workspace, "weights": len(blob)}
     out_dir = Path(out_dir)
     write_text(out_dir / "model.h", header(m, plan, sizes, crc, quant or {}, weights_format == "c_array",

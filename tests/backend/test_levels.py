@@ -178,8 +178,8 @@ def test_a_dma_hook_replaces_memcpy(flows, tmp_path):
     waits = [ln for ln in run_host_timed(tmp_path / "hook.exe", tmp_path, x).stdout.splitlines()
              if ln.startswith("hook-wait")]
     mm = json.loads((tmp_path / "memory_map.json").read_text())
-    staged_calls = sorted({w["call"] for w in mm["staged_weights"]})
-    assert len(waits) == len(staged_calls) > 0
+    staged_calls = {w["call"] for w in mm["staged_weights"]} | {r["call"] for r in mm["staged_reads"]}
+    assert mm["tiled_calls"] == [] and len(waits) == len(staged_calls) > 0  # one wait before each such call
     ref = run_host(tmp_path / "hook.exe", tmp_path, x)
     build_host(tmp_path, tmp_path / "plain.exe")
     np.testing.assert_array_equal(ref.view(np.uint32), run_host(tmp_path / "plain.exe", tmp_path, x).view(np.uint32))
@@ -216,14 +216,43 @@ def test_tiled_weights_are_bit_exact_and_counted(dtype, tmp_path):
     manifest = json.loads((tiled / "manifest.json").read_text())
     kernels = {manifest["calls"][t["call"]]["kernel"] for t in mm["tiled_calls"]}
     assert any(k.startswith("mmalib_conv2d") for k in kernels) and any(k.startswith("mmalib_matmul") for k in kernels)
-    assert _counted(tiled, x) == mm["traffic"] and mm["traffic"]["dma"] >= sum(t["weight_bytes"] for t in
-                                                                              mm["tiled_calls"])
+    assert _counted(tiled, x) == mm["traffic"] and mm["traffic"]["dma"] >= sum(t["bytes"] for t in mm["tiled_calls"])
     src = (tiled / "tvm_kernels.c").read_text()
     for t in mm["tiled_calls"]:  # one kernel call per tile in the tiled PrimFunc
         call = manifest["calls"][t["call"]]
         body = src.split(f"__tvm_ffi_crp_{call['func']}(")[2].split("\n}\n")[0]
         tiles = -(-call["shape"][1 if call["kernel"].startswith("mmalib_conv") else -1] // t["channels_per_tile"])
         assert body.count(call["kernel"] + "(") == tiles > 1 and body.count("c7x_dma_copy(") == tiles
-        weight = next(r for r in call["reads"] if r["kind"] == "weight" and r["bytes"] == t["weight_bytes"])
+        assert t["streams"] == "weights"
+        weight = next(r for r in call["reads"] if r["kind"] == "weight" and r["bytes"] == t["bytes"])
         assert weight["level"] == "l2" and weight["staged_from"] == "ddr"
     assert mm["peak"]["l2"] <= 16_000
+
+
+@needs_gcc
+def test_a_spilled_depthwise_input_streams_through_l2_and_reads_are_staged(tmp_path):
+    """MobileNetV2's block with a 73 KB expanded activation and 60 KB of L2: the
+    activation spills to DDR, so the depthwise streams it in channel tiles through the
+    slots (its weights read in place), and a DDR read that fits L2 whole (the block's
+    input, read by the residual add) is copied into L2 just before its call."""
+    torch.manual_seed(1)
+    shape = (1, 32, 24, 24)
+    f = quantize(randomize_bn(InvertedResidual(stride=1, cout=32)), torch.randn(*shape), dtype="int8")
+    x = inputs(shape)
+    out, flat = tmp_path / "staged", tmp_path / "flat"
+    out.mkdir(), flat.mkdir()
+    _, c_staged = compile_and_compare(f.mod, "inv", out, x, mmalib=True, budget=Budget(60_000, 0))
+    _, c_flat = compile_and_compare(f.mod, "inv", flat, x, mmalib=True, memory="flat")
+    np.testing.assert_array_equal(c_staged.view(np.uint32), c_flat.view(np.uint32))
+    mm = json.loads((out / "memory_map.json").read_text())
+    (tile,) = mm["tiled_calls"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    call = manifest["calls"][tile["call"]]
+    assert tile["streams"] == "input" and call["kernel"] == "mmalib_depthwise_conv2d_i8"
+    assert call["func"].startswith("tiled") and call["func"].endswith(call["func"].split("_", 1)[1])
+    streamed = next(r for r in call["reads"] if r["tensor"] == tile["tensor"])
+    assert streamed["level"] == "l2" and streamed["staged_from"] == "ddr" and streamed["bytes"] == tile["bytes"]
+    assert mm["staged_reads"], "the block input should be copied into L2 before a read"
+    copy = next(r for c in manifest["calls"] for r in c["reads"] if r["tensor"] == mm["staged_reads"][0]["copy"])
+    assert copy["level"] == "l2" and copy["dma"] == "serial"
+    assert _counted(out, x) == mm["traffic"] and mm["peak"]["l2"] <= 60_000

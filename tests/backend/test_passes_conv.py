@@ -74,8 +74,11 @@ def test_conv_i8_is_replaced_with_the_header_abi():
     assert call.buffer_args == [0, 1, 2, 3, 4, 5]
     assert [str(p.dtype) for p in call.prim.params] == ["int8", "int8", "int32", "uint8", "uint8", "int8"]
     assert [tuple(int(d) for d in p.shape) for p in call.prim.params][5] == (1, 16, 10, 10)
-    # C_in, H, W, C_out, KH, KW, sh, sw, pad_top, pad_bottom, pad_left, pad_right (Relax: t, l, b, r).
-    assert call.scalars == [8, 10, 10, 16, 3, 1, 1, 1, 1, 1, 0, 0]
+    # C_in, H, W, C_out, KH, KW, sh, sw, pad_top, pad_bottom, pad_left, pad_right (Relax: t, l, b, r),
+    # then the saturation range: the fused ReLU's [o_zp, 127].
+    o_zp = _conv_consts(flow.mod)[-1]
+    assert call.scalars == [8, 10, 10, 16, 3, 1, 1, 1, 1, 1, 0, 0, o_zp, 127]
+    assert "relax.clip" not in _ops(mod)
     assert [d.status for d in log.decisions] == ["offloaded"]
 
 
@@ -96,18 +99,17 @@ def test_conv_i8_folded_constants_equal_the_formula():
     assert np.all(np.abs(scale / 2**shift - r) / r < 1 / 128)             # s >= 64 once normalised
 
 
-def test_conv_relu_becomes_an_int_clip_and_relu6_the_quantized_bounds():
-    for act, hi in (("relu", None), ("relu6", 6.0)):
+def test_conv_relu_and_relu6_become_the_kernels_saturation_range():
+    for act, hi in (("relu", None), ("relu6", 6.0), (None, None)):
         flow = _flow(Conv(act=act))
         mod = offload_conv2d_i8(flow.mod)
-        g = Graph(mod["main"])
-        clip = next(g.call(b.var, "relax.clip") for b in g.bindings if g.call(b.var, "relax.clip") is not None)
+        (call,) = offload_calls(mod)
         *_, o_s, o_zp = _conv_consts(flow.mod)
         q = torch.ops.quantized_decomposed.quantize_per_tensor.default
-        lo_exp = int(q(torch.tensor([0.0]), o_s, o_zp, -128, 127, torch.int8)[0])
+        lo_exp = -128 if act is None else int(q(torch.tensor([0.0]), o_s, o_zp, -128, 127, torch.int8)[0])
         hi_exp = 127 if hi is None else int(q(torch.tensor([hi]), o_s, o_zp, -128, 127, torch.int8)[0])
-        assert (int(clip.args[1].value), int(clip.args[2].value)) == (lo_exp, hi_exp)
-        assert str(clip.args[0].ty.dtype) == "int8"
+        assert call.scalars[-2:] == [lo_exp, hi_exp]
+        assert "relax.clip" not in _ops(mod)  # no pass of its own
 
 
 def test_grouped_conv_i8_uses_the_grouped_loop():
@@ -116,7 +118,7 @@ def test_grouped_conv_i8_uses_the_grouped_loop():
     (call,) = offload_calls(mod)
     assert call.kernel == call.extern_name == "mmalib_conv2d_i8_grouped_loop"
     assert tuple(int(d) for d in call.prim.params[1].shape) == (16, 4, 3, 3)
-    assert call.scalars == [8, 10, 10, 16, 3, 3, 1, 1, 1, 1, 1, 1, 2]
+    assert call.scalars[:13] == [8, 10, 10, 16, 3, 3, 1, 1, 1, 1, 1, 1, 2] and len(call.scalars) == 15
 
 
 @pytest.mark.parametrize("weight_dtype", ["int16", None])
@@ -143,9 +145,7 @@ def test_conv_i16(weight_dtype):
     (decision,) = log.decisions
     assert (decision.note is not None) == (weight_dtype is None)
     assert weight_dtype is not None or "pre-scaled" in decision.note
-    g = Graph(mod["main"])
-    clip = next(g.call(b.var, "relax.clip") for b in g.bindings if g.call(b.var, "relax.clip") is not None)
-    assert (int(clip.args[1].value), int(clip.args[2].value)) == (0, 32767)
+    assert call.scalars[-2:] == [0, 32767] and "relax.clip" not in _ops(mod)  # the ReLU: saturation range
 
 
 def _prescale_of(call, w):
@@ -186,7 +186,7 @@ def test_asymmetric_padded_input_is_padded_with_its_zero_point_first():
     assert [int(p) for p in pad.attrs.pad_width] == [0, 0, 0, 0, 1, 1, 2, 2]
     assert str(pad.ty.dtype) == "int8" and g.call(pad.args[0], "relax.dequantize") is None
     # C_in, H + 2, W + 4, C_out, KH, KW, strides, and no kernel padding.
-    assert call.scalars == [8, 12, 14, 16, 3, 5, 1, 1, 0, 0, 0, 0]
+    assert call.scalars == [8, 12, 14, 16, 3, 5, 1, 1, 0, 0, 0, 0, -128, 127]
     assert tuple(int(d) for d in call.prim.params[0].shape) == (1, 8, 12, 14)
     (decision,) = log.decisions
     assert decision.status == "offloaded" and f"zero point {d_zp}" in decision.note

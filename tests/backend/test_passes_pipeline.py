@@ -53,18 +53,22 @@ def test_deterministic_and_input_untouched():
 def test_fully_offloaded_block_keeps_only_integer_glue():
     flow = _flow(ResidualBlock(), (1, 32, 8, 8))
     mod, _ = run_offload(flow.mod)
-    # Input quantize, kernels, fused-ReLU clips, output dequantize: no float conv, no
-    # dequantized weight left (the int8 constants live only in the call_tir arguments).
-    assert set(_ops(mod)) == {"relax.quantize", "relax.call_tir", "relax.clip", "relax.dequantize"}
+    # Input quantize, kernels (fused ReLUs are their saturation range), output dequantize: no
+    # float conv, no clip, no dequantized weight left (the int8 constants live only in the
+    # call_tir arguments).
+    assert set(_ops(mod)) == {"relax.quantize", "relax.call_tir", "relax.dequantize"}
     assert _ops(mod).count("relax.dequantize") == 1 and _ops(mod).count("relax.quantize") == 1
     calls = offload_calls(mod)
     assert [c.kernel for c in calls] == ["mmalib_conv2d_i8", "mmalib_conv2d_i8", "c7x_int8_residual_add_relu",
                                          "mmalib_conv2d_i8"]
-    # Identical PrimFuncs are shared: the two stride-1 3x3 convs call the same one.
-    assert [c.func for c in calls] == ["mmalib_conv2d_i8_0", "mmalib_conv2d_i8_0",
-                                       "c7x_int8_residual_add_relu_0", "mmalib_conv2d_i8_1"]
+    # The two stride-1 3x3 convs differ only in their saturation range (the first has the
+    # block's inner ReLU, the second none: the ReLU after the add is the residual kernel's),
+    # so each gets its PrimFunc; identical PrimFuncs would be shared.
+    assert [c.func for c in calls] == ["mmalib_conv2d_i8_0", "mmalib_conv2d_i8_1",
+                                       "c7x_int8_residual_add_relu_0", "mmalib_conv2d_i8_2"]
+    assert calls[0].scalars[:-2] == calls[1].scalars[:-2] and calls[0].scalars[-2:] != calls[1].scalars[-2:]
     weights = [c.const(1) for c in calls if c.kernel.startswith("mmalib")]
     assert all(str(w.dtype) == "int8" for w in weights)
     assert sorted(gv.name_hint for gv in mod.functions) == [
-        "c7x_int8_residual_add_relu_0", "main", "mmalib_conv2d_i8_0", "mmalib_conv2d_i8_1"]
+        "c7x_int8_residual_add_relu_0", "main", "mmalib_conv2d_i8_0", "mmalib_conv2d_i8_1", "mmalib_conv2d_i8_2"]
     assert const_array(calls[0].args[1]) is not None and const_array(calls[0].args[0]) is None
