@@ -12,7 +12,8 @@ against the cold build (scripts/bench_runcache.py), 4 model variants under
 ``dask-local:2`` against a serial run (scripts/bench_dask.py) and 200-image
 calibration sharded against one process (scripts/bench_calibration.py).
 Issue 25: the C7x estimate beside the document's figures (scripts/bench_estimate.py).
-``--sections`` picks some of: list, stages, estimate, runcache, dask, calibration.
+Issue 26: the staged memory plan against its targets (scripts/bench_memory.py).
+``--sections`` picks some of: list, stages, estimate, memory, runcache, dask, calibration.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def bench_runs(spec, L, x, summaries) -> None:
 VERIFY_GOAL = 1.5  # (verify + evaluate) / codegen, MobileNetV2 int8, 20 images, 2 cores (issue 13)
 VERIFY_REPEATS = 3  # codegen, evaluate and verify are timed this many times; the median ratio is the figure
 
-SECTIONS = ("list", "stages", "estimate", "runcache", "dask", "calibration")
+SECTIONS = ("list", "stages", "estimate", "memory", "runcache", "dask", "calibration")
 
 
 def main() -> None:
@@ -169,6 +170,9 @@ def main() -> None:
     if "estimate" in sections:
         from bench_estimate import bench_estimate
         bench_estimate()
+    if "memory" in sections:
+        from bench_memory import bench_memory
+        bench_memory()
     if "runcache" in sections:
         from bench_runcache import bench_runcache
         bench_runcache(args.model)

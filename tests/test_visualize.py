@@ -431,9 +431,16 @@ def test_estimate_on_nodes_sidebar_details_and_profile_tab(estimate_page, driver
     assert side.startswith("Estimated on am67a:") and "FPS" in side and "not a measurement" in side, side
     top = est["variants"]["mmalib"]["top"]
     assert count(driver, "#estimate-top li") == len(top) <= 5
+    memory = est["variants"]["mmalib"]["memory"]
+    line = driver.find_element(By.ID, "memory-line").text
+    assert line.startswith("staged memory plan: DDR ") and f"{memory['gain']:.2f}x faster than the flat plan" in line
     driver.find_element(By.CSS_SELECTOR, '#graph g.node[data-layer="linear"] rect.box').click()
     details = driver.find_element(By.ID, "details").get_attribute("textContent")
     assert "C7x estimate" in details and "-bound" in details and "1.50\u00d7 the estimate" in details, details
+    # where the layer's tensors live (codegen's memory plan) and its DDR bytes
+    where = driver.find_element(By.CSS_SELECTOR, "#details td.memory").text
+    assert where.startswith("reads ") and "\nwrites " in where and " in L2" in where, where
+    assert driver.find_element(By.CSS_SELECTOR, "#layer-details td.ddr-bytes").text.endswith(" per inference")
     driver.save_screenshot(str(shots / "offload_tiny_estimate_graph.png"))
 
     profile_tab = driver.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="profile"]')

@@ -9,8 +9,10 @@ reading DDR and 477K once its operands are staged in L2 SRAM (docs/estimate.md).
 
 - **Activations** (every arena tensor, reshape views with the tensor they
   view): each gets its lifetime (first to last kernel call that touches it)
-  and is packed first-fit, in order of first use, into the L2 arena, else the
-  MSMC arena, else the DDR arena; tensors whose lifetimes overlap never share
+  and is packed first-fit, shortest-lived first (a tensor written by one call
+  and read by the next saves as much DDR traffic as a long-lived one and
+  holds L2 for less time; then in order of first use), into the L2 arena,
+  else the MSMC arena, else the DDR arena; tensors whose lifetimes overlap never share
   bytes. Offsets are 128-byte aligned (the MMA's activation rows, as TI's
   fork aligns them), and the L2 arena ends with a 128-byte guard (the
   streaming engine reads ahead). So an activation stays in L2 from the call
@@ -303,7 +305,7 @@ def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int
     roots = {t.name: t for t in plan.tensors if t.home == "arena" and not t.view}
     placed: dict[str, list] = {lvl: [] for lvl in LEVELS}
     spans = lifetimes(plan)
-    for name in sorted(spans, key=lambda n: (spans[n][0], n)):
+    for name in sorted(spans, key=lambda n: (spans[n][1] - spans[n][0], spans[n][0], n)):
         t, size = roots[name], _align(_nbytes(roots[name]))
         for lvl in LEVELS:
             offset = _first_fit(size, spans[name], placed[lvl], capacity[lvl])
