@@ -674,7 +674,7 @@ def tile_calls(mod: tvm.IRModule, plan: Plan) -> tvm.IRModule:
         elems = lv.slot_bytes // np.dtype(w.dtype).itemsize
         # its own name (a PrimFunc shared by calls may be tiled for one of them only), ending
         # in the untiled one's, which the reference (lowered.py) and the dumps match on
-        tiled = f"tiled{tc}{'i' if k in lv.tiled_input else 'w'}_{name}"
+        tiled = tiling.tiled_name(name, tc, "input" if k in lv.tiled_input else "weights")
         funcs.setdefault(tiled, tiling.tiled_primfunc(mod[name], tc, elems))
         slots = Tensor(f"t{len(plan.tensors)}", (2 * elems,), w.dtype, "slot", 0, level="l2")
         plan.tensors.append(slots)

@@ -27,6 +27,7 @@ with it. ``c7x_dma_copy`` / ``c7x_dma_wait`` are in ``c7x_memory.h``
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,17 @@ from tvm import tirx
 from .passes.primfunc import backend_of
 
 DMA_COPY, DMA_WAIT = "c7x_dma_copy", "c7x_dma_wait"
+
+
+def tiled_name(name: str, tc: int, streams: str) -> str:
+    """Name of the tiled form of PrimFunc ``name``: ``tiled<tc><w|i>_<name>`` (it ends in
+    the untiled name, which ``lowered.py`` calls and the dumps are matched on)."""
+    return f"tiled{tc}{streams[0]}_{name}"
+
+
+def reference_name(func: str) -> str:
+    """The PrimFunc ``lowered.py`` (the untiled program) calls where the C calls ``func``."""
+    return re.sub(r"^tiled\d+[wi]_", "", func)
 
 
 @dataclass(frozen=True)

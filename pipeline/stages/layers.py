@@ -571,11 +571,13 @@ def _capture(prog, image: np.ndarray, calls: list[dict], wanted: dict[int, str])
     """Run the Python reference on one image; the outputs of the ``wanted``
     calls (index -> layer id). Checks that the program's calls are the
     manifest's, in order."""
+    from ..backend.tiling import reference_name
+
     got, seen = {}, []
 
     def observe(index, func, output):
         seen.append(func)
-        if index < len(calls) and calls[index]["func"] != func:
+        if index < len(calls) and reference_name(calls[index]["func"]) != func:  # a tiled call: the untiled
             raise RuntimeError(f"lowered.py call {index} is {func}, the manifest says {calls[index]['func']}")
         if index in wanted:
             got[wanted[index]] = np.array(output)

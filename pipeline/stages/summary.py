@@ -157,7 +157,8 @@ def estimate_lines(estimate: dict) -> list[str]:
     first, b = next(iter(estimate["variants"].items()))
     bound = ", ".join(f"{k} {100 * v / max(b['total_cycles'], 1):.0f}%" for k, v in b["by_bound"].items() if v)
     lines.append(f"  {first} costliest  (of {b['total_cycles'] / 1e6:,.2f}M cycles: {bound}; MMA compute bound "
-                 f"{b['compute_bound_cycles'] / 1e6:.2f}M; DDR {b['ddr_bytes'] / 1e6:.1f} MB per inference)")
+                 f"{b['compute_bound_cycles'] / 1e6:.2f}M; DDR {(b['ddr_bytes'] + b.get('dma_bytes', 0)) / 1e6:.1f} MB "
+                 f"per inference)")
     for i, r in enumerate(b["top"], 1):
         lines.append(f"    {i}. {r['module'] or r['layer'] or 'input'} ({r['op'] or 'input quantize'}) "
                      f"{100 * r['share']:.1f}%: {r['reason']}")
