@@ -52,6 +52,7 @@ def test_defaults_and_roundtrip(tmp_path):
     ("preprocess = { resize = 40, crop = 32 }\n" + BASE, "does not match the preprocessing"),
     ('extends = ["x"]\n' + BASE, "'extends' must be the name of another model entry"),
     (BASE + "[evaluation]\nset = 5\n", "evaluation.set must be a folder name"),
+    (BASE + '[codegen]\nmemory = "l2"\n', "codegen.memory 'l2' is not supported; use one of staged, flat"),
 ])
 def test_invalid_entry_names_file_and_fix(tmp_path, text, needle):
     (entry,) = load_models(write(tmp_path, "bad", text))
