@@ -27,8 +27,14 @@ Files written by :func:`emit` (``<m>`` is the C name of the model):
   (:mod:`.kernel_source`).
 - ``weights.bin`` (format in :mod:`.weights_bin`) and, for
   ``weights_format="c_array"``, ``weights_data.c``.
-- ``c7x_kernels.h``, ``c7x_tvm_shim.h``: copies, included with quotes, so the
-  folder compiles on its own (``gcc -I<folder>``).
+- ``c7x_kernels.h``, ``c7x_tvm_shim.h``, ``c7x_memory.h`` (sections and DMA):
+  copies, included with quotes, so the folder compiles on its own
+  (``gcc -I<folder>``).
+- ``c7x_memory.cmd``: the TI linker command file placing model.c's sections
+  (:func:`linker_command`). With ``memory="staged"`` (:mod:`.levels`) model.c
+  has one arena per memory level and the two L2 weight slots in named
+  sections, the DMA copies before each call, and tiled calls
+  (:mod:`.tiling`); ``-D<M>_COUNT_TRAFFIC`` counts the bytes per level.
 - ``lowered.py``: the lowered module as TVMScript with every constant of
   ``main`` lifted to a parameter ``w<i>`` = weights.bin entry ``i``
   (:func:`.interp.lowered_script`); the Python reference executor
