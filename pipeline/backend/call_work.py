@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from tvm import s_tir, tirx
 
 from .lower import is_offload
@@ -34,14 +33,9 @@ from .memory_plan import Plan, Tensor, level_of
 MAC_KERNELS = ("mmalib_conv2d", "mmalib_depthwise_conv2d", "mmalib_matmul")
 
 
-def tensor_bytes(t: Tensor) -> int:
-    """Bytes of ``t`` (shape x dtype size)."""
-    return int(math.prod(t.shape)) * np.dtype(t.dtype).itemsize
-
-
 def _traffic(t: Tensor, plan: Plan, streamed: bool = False) -> dict:
     """``streamed``: ``t`` is the tensor a tiled call copies into L2 tile by tile (.tiling)."""
-    rec = {"tensor": t.name, "bytes": tensor_bytes(t), "dtype": t.dtype,
+    rec = {"tensor": t.name, "bytes": t.nbytes, "dtype": t.dtype,
            "level": "l2" if streamed else level_of(t, plan), "kind": "weight" if t.home == "weight" else "activation"}
     if t.staged is not None or t.tiled or streamed:  # copied from weights.bin by DMA, overlapped (.levels, .tiling)
         rec.update(staged_from="ddr", dma="overlapped")

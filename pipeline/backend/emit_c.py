@@ -60,6 +60,7 @@ from .kernel_source import KERNELS_HEADER, kernel_source
 from .levels import ALIGN, Budget, place
 from .lower import is_offload
 from .memory_plan import LEVELS, Plan, Tensor, call_counts, plan_main
+from .tile_names import tiled_name
 
 #: the named section of each memory level (c7x_memory.cmd maps them)
 SECTIONS = {"l2": ".l2sram", "msmc": ".msmc", "ddr": ".ddr"}
@@ -531,14 +532,10 @@ def _arena_name(m: str, level: str | None) -> str:
     return f"{m}_arena" + (f"_{level}" if level else "")
 
 
-def _nbytes(t: Tensor) -> int:
-    return int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
-
-
 def _dma_lines(m: str, M: str, plan: Plan, k: int, entries: list, indent: str = "  ") -> list[str]:
     """The copies of call ``k``'s staged weights from weights.bin into its L2 slot."""
     return [f"{indent}{M}_DMA({m}_wslot[{t.staged[0]}] + {t.staged[1]}, weights + {entries[t.offset].offset}, "
-            f"{_nbytes(t)}u); /* {t.name} -> slot {t.staged[0]} */" for t in plan.levels.staged[k]]
+            f"{t.nbytes}u); /* {t.name} -> slot {t.staged[0]} */" for t in plan.levels.staged[k]]
 
 
 def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, prefix: str) -> list[str]:
@@ -578,7 +575,7 @@ def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, pref
         what = "input" if tiled and k in lv.tiled_input else "weights"
         out += [f"  {{ /* {k}: {name}" + (f", {what} in tiles of {lv.tiled[k]} channels" if tiled else "") + " */"]
         for src, copy in (lv.stage_in.get(k, []) if lv else []):
-            out.append(f"    {M}_DMA({m}_{copy.name}.data, {m}_{src.name}.data, {_nbytes(copy)}u); "
+            out.append(f"    {M}_DMA({m}_{copy.name}.data, {m}_{src.name}.data, {copy.nbytes}u); "
                        f"/* {src.name} (DDR) -> L2 */")
         if is_staged(k) or (lv and k in lv.stage_in):
             out += ["    C7X_DMA_WAIT(); /* this call's weights / inputs are in L2 */"]
@@ -680,7 +677,7 @@ def tile_calls(mod: tvm.IRModule, plan: Plan) -> tvm.IRModule:
         elems = lv.slot_bytes // np.dtype(w.dtype).itemsize
         # its own name (a PrimFunc shared by calls may be tiled for one of them only), ending
         # in the untiled one's, which the reference (lowered.py) and the dumps match on
-        tiled = tiling.tiled_name(name, tc, "input" if k in lv.tiled_input else "weights")
+        tiled = tiled_name(name, tc, "input" if k in lv.tiled_input else "weights")
         funcs.setdefault(tiled, tiling.tiled_primfunc(mod[name], tc, elems))
         slots = Tensor(f"t{len(plan.tensors)}", (2 * elems,), w.dtype, "slot", 0, level="l2")
         plan.tensors.append(slots)
@@ -746,7 +743,7 @@ def emit(mod: tvm.IRModule, model_name: str, out_dir: Path, *, quant: dict | Non
     if memory == "staged":
         place(plan, budget, workspace, tileable_calls(mod, plan))
         plan.arena_bytes = sum(plan.levels.arena.values())
-        if plan.levels.tiled:
+        if plan.levels.tiled:  # C once more: the placement needed the workspace of the first
             mod = tile_calls(mod, plan)
             ks = kernel_source(mod, prefix)
             called = {name for name, _ in plan.calls}

@@ -13,9 +13,9 @@ reading DDR and 477K once its operands are staged in L2 SRAM (docs/estimate.md).
   and read by the next saves as much DDR traffic as a long-lived one and
   holds L2 for less time; then in order of first use), into the L2 arena,
   else the MSMC arena, else the DDR arena; tensors whose lifetimes overlap never share
-  bytes. Offsets are 128-byte aligned (the MMA's activation rows, as TI's
-  fork aligns them), and the L2 arena ends with a 128-byte guard (the
-  streaming engine reads ahead). So an activation stays in L2 from the call
+  bytes. Offsets are 128-byte aligned (the MMA's activation rows), and the
+  L2 arena ends with a 128-byte guard (the streaming engine reads ahead;
+  both as docs/memory.md, "The plan", says). So an activation stays in L2 from the call
   that writes it to the last call that reads it, and spills only when it
   does not fit.
 - **Weights** stream from weights.bin (DDR) into one of two L2 weight slots
@@ -40,21 +40,18 @@ reading DDR and 477K once its operands are staged in L2 SRAM (docs/estimate.md).
 
 Not done yet (docs/memory.md): tiling a layer whose *activations* exceed L2
 (they then live in DDR), and fusing layers so a spilled activation need not
-round-trip DDR. Pure Python over the plan: no tvm.
+round-trip DDR. Works on the :class:`~.memory_plan.Plan` alone (no TVM IR).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .memory_plan import LEVELS, Plan, Tensor
 
-#: byte alignment of activations in every arena (TI fork: 128-byte activation rows)
+#: byte alignment of activations in every arena (128-byte activation rows: docs/memory.md)
 ALIGN = 128
-#: bytes left free after the L2 arena: the streaming engine's read-ahead guard (TI fork)
+#: bytes left free after the L2 arena: the streaming engine's read-ahead guard (docs/memory.md)
 GUARD = 128
 #: a weight slot is at most one of these shares of L2; :func:`place` keeps the one whose
 #: plan reads the fewest bytes from DDR in place (two slots: half of L2 at most)
@@ -89,7 +86,7 @@ class Levels:
     ``slot_bytes``: one L2 weight slot (0 = no weight is staged);
     ``workspace_level``: "l2" or "ddr"; ``workspace_bytes``;
     ``staged``: per call (plan order) the weight tensors copied into its slot
-    before it runs, ``slot``: per call its slot (0 / 1) or None;
+    before it runs (the slot is each tensor's ``staged[0]``);
     ``peak``: bytes used per level (L2: arena + guard + 2 slots + workspace
     when there); ``budget``: the :class:`Budget` placed against."""
 
@@ -99,7 +96,6 @@ class Levels:
     workspace_level: str
     workspace_bytes: int
     staged: list[list[Tensor]] = field(default_factory=list)
-    slot: list[int | None] = field(default_factory=list)
     tiled: dict[int, int] = field(default_factory=dict)  # call -> output channels per tile (.tiling)
     stage_in: dict[int, list] = field(default_factory=dict)  # call -> [(DDR tensor, its L2 copy)]
     tiled_input: set[int] = field(default_factory=set)  # tiled calls streaming their input (.tiling)
@@ -123,14 +119,10 @@ class Levels:
     def dma_of(self, k: int, plan: Plan) -> int:
         """Bytes copied DDR -> L2 by DMA for call ``k`` (its staged weights, or the
         weights of a tiled call, tile by tile)."""
-        staged_in = sum(_nbytes(copy) for _, copy in self.stage_in.get(k, []))
+        staged_in = sum(copy.nbytes for _, copy in self.stage_in.get(k, []))
         if k in self.tiled:
-            return staged_in + _nbytes(self.streamed(k, plan))
-        return staged_in + sum(_nbytes(t) for t in self.staged[k])
-
-
-def _nbytes(t: Tensor) -> int:
-    return int(math.prod(t.shape)) * np.dtype(t.dtype).itemsize
+            return staged_in + self.streamed(k, plan).nbytes
+        return staged_in + sum(t.nbytes for t in self.staged[k])
 
 
 def _align(n: int, a: int = ALIGN) -> int:
@@ -182,32 +174,30 @@ def _tile(plan: Plan, tileable: dict[int, int], wanted: list[int], slot: int) ->
             continue
         if wanted[k] <= slot or w.home != "weight":
             continue
-        tc = tile_channels(c_out, _nbytes(w) // c_out, slot)
+        tc = tile_channels(c_out, w.nbytes // c_out, slot)
         if tc:
             w.tiled = out[k] = tc
     return out
 
 
 def _stage_weights(plan: Plan, slot_cap: int, tileable: dict[int, int]):
-    """Slot size, the weights staged per call, each call's slot, and the tiled calls
-    (module docstring)."""
-    wanted = [sum(_align(_nbytes(t)) for t in args if t.home == "weight") for _, args in plan.calls]
+    """Slot size, the weights staged per call, and the tiled calls (module docstring)."""
+    wanted = [sum(_align(t.nbytes) for t in args if t.home == "weight") for _, args in plan.calls]
     slot = max([w for w in wanted if w <= slot_cap] + [0])
     if any(wanted[k] > slot for k in tileable):  # a call to tile: give it the largest slot allowed
         slot = slot_cap // ALIGN * ALIGN
     tiled = _tile(plan, tileable, wanted, slot)
-    staged, slots, j = [], [], 0
+    staged, j = [], 0
     for k, (_, args) in enumerate(plan.calls):
         mine, used = [], 0
         for t in args if k not in tiled else []:
-            if t.home == "weight" and used + _align(_nbytes(t)) <= slot:
+            if t.home == "weight" and used + _align(t.nbytes) <= slot:
                 t.staged = (j % 2, used)
-                used += _align(_nbytes(t))
+                used += _align(t.nbytes)
                 mine.append(t)
         staged.append(mine)
-        slots.append(j % 2 if mine else None)
         j += bool(mine)
-    return (slot if any(staged) or tiled else 0), staged, slots, tiled
+    return (slot if any(staged) or tiled else 0), staged, tiled
 
 
 def place(plan: Plan, budget: Budget, workspace_bytes: int,
@@ -235,12 +225,12 @@ def tile_inputs(plan: Plan, tileable: dict[int, tuple[int, str]]) -> None:
         x = plan.calls[k][1][0]
         if streams != "input" or not lv.slot_bytes or not _reads_ddr(plan, x, spans, k):
             continue
-        tc = tile_channels(c_out, _nbytes(x) // c_out, lv.slot_bytes)
+        tc = tile_channels(c_out, x.nbytes // c_out, lv.slot_bytes)
         if not tc:
             continue
         for t in lv.staged[k]:
             t.staged = None
-        lv.staged[k], lv.slot[k] = [], None
+        lv.staged[k] = []
         lv.tiled[k] = tc
         lv.tiled_input.add(k)
 
@@ -255,12 +245,12 @@ def stage_reads(plan: Plan) -> None:
     lv = plan.levels
     spans = lifetimes(plan)
     capacity = lv.l2_activations
-    placed = [(t.offset, _align(_nbytes(t)), *spans[t.name]) for t in plan.tensors
+    placed = [(t.offset, _align(t.nbytes), *spans[t.name]) for t in plan.tensors
               if t.home == "arena" and not t.view and t.level == "l2" and t.name in spans]
     for k, (name, args) in enumerate(plan.calls):
         reads = {id(a): a for a in args[:-1] if _reads_ddr(plan, a, spans, k)}  # each tensor once
         for src in reads.values():
-            size = _align(_nbytes(src))
+            size = _align(src.nbytes)
             offset = _first_fit(size, (k, k), placed, capacity)
             if offset is None:
                 continue
@@ -279,8 +269,7 @@ def _reads_ddr(plan: Plan, t: Tensor, spans: dict, k: int) -> bool:
     tensor written before ``k`` (a tensor first touched at ``k`` is its output)."""
     if t.home == "input":
         return True
-    root = plan.views.get(t.name, t.name)
-    return t.home == "arena" and t.level == "ddr" and spans.get(root, (k, k))[0] < k
+    return t.home == "arena" and t.level == "ddr" and spans.get(_root(plan, t), (k, k))[0] < k
 
 
 def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int = 4,
@@ -299,14 +288,14 @@ def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int
     ws_level = "l2" if 0 < workspace_bytes <= budget.l2 // WORKSPACE_SHARE else "ddr"
     for t in plan.tensors:  # a fresh placement
         t.staged, t.tiled = None, 0
-    slot, staged, slots, tiled = _stage_weights(plan, budget.l2 // slot_share, tileable or {})
+    slot, staged, tiled = _stage_weights(plan, budget.l2 // slot_share, tileable or {})
     l2_free = budget.l2 - 2 * slot - GUARD - (workspace_bytes if ws_level == "l2" else 0)
     capacity = {"l2": max(l2_free, 0), "msmc": budget.msmc, "ddr": None}
     roots = {t.name: t for t in plan.tensors if t.home == "arena" and not t.view}
     placed: dict[str, list] = {lvl: [] for lvl in LEVELS}
     spans = lifetimes(plan)
     for name in sorted(spans, key=lambda n: (spans[n][1] - spans[n][0], spans[n][0], n)):
-        t, size = roots[name], _align(_nbytes(roots[name]))
+        t, size = roots[name], _align(roots[name].nbytes)
         for lvl in LEVELS:
             offset = _first_fit(size, spans[name], placed[lvl], capacity[lvl])
             if offset is not None:
@@ -318,7 +307,7 @@ def place_with(plan: Plan, budget: Budget, workspace_bytes: int, slot_share: int
             root = roots[_root(plan, t)]
             t.level, t.offset = root.level, root.offset
     arena = {lvl: max([o + s for o, s, _, _ in placed[lvl]] + [0]) for lvl in LEVELS}
-    plan.levels = Levels(budget, arena, slot, ws_level, workspace_bytes, staged, slots, tiled)
+    plan.levels = Levels(budget, arena, slot, ws_level, workspace_bytes, staged, tiled)
     plan.levels.l2_activations = capacity["l2"]
     plan.levels.in_place_ddr = traffic(plan)["ddr"]
     return plan.levels
@@ -336,13 +325,13 @@ def traffic(plan: Plan) -> dict[str, int]:
         streamed = plan.levels.streamed(k, plan) if plan.levels is not None and k in plan.levels.tiled else None
         for t in args:
             if t.home != "slot":  # a tiled call's L2 slots: where its weights' DMA lands
-                out["l2" if t is streamed else level_of(t, plan)] += _nbytes(t)
+                out["l2" if t is streamed else level_of(t, plan)] += t.nbytes
         if plan.levels is not None:
             out["dma"] += plan.levels.dma_of(k, plan)
     return out
 
 
-def memory_map(plan: Plan, entries: list | None = None) -> dict:
+def memory_map(plan: Plan) -> dict:
     """The build folder's ``memory_map.json``: ``plan`` ("staged" / "flat"), ``budget``
     (bytes of L2 / MSMC placed against, staged only), ``peak`` (bytes used per level),
     ``arena`` (bytes of each level's arena), ``slot_bytes``, ``workspace`` ({level, bytes}),
@@ -354,7 +343,7 @@ def memory_map(plan: Plan, entries: list | None = None) -> dict:
     lv = plan.levels
     spans = lifetimes(plan)
     roots = [t for t in plan.tensors if t.home == "arena" and not t.view and t.name in spans]
-    tensors = [{"tensor": t.name, "level": t.level if lv else "ddr", "offset": t.offset, "bytes": _nbytes(t),
+    tensors = [{"tensor": t.name, "level": t.level if lv else "ddr", "offset": t.offset, "bytes": t.nbytes,
                 "first_call": spans[t.name][0], "last_call": spans[t.name][1]} for t in roots]
     out = {"plan": "staged" if lv else "flat", "traffic": traffic(plan), "tensors": tensors}
     if lv is None:
@@ -363,13 +352,13 @@ def memory_map(plan: Plan, entries: list | None = None) -> dict:
         return out
     out.update(budget={"l2": lv.budget.l2, "msmc": lv.budget.msmc}, peak=lv.peak, arena=lv.arena,
                slot_bytes=lv.slot_bytes, workspace={"level": lv.workspace_level, "bytes": lv.workspace_bytes},
-               staged_weights=[{"call": k, "tensor": t.name, "entry": t.offset, "bytes": _nbytes(t),
+               staged_weights=[{"call": k, "tensor": t.name, "entry": t.offset, "bytes": t.nbytes,
                                 "slot": t.staged[0], "offset": t.staged[1]}
                                for k, ts in enumerate(lv.staged) for t in ts],
-               staged_reads=[{"call": k, "tensor": src.name, "copy": copy.name, "bytes": _nbytes(copy),
+               staged_reads=[{"call": k, "tensor": src.name, "copy": copy.name, "bytes": copy.nbytes,
                               "offset": copy.offset} for k, pairs in sorted(lv.stage_in.items())
                              for src, copy in pairs],
                tiled_calls=[{"call": k, "channels_per_tile": tc, "streams": "input" if k in lv.tiled_input
                              else "weights", "tensor": lv.streamed(k, plan).name,
-                             "bytes": _nbytes(lv.streamed(k, plan))} for k, tc in sorted(lv.tiled.items())])
+                             "bytes": lv.streamed(k, plan).nbytes} for k, tc in sorted(lv.tiled.items())])
     return out

@@ -59,6 +59,11 @@ class Tensor:
     tiled: int = 0  # weights copied into L2 tile by tile: output channels per tile (.tiling)
     copy_of: str | None = None  # an L2 copy, made by DMA before its call, of this DDR tensor (.levels)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor: shape x dtype size."""
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
 
 @dataclass
 class Plan:

@@ -3,9 +3,9 @@
 A conv (OIHW weights) or an FC with one row (``[N, K]`` weights, M = 1) whose
 weights exceed the staged plan's weight slot (:mod:`.levels`) would read them
 from DDR in place, what the user's document measures as 3.5x slower than
-from L2. TI's fork tiles such a layer over output channels
-(``InjectMMALIBDMA``: one weight DMA and one sliced call per tile); so do we,
-with the copy of tile t+1 overlapping the call on tile t.
+from L2. Such a layer is tiled over output channels, one weight DMA and one
+sliced call per tile (docs/memory.md, "The plan"), the copy of tile t+1
+overlapping the call on tile t.
 
 :func:`tiled_primfunc` rewrites the call's offload PrimFunc: a first
 parameter ``scratch`` (the two L2 weight slots, model.c's ``<m>_wslot``) and
@@ -27,7 +27,6 @@ with it. ``c7x_dma_copy`` / ``c7x_dma_wait`` are in ``c7x_memory.h``
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,17 +35,6 @@ from tvm import tirx
 from .passes.primfunc import backend_of
 
 DMA_COPY, DMA_WAIT = "c7x_dma_copy", "c7x_dma_wait"
-
-
-def tiled_name(name: str, tc: int, streams: str) -> str:
-    """Name of the tiled form of PrimFunc ``name``: ``tiled<tc><w|i>_<name>`` (it ends in
-    the untiled name, which ``lowered.py`` calls and the dumps are matched on)."""
-    return f"tiled{tc}{streams[0]}_{name}"
-
-
-def reference_name(func: str) -> str:
-    """The PrimFunc ``lowered.py`` (the untiled program) calls where the C calls ``func``."""
-    return re.sub(r"^tiled\d+[wi]_", "", func)
 
 
 @dataclass(frozen=True)
@@ -98,7 +86,7 @@ def channels(func: tirx.PrimFunc) -> tuple[int, str] | None:
 
 def tile_channels(c_out: int, per_channel_bytes: int, slot_bytes: int) -> int:
     """Channels per tile: as many as one slot holds, rounded down to a multiple of 32
-    (the MMA's width, as TI's fork rounds) when at least 32 fit; 0 when not even one fits."""
+    (the MMA's width: docs/memory.md) when at least 32 fit; 0 when not even one fits."""
     tc = min(c_out, slot_bytes // max(per_channel_bytes, 1))
     return tc // 32 * 32 if tc >= 32 and tc < c_out else tc
 

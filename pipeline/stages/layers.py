@@ -571,7 +571,7 @@ def _capture(prog, image: np.ndarray, calls: list[dict], wanted: dict[int, str])
     """Run the Python reference on one image; the outputs of the ``wanted``
     calls (index -> layer id). Checks that the program's calls are the
     manifest's, in order."""
-    from ..backend.tiling import reference_name
+    from ..backend.tile_names import reference_name
 
     got, seen = {}, []
 

@@ -502,7 +502,7 @@ STAGES: tuple[Stage, ...] = (
         # editing one re-runs the stage (tests/test_visualize.py keeps this list whole).
         name="visualize", doc="offload graph of every build as one self-contained HTML page",
         func="pipeline.stages.visualize:visualize_model",
-        code=("stages/visualize.py", "visualize", "visualize/template.html", "visualize/page.css",
+        code=("stages/visualize.py", "visualize", "backend/tile_names.py", "visualize/template.html", "visualize/page.css",
               "visualize/page.js", "visualize/vendor/dagre.min.js", "visualize/vendor/LICENSE"),
         params=("name",),
         deps=lambda c: [c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import re
 
+from ..backend.tile_names import reference_name
+
 #: Node kinds: the call backends of the manifest plus input/output.
 KINDS = ("mmalib", "c7x", "tvm", "io")
 
@@ -58,18 +60,13 @@ def short_kernel(kernel: str) -> str:
     return name if len(name) <= _MAX_LABEL else name[:_MAX_LABEL - 1] + "\u2026"
 
 
-def _untiled(func: str) -> str:
-    """The PrimFunc name without a tiling prefix ``tiled<tc><w|i>_`` (pipeline/backend/tiling.py)."""
-    return re.sub(r"^tiled\d+[wi]_", "", func)
-
-
 def _primary_calls(calls: list[dict], layers: dict[str, dict]) -> set[int]:
     """Index of the call that runs each layer: the one calling the layer's func, else its first."""
     out = set()
     for lid, lay in layers.items():
         mine = [c for c in calls if c.get("layer") == lid]
-        # a tiled call's func is tiled<tc><w|i>_<the layer's func> (pipeline/backend/tiling.py)
-        main = [c for c in mine if lay.get("func") and _untiled(c.get("func", "")) == lay["func"]]
+        # a tiled call's func is tiled<tc><w|i>_<the layer's func> (pipeline/backend/tile_names.py)
+        main = [c for c in mine if lay.get("func") and reference_name(c.get("func", "")) == lay["func"]]
         if mine:
             out.add((main or mine)[0]["index"])
     return out
