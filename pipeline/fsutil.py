@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -121,3 +122,21 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+_PACKAGES = re.compile(r"(?:/[^\s\"'=]*)?/(?:site|dist)-packages/")
+
+
+def portable(text: str, root: str | os.PathLike | None = None) -> str:
+    """``text`` with the machine's paths taken out, so an artifact holding it is
+    the same bytes in a clone of the project at another path (relocatable
+    artifacts, ``docs/trust.md``): ``<root>/x`` becomes ``x`` and
+    ``.../site-packages/torch/x.py`` becomes ``torch/x.py``. ``root``: the
+    project folder (default: the current folder, where doit runs)."""
+    base = str(Path(root).resolve() if root else Path.cwd().resolve()).rstrip("/") + "/"
+    return _PACKAGES.sub("", text.replace(base, "") if base != "/" else text)
+
+
+def portable_path(path: str | os.PathLike, root: str | os.PathLike | None = None) -> str:
+    """One path as :func:`portable` writes it (a POSIX string)."""
+    return portable(Path(path).as_posix(), root)

@@ -1,39 +1,53 @@
 """The run-cache: stage outputs stored under the digest of the stage's inputs.
 
-DVC's run-cache, for our stages (``docs/architecture.md``, "The run-cache").
-After a stage succeeds, its outputs (the record's ``outs``) are stored in a
-content-addressed entry; before a stage runs, an entry for the same inputs
-restores the outputs (hard link, else copy) and the stage does not run. So
-flipping a model int8 -> int16 -> int8 rebuilds nothing the second time, and
-variants whose upstream inputs are identical share entries.
+DVC's run-cache, for our stages (``docs/architecture.md``, "The run-cache";
+threat model in ``docs/trust.md``). After a stage succeeds, its outputs (the
+record's ``outs``) are copied into a content-addressed entry; before a stage
+runs, an entry for the same inputs restores the outputs (copied: artifacts are
+never links into the cache) and the stage does not run. So flipping a model
+int8 -> int16 -> int8 rebuilds nothing the second time, and variants whose
+upstream inputs are identical share entries.
 
 - **Key** (:func:`stage_key`): SHA-256 of the stage name, its tracked
   parameters (the stamp's config digest: model-entry fields, library
   versions), the MD5 of every input file in the record's order (upstream
   artifacts, images, checkpoint, and the pipeline sources the stage runs),
-  the outputs' paths relative to the model folder, the project and artifacts
-  folders (outputs hold absolute paths, so projects share entries when they
-  sit at the same path, e.g. on a shared filesystem) and, unless the stage's
-  outputs never name the model (``Stage.shared``), the model name.
+  the outputs' paths relative to the model folder and, unless the stage's
+  outputs never name the model (``Stage.shared``), the model name. No
+  absolute path: a clone of the project elsewhere finds the same entries.
 - **Entry**: ``<cache>/entries/<key[:2]>/<key>/`` with the files and
-  ``entry.json`` (size and SHA-256 of each). It is built in ``<cache>/tmp/``
-  and renamed into place, so readers never see half an entry and two
-  concurrent writers of one key leave one whole entry.
-- **Corruption**: a restore re-hashes every file; an entry that does not
-  match is removed and the stage runs as if it were absent.
+  ``entry.json`` (size, SHA-256 and executable bit of each, signed). It is
+  built in ``<cache>/tmp/`` and renamed into place, so readers never see half
+  an entry and two concurrent writers of one key leave one whole entry.
+- **Authentication**: ``entry.json`` carries an HMAC-SHA256 over the key, the
+  file list and the metadata, with a secret kept outside the cache folder
+  (:func:`load_secret`). Whoever can write to the cache but does not hold the
+  secret cannot make an entry we restore: an unsigned or mis-signed entry is
+  ignored with one line. A restore copies each file and checks the copy's
+  hash against the signed list before moving it into place.
+- **Executables** are restored only from a cache the user owns
+  (:func:`owned_by_me`); anywhere else the stage rebuilds them.
+- **Corruption**: a file whose hash does not match its signed record removes
+  the entry and the stage runs as if it were absent.
 - **Size**: :func:`prune` removes least recently used entries (a restore
   touches ``entry.json``) down to a limit; ``DOIT_C7X_CACHE_MAX`` prunes
   after every store.
 
 ``DOIT_C7X_CACHE``: the cache folder (default ``<artifacts>/.cache``; a
-shared folder works across projects and machines), or ``off``.
+shared folder works across projects, checkouts and machines), or ``off``.
+``DOIT_C7X_CACHE_SECRET``: the file holding the signing secret (default
+``~/.config/doit-c7x/cache-secret``, created on first use, mode 0600); a team
+sharing a cache shares this file like any other credential.
 Imports neither torch nor tvm.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import secrets
+import stat
 import os
 import re
 import shutil
@@ -43,8 +57,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-FORMAT = 1  # bump when the key or the entry layout changes
+FORMAT = 2  # bump when the key or the entry layout changes (2: signed entries, no paths in keys)
 CACHE_ENV = "DOIT_C7X_CACHE"
+SECRET_ENV = "DOIT_C7X_CACHE_SECRET"
 MAX_ENV = "DOIT_C7X_CACHE_MAX"
 DEFAULT_MAX = "20G"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -75,13 +90,55 @@ def max_bytes() -> int:
     return parse_size(os.environ.get(MAX_ENV, "").strip() or DEFAULT_MAX)
 
 
+class CacheSecretError(Exception):
+    """The signing secret cannot be read or made, or sits inside the cache folder."""
+
+
+def secret_path() -> Path:
+    """Where the signing secret is: ``DOIT_C7X_CACHE_SECRET``, else
+    ``$XDG_CONFIG_HOME/doit-c7x/cache-secret`` (``~/.config`` by default)."""
+    value = os.environ.get(SECRET_ENV, "").strip()
+    if value:
+        return Path(value).expanduser().resolve()
+    config = os.environ.get("XDG_CONFIG_HOME", "").strip() or Path.home() / ".config"
+    return (Path(config) / "doit-c7x" / "cache-secret").resolve()
+
+
+def load_secret(root: Path) -> bytes:
+    """The signing secret for the cache at ``root`` (created on first use: 32
+    random bytes as hex, mode 0600, when the file is missing).
+
+    Raises :class:`CacheSecretError` (one line) when the file is unreadable,
+    empty, or inside ``root``: a secret that cache writers can read signs nothing."""
+    path = secret_path()
+    root = Path(root).resolve()
+    if path == root or root in path.parents:
+        raise CacheSecretError(f"the cache secret {path} is inside the cache folder {root}; "
+                               f"keep it elsewhere ({SECRET_ENV}=<file outside the cache>)")
+    try:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+        value = path.read_bytes().strip()
+    except FileExistsError:  # another process made it meanwhile
+        value = path.read_bytes().strip()
+    except OSError as e:
+        raise CacheSecretError(f"cannot read or create the cache secret {path} ({e.strerror}); "
+                               f"set {SECRET_ENV} to a readable file") from None
+    if len(value) < 16:
+        raise CacheSecretError(f"the cache secret {path} holds fewer than 16 bytes; "
+                               f"delete it to have a new one made, or copy your team's secret there")
+    return value
+
+
 def stage_key(stage: str, model: str | None, config_digest: str, dep_md5s: list[str],
-              outs: list[str], where: list[str] = ()) -> str:
+              outs: list[str]) -> str:
     """The entry key of one stage run (hex SHA-256, module doc). ``model`` is
-    None for a stage whose outputs are the same whatever the model is called;
-    ``where``: the project and artifacts folders (outputs hold absolute paths)."""
+    None for a stage whose outputs are the same whatever the model is called."""
     doc = {"format": FORMAT, "stage": stage, "model": model, "config": config_digest,
-           "deps": dep_md5s, "outs": outs, "where": list(where)}
+           "deps": dep_md5s, "outs": outs}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -90,72 +147,127 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _place(src: Path, dst: Path) -> None:
-    """Hard-link (else copy) ``src`` to ``dst``, atomically replacing ``dst``."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
+def _signature(secret: bytes, key: str, files: dict, meta: dict) -> str:
+    """HMAC-SHA256 (RFC 2104) of what an entry claims: its key, files and metadata."""
+    doc = json.dumps({"key": key, "files": files, "meta": meta}, sort_keys=True).encode()
+    return hmac.new(secret, doc, hashlib.sha256).hexdigest()
+
+
+def owned_by_me(path: Path, root: Path) -> bool:
+    """Whether ``path`` and every folder from ``root`` down to it belong to this
+    user and are writable by no one else (so no other account can have put it there)."""
+    me = os.getuid()
+    p = Path(path)
+    chain = [p] + [q for q in p.parents if q == root or root in q.parents]
     try:
-        if os.path.samefile(src, dst):
-            return  # already this entry's file (rename() of two links to one file does nothing)
+        return all((st := os.lstat(q)).st_uid == me and not st.st_mode & 0o022
+                   and not stat.S_ISLNK(st.st_mode) for q in chain)
     except OSError:
-        pass  # no dst yet
-    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.tmp")
+        return False
+
+
+def _copy_checked(src: Path, dst: Path, size: int, digest: str, executable: bool) -> Path | None:
+    """Copy ``src`` to a temporary next to ``dst``; the temporary's path if its
+    bytes have ``size`` and ``digest`` (checked on the copy, so a file swapped
+    after the check cannot slip in), else None (and no temporary is left)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".tmp-{dst.name}.{uuid.uuid4().hex[:8]}")
+    h = hashlib.sha256()
+    n = 0
     try:
-        os.link(src, tmp)
-    except OSError:  # another filesystem, or links not allowed
-        shutil.copy2(src, tmp)
-    os.replace(tmp, dst)
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            while block := fin.read(1 << 20):
+                h.update(block)
+                n += len(block)
+                fout.write(block)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return None
+    if n != size or h.hexdigest() != digest:
+        tmp.unlink(missing_ok=True)
+        return None
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, (0o777 if executable else 0o666) & ~mask)
+    return tmp
 
 
 @dataclass(frozen=True)
 class RunCache:
-    """A cache folder (module doc). Every method is safe with concurrent users."""
+    """A cache folder (module doc) and the secret its entries are signed with.
+    Every method is safe with concurrent users."""
 
     root: Path
+    secret: bytes
 
     def entry(self, key: str) -> Path:
         return self.root / "entries" / key[:2] / key
 
-    def restore(self, key: str, base: Path, outs: list[str]) -> bool:
-        """Put the outputs of entry ``key`` at ``base / out`` for each of ``outs``.
-
-        Returns False (and changes nothing) when there is no entry, when it
-        lists other files, or when a file's hash does not match (the entry is
-        then removed: a corrupted entry is never trusted)."""
+    def _verified(self, key: str) -> dict | None:
+        """The signed record of entry ``key``, or None (missing, or not signed by us: one line)."""
         entry = self.entry(key)
         try:
-            files = json.loads((entry / "entry.json").read_text())["files"]
-        except (OSError, ValueError, KeyError):
+            rec = json.loads((entry / "entry.json").read_text())
+            files, meta, sig = rec["files"], rec.get("meta", {}), rec["hmac"]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            sig = None
+        if not isinstance(sig, str) or not hmac.compare_digest(sig, _signature(self.secret, key, files, meta)):
+            print(f"run-cache: entry {key[:12]} in {self.root} is not signed with this cache's secret "
+                  f"({secret_path()}); ignoring it", file=sys.stderr)
+            return None
+        return rec
+
+    def restore(self, key: str, base: Path, outs: list[str]) -> bool:
+        """Copy the outputs of entry ``key`` to ``base / out`` for each of ``outs``.
+
+        Returns False (and changes nothing) when there is no entry, when it is
+        not signed with this cache's secret, when it lists other files, when it
+        holds an executable and the cache is not the user's own, or when a
+        file's hash does not match (the entry is then removed)."""
+        rec = self._verified(key)
+        if rec is None or sorted(rec["files"]) != sorted(outs):
             return False
-        if sorted(files) != sorted(outs):
+        entry = self.entry(key)
+        execs = [rel for rel, (_, _, x) in rec["files"].items() if x]
+        if execs and not all(owned_by_me(entry / "files" / rel, self.root) for rel in execs):
+            print(f"run-cache: entry {key[:12]} holds executables ({', '.join(execs)}) and {self.root} is "
+                  f"not only yours; rebuilding them instead", file=sys.stderr)
             return False
-        for rel, (size, digest) in files.items():
-            f = entry / "files" / rel
-            try:
-                ok = f.stat().st_size == size and _sha256(f) == digest
-            except OSError:
-                ok = False
-            if not ok:
+        placed: list[tuple[Path, Path]] = []
+        for rel, (size, digest, executable) in rec["files"].items():
+            tmp = _copy_checked(entry / "files" / rel, base / rel, size, digest, executable)
+            if tmp is None:
+                for t, _ in placed:
+                    t.unlink(missing_ok=True)
                 print(f"run-cache: entry {key[:12]} is corrupted ({rel}); ignoring it", file=sys.stderr)
                 self._remove(entry)
                 return False
-        for rel in outs:
-            _place(entry / "files" / rel, base / rel)
+            placed.append((tmp, base / rel))
+        for tmp, dst in placed:
+            os.replace(tmp, dst)
         os.utime(entry / "entry.json")  # least recently used comes first in prune()
         return True
 
     def store(self, key: str, base: Path, outs: list[str], meta: dict) -> bool:
-        """Store ``base / out`` for each of ``outs`` as entry ``key``. Returns
-        False if an entry is already there (a concurrent writer won)."""
+        """Copy ``base / out`` for each of ``outs`` into a signed entry ``key``.
+        Returns False if an entry is already there (a concurrent writer won)."""
         if (self.entry(key) / "entry.json").is_file():
             return False
         tmp = self.root / "tmp" / f"{key[:12]}.{uuid.uuid4().hex[:8]}"
         try:
             files = {}
             for rel in outs:
-                _place(base / rel, tmp / "files" / rel)
-                files[rel] = [(tmp / "files" / rel).stat().st_size, _sha256(tmp / "files" / rel)]
-            (tmp / "entry.json").write_text(json.dumps({**meta, "files": files, "created": time.time()},
-                                                       indent=1, sort_keys=True))
+                dst = tmp / "files" / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(base / rel, dst)
+                executable = bool(os.stat(base / rel).st_mode & 0o111)
+                os.chmod(dst, 0o755 if executable else 0o644)
+                files[rel] = [dst.stat().st_size, _sha256(dst), executable]
+            rec = {"meta": meta, "files": files, "created": time.time(),
+                   "hmac": _signature(self.secret, key, files, meta)}
+            (tmp / "entry.json").write_text(json.dumps(rec, indent=1, sort_keys=True))
             self.entry(key).parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.rename(tmp, self.entry(key))  # atomic; fails if another writer got there first
@@ -188,7 +300,7 @@ class RunCache:
         return out
 
     def size(self) -> tuple[int, int]:
-        """(number of entries, bytes). Bytes count hard-linked files in full."""
+        """(number of entries, bytes)."""
         es = self.entries()
         return len(es), sum(s for _, _, s in es)
 

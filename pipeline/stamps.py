@@ -12,7 +12,9 @@ current inputs. Whatever the moment of a kill, the stamp is either missing or
 describes exactly the outputs next to it.
 
 A stamp stores (mtime_ns, size, md5) per file, like doit's own MD5 checker,
-so a check hashes only files whose timestamp changed.
+so a check hashes only files whose timestamp changed. It records the stage's
+outputs the same way: an output edited or replaced by hand (or by anything
+but the stage) makes the stage stale, as in DVC and Bazel.
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ def invalidate(stamp: str | Path) -> None:
     Path(stamp).unlink(missing_ok=True)
 
 
-def file_records(deps: list[str], previous: str | Path | None = None) -> dict[str, list]:
+def file_records(deps: list[str], previous: str | Path | dict | None = None) -> dict[str, list]:
     """``{dep: [mtime_ns, size, md5]}`` of each file; a file whose mtime and size
-    match its record in the ``previous`` stamp keeps that md5 (not re-hashed)."""
-    old = {}
-    if previous is not None:
+    match its record in ``previous`` (a stamp file, or records) keeps that md5
+    (not re-hashed). Raises OSError for a missing file."""
+    old = previous if isinstance(previous, dict) else {}
+    if previous is not None and not isinstance(previous, dict):
         try:
             old = json.loads(Path(previous).read_text()).get("files", {})
         except (OSError, ValueError):
@@ -63,16 +66,50 @@ def file_records(deps: list[str], previous: str | Path | None = None) -> dict[st
     return files
 
 
-def write_stamp(stamp: str | Path, digest: str, deps: list[str], records: dict | None = None) -> None:
-    """Record the current inputs of a stage that just succeeded (atomic).
-    ``records``: :func:`file_records` of ``deps`` taken before the stage ran."""
+def changed_inputs(deps: list[str], records: dict) -> list[str]:
+    """Inputs whose content is no longer what ``records`` (taken when the stage
+    started) says: edited, replaced or removed while it ran."""
+    out = []
+    for dep in deps:
+        try:
+            now = file_records([dep], previous=records)[dep]
+        except OSError:
+            out.append(dep)
+            continue
+        if now[2] != records[dep][2]:
+            out.append(dep)
+    return out
+
+
+def write_stamp(stamp: str | Path, digest: str, deps: list[str], records: dict | None = None,
+                outs: list[str] = ()) -> None:
+    """Record the inputs and outputs of a stage that just succeeded (atomic).
+    ``records``: :func:`file_records` of ``deps`` taken before the stage ran;
+    ``outs``: its output files (hashed now)."""
     records = records or file_records(deps)
-    write_json(stamp, {"config": digest, "files": {d: records[d] for d in sorted(deps)}})
+    write_json(stamp, {"config": digest, "files": {d: records[d] for d in sorted(deps)},
+                       "outs": file_records(sorted(outs))})
+
+
+def _matches(rec: dict, names) -> bool:
+    """Whether every file in ``rec`` still has its recorded size and content."""
+    if set(rec) != set(names):
+        return False
+    for dep, (mtime, size, md5) in rec.items():
+        try:
+            st = os.stat(dep)
+        except OSError:
+            return False
+        if st.st_size != size:
+            return False
+        if st.st_mtime_ns != mtime and _md5(dep) != md5:
+            return False
+    return True
 
 
 class StampCheck:
     """doit ``uptodate`` callable: True only if the stamp matches the task's
-    current ``file_dep`` contents and config digest."""
+    current ``file_dep`` contents, config digest and ``targets`` contents."""
 
     def __init__(self, stamp: str | Path, digest: str):
         self.stamp = Path(stamp)
@@ -83,18 +120,9 @@ class StampCheck:
             rec = json.loads(self.stamp.read_text())
         except (OSError, ValueError):
             return False
-        if rec.get("config") != self.digest or set(rec.get("files", {})) != set(task.file_dep):
+        if rec.get("config") != self.digest:
             return False
-        for dep, (mtime, size, md5) in rec["files"].items():
-            try:
-                st = os.stat(dep)
-            except OSError:
-                return False
-            if st.st_size != size:
-                return False
-            if st.st_mtime_ns != mtime and _md5(dep) != md5:
-                return False
-        return True
+        return _matches(rec.get("files", {}), task.file_dep) and _matches(rec.get("outs", {}), task.targets)
 
     def __repr__(self) -> str:
         return f"StampCheck({self.stamp.name})"

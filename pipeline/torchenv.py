@@ -110,9 +110,14 @@ def torch_threads(n: int):
 def strip_nondeterministic_meta(ep: "torch.export.ExportedProgram") -> None:
     """Drop node metadata that embeds Python object ids (``from_node`` holds
     ``graph_id = id(graph)``), so saving the same program twice gives the same
-    bytes and doit's MD5 check can stop an unchanged cascade."""
+    bytes and doit's MD5 check can stop an unchanged cascade; and takes the
+    machine's paths out of ``stack_trace`` (:func:`pipeline.fsutil.portable`), so a
+    clone of the project at another path makes the same bytes."""
+    from .fsutil import portable
     for node in ep.graph.nodes:
         node.meta.pop("from_node", None)
+        if isinstance(node.meta.get("stack_trace"), str):
+            node.meta["stack_trace"] = portable(node.meta["stack_trace"])
 
 
 def save_tensors(obj, path) -> None:

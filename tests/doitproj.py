@@ -88,6 +88,8 @@ class Project:
     def doit(self, *args: str, env: dict | None = None, timeout: int = 900) -> Run:
         e = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(self.root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        # the run-cache's signing secret: the project's own, not the user's (~/.config)
+        e.setdefault("DOIT_C7X_CACHE_SECRET", str(self.root / "cache-secret"))
         e.update(env or {})
         proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.root, env=e,
                               capture_output=True, text=True, timeout=timeout)

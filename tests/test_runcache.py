@@ -17,6 +17,8 @@ from pipeline.runcache import RunCache, parse_size, stage_key
 
 # ----------------------------------------------------------------------------- plain files
 
+SECRET = b"0123456789abcdef0123456789abcdef"
+
 
 def _outputs(base: Path, text: str) -> list[str]:
     (base / "sub").mkdir(parents=True, exist_ok=True)
@@ -26,7 +28,7 @@ def _outputs(base: Path, text: str) -> list[str]:
 
 
 def test_store_then_restore_gives_the_same_bytes(tmp_path):
-    rc = RunCache(tmp_path / "cache")
+    rc = RunCache(tmp_path / "cache", SECRET)
     outs = _outputs(tmp_path / "m1", "one")
     key = stage_key("calibrate", "m1", "cfg", ["d1"], outs)
     assert not rc.restore(key, tmp_path / "m2", outs)  # miss: nothing stored yet
@@ -36,8 +38,12 @@ def test_store_then_restore_gives_the_same_bytes(tmp_path):
     for rel in outs:
         assert (tmp_path / "m2" / rel).read_bytes() == (tmp_path / "m1" / rel).read_bytes()
     assert rc.size()[0] == 1
-    assert rc.restore(key, tmp_path / "m2", outs)  # again, onto its own hard links
+    assert rc.restore(key, tmp_path / "m2", outs)  # again, onto its own copies
     assert sorted(p.name for p in (tmp_path / "m2").rglob("*")) == ["a.bin", "b.json", "sub"]  # no temporaries
+    # plain files, not links into the cache: editing one leaves the entry as it was
+    assert (tmp_path / "m2" / "a.bin").stat().st_nlink == 1 and (tmp_path / "m1" / "a.bin").stat().st_nlink == 1
+    (tmp_path / "m2" / "a.bin").write_bytes(b"edited")
+    assert (rc.entry(key) / "files" / "a.bin").read_bytes() == (tmp_path / "m1" / "a.bin").read_bytes()
 
 
 def test_concurrent_writers_of_one_key_leave_one_whole_entry(tmp_path):
@@ -46,7 +52,7 @@ def test_concurrent_writers_of_one_key_leave_one_whole_entry(tmp_path):
     key = stage_key("s", "m", "c", [], outs)
     with ProcessPoolExecutor(4) as pool:
         won = list(pool.map(_store_once, [(tmp_path, key, outs)] * 8))
-    rc = RunCache(tmp_path / "cache")
+    rc = RunCache(tmp_path / "cache", SECRET)
     assert sum(won) == 1 and rc.size()[0] == 1  # rename() onto a whole entry fails for the others
     assert not list((tmp_path / "cache" / "tmp").iterdir())  # losers cleaned up
     assert rc.restore(key, tmp_path / "m2", outs)
@@ -54,7 +60,7 @@ def test_concurrent_writers_of_one_key_leave_one_whole_entry(tmp_path):
 
 def _store_once(job) -> bool:
     tmp_path, key, outs = job
-    return RunCache(tmp_path / "cache").store(key, tmp_path / "m1", outs, {})
+    return RunCache(tmp_path / "cache", SECRET).store(key, tmp_path / "m1", outs, {})
 
 
 def test_key_changes_with_every_input():
@@ -63,18 +69,15 @@ def test_key_changes_with_every_input():
     for change in ({"stage": "convert"}, {"model": "n"}, {"model": None}, {"config_digest": "d"},
                    {"dep_md5s": ["2", "1"]}, {"outs": ["y"]}):
         keys.add(stage_key(**{**base, **change}))
-    keys.add(stage_key(**base, where=["/elsewhere"]))
-    assert len(keys) == 8
+    assert len(keys) == 7
 
 
 def test_corrupted_entry_is_ignored_and_removed(tmp_path):
-    rc = RunCache(tmp_path / "cache")
+    rc = RunCache(tmp_path / "cache", SECRET)
     outs = _outputs(tmp_path / "m1", "one")
     key = stage_key("s", "m", "c", [], outs)
     rc.store(key, tmp_path / "m1", outs, {})
-    # the entry's file is a hard link of the artifact: rewrite the cache copy in place
     cached = rc.entry(key) / "files" / "a.bin"
-    os.unlink(cached)
     cached.write_bytes(b"x" * 3000)  # same size, other bytes: only the hash can tell
     target = tmp_path / "m2"
     assert not rc.restore(key, target, outs)
@@ -82,8 +85,61 @@ def test_corrupted_entry_is_ignored_and_removed(tmp_path):
     assert not rc.entry(key).exists()
 
 
+def _forge(rc: RunCache, key: str, rel: str, data: bytes, sign_with: bytes | None = None) -> None:
+    """What someone who can write to the cache but lacks its secret can do: replace a
+    file and rewrite entry.json to match (re-signed with ``sign_with`` if given)."""
+    from pipeline.runcache import _sha256, _signature
+    entry = rc.entry(key)
+    (entry / "files" / rel).write_bytes(data)
+    rec = json.loads((entry / "entry.json").read_text())
+    rec["files"][rel][:2] = [len(data), _sha256(entry / "files" / rel)]
+    rec["hmac"] = _signature(sign_with, key, rec["files"], rec["meta"]) if sign_with else "0" * 64
+    (entry / "entry.json").write_text(json.dumps(rec))
+
+
+@pytest.mark.parametrize("sign_with", [None, b"another team's secret, 32 bytes."])
+def test_an_entry_rewritten_without_the_secret_is_ignored(tmp_path, capsys, sign_with):
+    rc = RunCache(tmp_path / "cache", SECRET)
+    outs = _outputs(tmp_path / "m1", "one")
+    key = stage_key("s", "m", "c", [], outs)
+    rc.store(key, tmp_path / "m1", outs, {"stage": "s"})
+    _forge(rc, key, "a.bin", b"planted", sign_with)
+    assert not rc.restore(key, tmp_path / "m2", outs)
+    assert not (tmp_path / "m2").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not signed with this cache's secret" in err[0]
+    assert rc.entry(key).exists()  # not ours to delete: it may be a colleague's with another secret
+
+
+def test_executables_come_back_only_from_a_cache_the_user_alone_can_write(tmp_path, capsys):
+    base = tmp_path / "m1"
+    base.mkdir()
+    (base / "model.exe").write_bytes(b"\x7fELF...")
+    (base / "model.exe").chmod(0o755)
+    rc = RunCache(tmp_path / "cache", SECRET)
+    key = stage_key("host_build", "m", "c", [], ["model.exe"])
+    rc.store(key, base, ["model.exe"], {})
+    assert rc.restore(key, tmp_path / "m2", ["model.exe"])
+    assert os.access(tmp_path / "m2" / "model.exe", os.X_OK)
+    rc.root.chmod(0o777)  # a shared folder: anyone could have planted the entry
+    assert not rc.restore(key, tmp_path / "m3", ["model.exe"])
+    assert not (tmp_path / "m3").exists()
+    assert "holds executables (model.exe)" in capsys.readouterr().err
+    rc.root.chmod(0o755)
+
+
+def test_the_secret_is_made_once_outside_the_cache_and_refused_inside(tmp_path, monkeypatch):
+    monkeypatch.setenv(runcache.SECRET_ENV, str(tmp_path / "keys" / "secret"))
+    first = runcache.load_secret(tmp_path / "cache")
+    assert len(first) == 64 and runcache.load_secret(tmp_path / "cache") == first
+    assert (tmp_path / "keys" / "secret").stat().st_mode & 0o777 == 0o600
+    monkeypatch.setenv(runcache.SECRET_ENV, str(tmp_path / "cache" / "secret"))
+    with pytest.raises(runcache.CacheSecretError, match="inside the cache folder"):
+        runcache.load_secret(tmp_path / "cache")
+
+
 def test_restore_of_an_entry_with_other_files_is_a_miss(tmp_path):
-    rc = RunCache(tmp_path / "cache")
+    rc = RunCache(tmp_path / "cache", SECRET)
     outs = _outputs(tmp_path / "m1", "one")
     key = stage_key("s", "m", "c", [], outs)
     rc.store(key, tmp_path / "m1", outs, {})
@@ -91,7 +147,7 @@ def test_restore_of_an_entry_with_other_files_is_a_miss(tmp_path):
 
 
 def test_prune_removes_least_recently_used_first(tmp_path):
-    rc = RunCache(tmp_path / "cache")
+    rc = RunCache(tmp_path / "cache", SECRET)
     keys = []
     for i, text in enumerate(("old", "mid", "new")):
         outs = _outputs(tmp_path / text, text)
@@ -182,14 +238,13 @@ def test_a_variant_with_the_same_upstream_inputs_shares_the_export(proj):
 def test_a_corrupted_entry_is_not_restored_and_the_stage_runs(proj):
     art = proj.root / "artifacts" / "tiny"
     good = (art / "calibrated.pt").read_bytes()
-    rc = RunCache(proj.root / "artifacts" / ".cache")
+    rc = RunCache(proj.root / "artifacts" / ".cache", (proj.root / "cache-secret").read_bytes().strip())
     # every calibrate entry holding these bytes (the int16 run may have made the same file)
-    entries = [e for e, _, _ in rc.entries() if json.loads((e / "entry.json").read_text())["stage"] == "calibrate"
+    entries = [e for e, _, _ in rc.entries() if json.loads((e / "entry.json").read_text())["meta"]["stage"] == "calibrate"
                and (e / "files" / "calibrated.pt").read_bytes() == good]
     assert entries
     for entry in entries:
         cached = entry / "files" / "calibrated.pt"
-        os.unlink(cached)  # do not write through the hard link into the artifact
         cached.write_bytes(good[:-8] + b"\0" * 8)
     (art / "calibrated.pt").unlink()
     run = proj.doit(LAST)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..config import ModelSpec
 from ..errors import ToolchainError
-from ..fsutil import atomic_dir, write_json
+from ..fsutil import atomic_dir, portable, write_json
 from ..toolchain import archive_command, compile_command, find_cgt, link_command
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "backend" / "kernels"
@@ -68,7 +68,9 @@ def cross_compile_model(spec: ModelSpec, codegen_dir: Path, out: Path) -> dict:
         _run(cmd, spec.name, tmp, lib.name)
         (tmp / MEMORY_CMD).write_bytes((codegen_dir / MEMORY_CMD).read_bytes())
         link = link_command(cgt, ["<app objects>", lib.name, MEMORY_CMD, "<app linker.cmd>"], "<firmware>.out")
-        info = {"model": spec.name, "cgt": str(cgt), "commands": commands,
+        # commands with the project's paths taken out (relocatable artifacts); the
+        # compiler's own path is the machine's, as the cgt path tracked in the key
+        info = {"model": spec.name, "cgt": str(cgt), "commands": [[portable(a) for a in c] for c in commands],
                 "library": lib.name, "objects": [o.name for o in objects], "memory_cmd": MEMORY_CMD,
                 "link": link}
         write_json(tmp / "build.json", info)

@@ -12,7 +12,7 @@ from .. import torchenv
 from ..config import ModelSpec
 from ..errors import ConfigError, WeightsNotFoundError
 from ..frontend.provenance import tag_program
-from ..fsutil import write_json
+from ..fsutil import portable_path, write_json
 from ..weights import check_weights_hash, resolve_weights
 
 import torch  # noqa: E402  (after torchenv)
@@ -125,7 +125,7 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
     model, digest = build_model(spec, weights, root)
     # no model name: variants of one network share this output (run-cache, Stage.shared)
     info = {"builder": spec.builder, "pretrained": weights is not None,
-            "weights": str(weights) if weights else None, "sha256": digest}
+            "weights": portable_path(weights, root) if weights else None, "sha256": digest}
     if spec.weights.reestimate_batchnorm:
         info["batchnorm_reestimated_on"] = _reestimate(spec, model, calib_dir)
     example = torch.randn(2, *spec.input_shape[1:])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from ..fsutil import write_json
+from ..fsutil import portable, write_json
 
 
 def host_build_model(builds: dict[str, tuple[Path, Path]], record: Path | None = None) -> None:
@@ -22,7 +22,8 @@ def host_build_model(builds: dict[str, tuple[Path, Path]], record: Path | None =
             if old not in exes:
                 old.unlink()
     build_hosts([(c, e, ()) for c, e in builds.values()])
-    commands = {v: shlex.join(host_command(c, e)) for v, (c, e) in builds.items()}
+    # paths relative to the project (relocatable artifacts): run them from its folder
+    commands = {v: portable(shlex.join(host_command(c, e))) for v, (c, e) in builds.items()}
     if record is not None:
         write_json(record, {"commands": commands,
                             "usage": "<exe> <weights.bin | -> <input.f32> <n_images> <output.f32>"})

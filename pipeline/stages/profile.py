@@ -36,7 +36,7 @@ import numpy as np
 from ..backend.profile_block import ProfileBlock, ProfileLogError, call_symbol, match_calls, parse_blocks, read_blocks
 from ..config import ModelSpec, list_images
 from ..errors import CalibrationDataError
-from ..fsutil import write_json
+from ..fsutil import portable, write_json
 
 HOST_LABEL = "host x86 time of the reference kernels, not DSP cycles"
 NO_LAYER = "(before the first layer: the input quantize)"
@@ -131,7 +131,7 @@ def _host_variant(codegen_dir: Path, exe: Path, images: np.ndarray) -> dict:
     for b in blocks:
         match_calls(b, calls, c_name, source, fix)
     m = measurement(calls, blocks, source="host", unit="ns", label=HOST_LABEL, steady="median")
-    m["build"] = shlex.join(host_command(codegen_dir, exe, extra_flags=flags))
+    m["build"] = portable(shlex.join(host_command(codegen_dir, exe, extra_flags=flags)))
     m["traffic"] = counted_traffic(codegen_dir, run.stdout, len(images), source)
     return m
 

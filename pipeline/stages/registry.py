@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..fsutil import portable_path
 from ..config import ModelSpec, list_images
 from ..layout import Layout, variants
 from ..toolchain import host_cpu
@@ -247,6 +248,12 @@ def _board_log(ctx: StageContext) -> Path | None:
     return ctx.layout.board_profile if ctx.layout.board_profile.is_file() else None
 
 
+def _board_log_name(ctx: StageContext) -> str:
+    """:func:`_board_log` relative to the project (a tracked value: no machine path in keys)."""
+    log = _board_log(ctx)
+    return portable_path(log, ctx.root) if log else ""
+
+
 def _board_log_deps(ctx: StageContext) -> list[Path]:
     log = _board_log(ctx)
     return [log] if log is not None and log.is_file() else []  # a missing one fails in the stage
@@ -381,7 +388,7 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.estimate:estimate_model",
         code=("stages/estimate.py", "stages/profile.py", "backend/profile_block.py", "backend/host.py", "perf"),
         params=("target",),
-        extra=lambda c: {"board_log": str(_board_log(c) or ""), "board_log_present": bool(_board_log_deps(c))},
+        extra=lambda c: {"board_log": _board_log_name(c), "board_log_present": bool(_board_log_deps(c))},
         deps=lambda c: ([c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)]
                         + [c.layout.codegen_dir(variants(c.spec)[0]) / "model.h"] + _board_log_deps(c)),
         outs=lambda c: [c.layout.estimate],
@@ -466,7 +473,7 @@ STAGES: tuple[Stage, ...] = (
         params=("preprocess",),
         # host_cpu: its times are of this CPU, its executables -march=native (as host_build)
         extra=lambda c: {"images": [p.name for p in c.evaluation_images], "host_cpu": host_cpu(),
-                         "board_log": str(_board_log(c) or ""), "board_log_present": bool(_board_log_deps(c))},
+                         "board_log": _board_log_name(c), "board_log_present": bool(_board_log_deps(c))},
         deps=lambda c: [*c.layout.codegen_files(c.spec), *c.evaluation_images, *_board_log_deps(c)],
         outs=lambda c: [c.layout.profile_exe(v) for v in variants(c.spec)] + [c.layout.profile],
         args=lambda c: {"spec": c.spec, "images_dir": c.calib_root / c.spec.evaluation_set,

@@ -24,21 +24,23 @@ def run_stage(stage: str, model: str, args: dict, stamp: dict | None = None, log
               cache: dict | None = None):
     """doit action: run ``stage``'s function with keyword ``args`` for ``model``.
 
-    ``stamp`` ({"path", "digest", "deps"}): the stage's input stamp is removed
-    first and rewritten after success (see :mod:`pipeline.stamps`). ``cache``
-    ({"root", "base", "outs", "shared"}): the run-cache (:mod:`pipeline.runcache`);
-    an entry for these inputs restores the outputs instead of running the stage,
-    and a successful run is stored. ``log``: where an unexpected exception's
-    traceback goes. Returns a :class:`doit.exceptions.TaskFailed` with one line,
-    or on success ``{"run_cache": "restored" | "stored" | "off"}`` (doit keeps it
-    as the task's values; the reporter names the restored stages).
+    ``stamp`` ({"path", "digest", "deps", "outs"}): the stage's input stamp is
+    removed first and rewritten after success (see :mod:`pipeline.stamps`).
+    ``cache`` ({"root", "base", "outs", "shared"}): the run-cache
+    (:mod:`pipeline.runcache`); an entry for these inputs restores the outputs
+    instead of running the stage, and a successful run is stored, unless an
+    input changed while the stage ran (its outputs then match no key). ``log``:
+    where an unexpected exception's traceback goes. Returns a
+    :class:`doit.exceptions.TaskFailed` with one line, or on success
+    ``{"run_cache": "restored" | "stored" | "off"}`` (doit keeps it as the
+    task's values; the reporter names the restored stages).
     """
     records = stamps.file_records(stamp["deps"], previous=stamp["path"]) if stamp else None
     if stamp:
         stamps.invalidate(stamp["path"])
     key = _cache_key(stage, model, stamp, records, cache)
     if key and _restore(cache, key):
-        stamps.write_stamp(stamp["path"], stamp["digest"], stamp["deps"], records)
+        stamps.write_stamp(stamp["path"], stamp["digest"], stamp["deps"], records, stamp.get("outs", ()))
         return {"run_cache": "restored"}
     try:
         _execute(stage, model, args)
@@ -50,7 +52,11 @@ def run_stage(stage: str, model: str, args: dict, stamp: dict | None = None, log
         return TaskFailed(f"{stage}: model {model!r}: unexpected {type(e).__name__}: {first} "
                           f"(traceback in {where}; please report it)")
     if stamp:
-        stamps.write_stamp(stamp["path"], stamp["digest"], stamp["deps"], records)
+        changed = stamps.changed_inputs(stamp["deps"], records)
+        if changed:  # another process edited an input meanwhile: outputs match neither state
+            return TaskFailed(f"{stage}: model {model!r}: {changed[0]} changed while the stage ran; "
+                              f"run doit again to rebuild from the current inputs")
+        stamps.write_stamp(stamp["path"], stamp["digest"], stamp["deps"], records, stamp.get("outs", ()))
     return {"run_cache": _store(cache, key, stage, model) if key else "off"}
 
 
@@ -58,19 +64,32 @@ def _cache_key(stage, model, stamp, records, cache) -> str | None:
     if not (cache and cache.get("root") and stamp):
         return None
     return runcache.stage_key(stage, None if cache["shared"] else model, stamp["digest"],
-                              [records[d][2] for d in stamp["deps"]], cache["outs"], cache.get("where", []))
+                              [records[d][2] for d in stamp["deps"]], cache["outs"])
+
+
+def _open_cache(cache: dict) -> runcache.RunCache | None:
+    """The run-cache with its secret, or None (one line) when the secret is unusable."""
+    root = Path(cache["root"])
+    try:
+        return runcache.RunCache(root, runcache.load_secret(root))
+    except runcache.CacheSecretError as e:
+        print(f"run-cache: off: {e}", file=sys.stderr)
+        return None
 
 
 def _restore(cache: dict, key: str) -> bool:
+    rc = _open_cache(cache)
     try:
-        return runcache.RunCache(Path(cache["root"])).restore(key, Path(cache["base"]), cache["outs"])
+        return bool(rc) and rc.restore(key, Path(cache["base"]), cache["outs"])
     except OSError as e:  # an unreadable cache never fails a build: the stage runs
         print(f"run-cache: cannot restore from {cache['root']}: {e}", file=sys.stderr)
         return False
 
 
 def _store(cache: dict, key: str, stage: str, model: str) -> str:
-    rc = runcache.RunCache(Path(cache["root"]))
+    rc = _open_cache(cache)
+    if rc is None:
+        return "off"
     try:
         rc.store(key, Path(cache["base"]), cache["outs"], {"stage": stage, "model": model})
         if cache.get("max_bytes"):
@@ -119,7 +138,7 @@ def run_cache_command(root: str | None, max_size: str = ""):
     if root is None:
         print(f"run-cache: off ({runcache.CACHE_ENV}=off)")
         return None
-    rc = runcache.RunCache(Path(root))
+    rc = runcache.RunCache(Path(root), b"")  # size and prune read no signature
     if max_size:
         try:
             limit = runcache.parse_size(max_size)

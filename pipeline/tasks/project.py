@@ -108,9 +108,9 @@ class Project:
         ctx = self.context(spec)
         deps = [str(p) for p in stage.deps(ctx)] + stage.sources()
         config = stage.tracked(ctx)
-        stamp = {"path": str(ctx.layout.stamp(stage.name)), "digest": stamps.config_digest(config),
-                 "deps": deps}
         targets = stage.outs(ctx)
+        stamp = {"path": str(ctx.layout.stamp(stage.name)), "digest": stamps.config_digest(config),
+                 "deps": deps, "outs": [str(t) for t in targets]}
         action = (run_stage, [stage.name, spec.name, stage.args(ctx), stamp,
                               str(ctx.layout.traceback(stage.name)), self._cache(stage, ctx, targets)])
         return {
@@ -130,8 +130,6 @@ class Project:
         if self.cache_root is None or not all(ctx.layout.dir in Path(t).parents for t in targets):
             return None
         return {"root": str(self.cache_root), "base": str(ctx.layout.dir), "shared": stage.shared,
-                # outputs hold absolute paths (build commands, the checkpoint, source files)
-                "where": [str(self.root.resolve()), str(self.artifacts.resolve())],
                 "outs": [Path(t).relative_to(ctx.layout.dir).as_posix() for t in targets],
                 "max_bytes": self.cache_limit}
 
