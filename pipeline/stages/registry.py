@@ -412,7 +412,9 @@ STAGES: tuple[Stage, ...] = (
         name="evaluate", doc="float vs quantized accuracy report",
         func="pipeline.stages.evaluate:evaluate_model",
         code=("stages/evaluate.py", "stages/torch_outputs.py", "stages/convert.py", "data", "torchenv.py"),
-        params=("preprocess", "calibration.set", "calibration.source"),
+        # dtype, weight_dtype, evaluation_set: report.json records them
+        params=("preprocess", "calibration.set", "calibration.source", "dtype", "quantizer.weight_dtype",
+                "evaluation_set"),
         extra=lambda c: {"images": [p.name for p in c.evaluation_images], **_task(c)},
         deps=lambda c: [c.layout.float_pt2, c.layout.quantized_pt2, c.layout.calibration_json,
                         c.layout.export_json, *c.evaluation_images],
@@ -428,7 +430,7 @@ STAGES: tuple[Stage, ...] = (
         name="verify", doc="bit-exactness and accuracy of the host build",
         func="pipeline.stages.verify:verify_model",
         code=("stages/verify.py", "stages/torch_outputs.py", "backend", "data", "torchenv.py"),
-        params=("preprocess",),
+        params=("preprocess", "dtype"),  # verify.json records dtype
         extra=lambda c: {"images": [p.name for p in c.evaluation_images], **_task(c)},
         # the PyTorch side comes from evaluate's torch_outputs.npz, not from the .pt2 files again
         deps=lambda c: [c.layout.torch_outputs, *c.layout.codegen_files(c.spec),
@@ -489,8 +491,8 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.layers:layers_model",
         code=("stages/layers.py", "stages/convert.py", "stages/prepare.py", "torchenv.py", "quant", "data",
               "frontend/provenance.py", "backend"),
-        params=QUANT_OPTS + ("calibration.observer", "preprocess"), versions=("torchao",),
-        extra=lambda c: {"images": [p.name for p in c.evaluation_images]},
+        params=QUANT_OPTS + ("calibration.observer", "preprocess", "evaluation_set"), versions=("torchao",),
+        extra=lambda c: {"images": [p.name for p in c.evaluation_images]},  # layers.json records the set
         deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, c.layout.relax_layers, *_selection_deps(c),
                         *[c.layout.codegen_dir(variants(c.spec)[0]) / f
                           for f in ("manifest.json", "lowered.py", "weights.bin")],

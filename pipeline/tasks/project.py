@@ -27,6 +27,7 @@ from ..layout import Layout, variants
 from ..perf.target import check_target_spec
 from ..stages.registry import PKG, STAGES, Stage, StageContext
 from ..weights import missing_weights_message, resolve_weights
+from . import lock
 from .actions import fail_config, run_cache_command, run_stage, run_summary
 
 SKIPPED = " [skipped by default: weights not found]"
@@ -185,6 +186,8 @@ class Project:
 
     def doit_config(self) -> dict:
         self.artifacts.mkdir(parents=True, exist_ok=True)  # doit keeps its state DB there
+        if lock.needs_lock(sys.argv):  # before doit opens that DB (pipeline/tasks/lock.py)
+            lock.acquire(self.artifacts)
         from ..console import C7xReporter
         reporter = type("C7xReporter", (C7xReporter,), {"payload": self.summary_payload()})
         return {"default_tasks": self.default_tasks(), "continue": True, "reporter": reporter,
