@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import CalibrationDataError, ConfigError
 
 DTYPES = ("int8", "int16")
 OBSERVERS = ("minmax", "histogram", "moving_average", "percentile", "entropy")
@@ -42,6 +42,16 @@ QUANTIZER_IMPLS = ("c7x", "tvm")
 WEIGHT_FORMATS = ("bin", "c_array")
 MEMORY_PLANS = ("staged", "flat")  # pipeline/backend/emit_c.py MEMORY_PLANS
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+#: A model name (the entry's file name without ``.toml``): it names ``artifacts/<model>/``,
+#: so no path separator, no leading dot (``..``, hidden folders), nothing a shell must quote.
+MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
+def check_model_name(name: str, source: Path | str) -> None:
+    """Raise :class:`ConfigError` (one line) unless ``name`` matches :data:`MODEL_NAME`."""
+    if not MODEL_NAME.fullmatch(name):
+        raise ConfigError(f"{source}: model name {name!r} (the file name) must be letters, digits, '_', '-' "
+                          f"or '.', not start with a dot, and be at most 100 characters; rename the file")
 # "detection": the output is [1, D, 6] end-to-end detections (pipeline/data/detections.py);
 # verify and evaluate compare IoU-matched detections instead of top-1, verify draws them.
 TASKS = ("classification", "detection")
@@ -290,6 +300,11 @@ def load_models(models_dir: str | Path) -> list[ModelSpec | InvalidModel]:
         raise ConfigError(f"models folder {models_dir} not found: create it and add one .toml file per model")
     raw: dict[str, tuple[Path, dict | ConfigError]] = {}
     for path in sorted(models_dir.glob("*.toml")):
+        try:
+            check_model_name(path.stem, path)
+        except ConfigError as e:
+            raw[path.stem] = (path, e)
+            continue
         try:
             raw[path.stem] = (path, tomllib.loads(path.read_text()))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -543,9 +558,20 @@ def _pixels(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def list_images(folder: str | Path) -> list[Path]:
-    """Image files of a calibration/evaluation set, sorted by name."""
+def list_images(folder: str | Path, strict: bool = False) -> list[Path]:
+    """Image files of a calibration/evaluation set, sorted by name.
+
+    ``strict`` (what a stage uses when it runs): an entry with an image suffix
+    that is not a readable file (a folder named ``x.jpg``, a dangling link)
+    raises :class:`~pipeline.errors.CalibrationDataError` naming it, instead of
+    being skipped without a word. Loading the task list is never strict."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    named = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if strict:
+        for p in named:
+            if not p.is_file():
+                what = "a folder" if p.is_dir() else "a link to a missing file" if p.is_symlink() else "not a file"
+                raise CalibrationDataError(f"{p}: {what}, not an image; rename or remove it")
+    return [p for p in named if p.is_file()]

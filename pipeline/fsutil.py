@@ -140,3 +140,29 @@ def portable(text: str, root: str | os.PathLike | None = None) -> str:
 def portable_path(path: str | os.PathLike, root: str | os.PathLike | None = None) -> str:
     """One path as :func:`portable` writes it (a POSIX string)."""
     return portable(Path(path).as_posix(), root)
+
+
+#: Temporaries a killed run can leave in ``artifacts/``: atomic writes (``.tmp-*``)
+#: and the k-fold evaluation's work folders (``.holdout-*``).
+LEFTOVER_PREFIXES = (_TMP_PREFIX, ".holdout-")
+
+
+def sweep_leftovers(artifacts: str | os.PathLike, skip: tuple[str, ...] = (".cache",)) -> int:
+    """Remove what killed runs left under ``artifacts`` (:data:`LEFTOVER_PREFIXES`),
+    except inside ``skip`` folders (a run-cache has its own). Call it only while
+    holding the project lock, when no other run of the project can be writing.
+    Returns how many files or folders were removed."""
+    removed = 0
+    for folder, dirs, files in os.walk(artifacts):
+        if Path(folder) == Path(artifacts):
+            dirs[:] = [d for d in dirs if d not in skip]
+        for name in list(dirs) + files:
+            if name.startswith(LEFTOVER_PREFIXES):
+                p = Path(folder) / name
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                    dirs.remove(name)
+                else:
+                    p.unlink(missing_ok=True)
+                removed += 1
+    return removed

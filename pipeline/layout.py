@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import ModelSpec
+from .config import ModelSpec, check_model_name
 
 #: Files of one codegen build folder ``c/<variant>/`` (``weights_data.c`` is
 #: added with ``weights_format = "c_array"``).
@@ -26,6 +26,7 @@ class Layout:
     """Artifact paths of one model: everything under ``artifacts/<model>/``."""
 
     def __init__(self, artifacts: Path, name: str):
+        check_model_name(name, "model entry")  # every write and delete stays inside artifacts/<model>/
         self.dir = artifacts / name
         self.float_pt2 = self.dir / "float.pt2"
         self.export_json = self.dir / "export.json"

@@ -21,6 +21,12 @@ from ..errors import CalibrationDataError
 
 _LABEL = re.compile(r"_(\d+)\.[A-Za-z]+$")
 
+#: Largest image we decode, in pixels: Pillow's own decompression-bomb limit
+#: (``PIL.Image.MAX_IMAGE_PIXELS``, 89,478,485 = 0.25 GiB of 24-bit pixels).
+MAX_PIXELS = 89_478_485
+#: Pillow modes torchvision's decoders turn into 8-bit RGB.
+_MODES = {"1", "L", "LA", "P", "PA", "RGB", "RGBA", "CMYK", "YCbCr"}
+
 
 def make_transform(pre: PreprocessSpec) -> v2.Compose:
     """uint8 CHW RGB image -> float32 CHW: resize (bilinear, antialiased) the
@@ -36,16 +42,57 @@ def make_transform(pre: PreprocessSpec) -> v2.Compose:
     ])
 
 
+def check_header(path: Path, raw: bytes) -> None:
+    """Refuse, before any pixel is decoded, what could take the process down or
+    decode to something else than one 8-bit picture: not a JPEG or PNG (a GIF
+    named ``.jpg``), more than :data:`MAX_PIXELS` pixels (a 74-byte PNG can
+    declare 60000x60000 and crash the decoder), several frames (animated PNG),
+    16-bit or float samples. Reads the header with Pillow (no decoding).
+
+    Raises :class:`CalibrationDataError` naming the file, the reason and what to do."""
+    import io
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+    fix = "replace or remove the file"
+    if not raw:
+        raise CalibrationDataError(f"{path}: empty file; {fix}")
+    try:
+        with warnings.catch_warnings():  # over MAX_PIXELS is refused below, in our words
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw), formats=None) as im:
+                kind, (w, h), mode, frames = im.format, im.size, im.mode, getattr(im, "n_frames", 1)
+    except Image.DecompressionBombError:
+        raise CalibrationDataError(f"{path}: declares too many pixels to decode safely "
+                                   f"(over {MAX_PIXELS:,}); {fix}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        raise CalibrationDataError(f"{path}: not a readable JPEG/PNG image ({str(e).splitlines()[0][:120]}); "
+                                   f"{fix}") from None
+    if kind not in ("JPEG", "PNG", "MPO"):  # MPO: a JPEG with a second (depth) picture, decoded as JPEG
+        raise CalibrationDataError(f"{path}: is a {kind or 'unknown'} image, not a JPEG or PNG; convert it "
+                                   f"or remove the file")
+    if w * h > MAX_PIXELS or w <= 0 or h <= 0:
+        raise CalibrationDataError(f"{path}: declares {w}x{h} pixels, over the {MAX_PIXELS:,} we decode "
+                                   f"safely; resize it or remove the file")
+    if kind == "PNG" and frames != 1:
+        raise CalibrationDataError(f"{path}: an animated PNG ({frames} frames); save one frame or remove the file")
+    if mode not in _MODES:
+        raise CalibrationDataError(f"{path}: {mode} samples (16-bit or float), not 8-bit; save it as 8-bit "
+                                   f"RGB or remove the file")
+
+
 def load_image(path: Path, transform) -> torch.Tensor:
     """Decode one image file to a preprocessed float32 [3, crop, crop] tensor.
 
     Raises :class:`CalibrationDataError` naming the file when it is not a
-    readable JPEG/PNG.
+    readable JPEG/PNG, or fails :func:`check_header`.
     """
-    raw = path.read_bytes()
     try:
-        if not raw:
-            raise ValueError("empty file")
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CalibrationDataError(f"{path}: cannot be read ({e.strerror}); fix its permissions or remove it") from None
+    check_header(path, raw)
+    try:
         img = decode_image(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode.RGB)
     except (RuntimeError, ValueError) as e:
         raise CalibrationDataError(
@@ -72,7 +119,7 @@ def select_images(folder: Path, calib: CalibrationSpec, model: str) -> list[Path
 
     Raises :class:`CalibrationDataError` when the folder is missing or empty.
     """
-    files = list_images(folder)
+    files = list_images(folder, strict=True)
     if not files:
         fetchable = folder.with_name(folder.name + ".source.toml").is_file()
         fix = ("run `python -m pipeline.assets` to fetch it" if fetchable

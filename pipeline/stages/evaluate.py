@@ -84,7 +84,7 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
     """
     calib = json.loads(calibration_json.read_text())
     export = json.loads(export_json.read_text())
-    paths = list_images(images_dir)
+    paths = list_images(images_dir, strict=True)
     if not paths:
         raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images; "
                                    f"add images or set [evaluation] set in {spec.source}")

@@ -134,7 +134,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     from ..layout import variants
     from .torch_outputs import outputs_note, run_program
 
-    eval_images = list_images(images_dir)
+    eval_images = list_images(images_dir, strict=True)
     if not eval_images:
         raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images; "
                                    f"add images or set [evaluation] set in {spec.source}")

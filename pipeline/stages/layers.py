@@ -442,7 +442,7 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
 
     from ..backend.interp import Program
 
-    paths = list_images(images_dir)
+    paths = list_images(images_dir, strict=True)
     if not paths:
         raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images "
                                    f"for the per-layer numerics; add images or set [evaluation] set in "

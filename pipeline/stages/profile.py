@@ -192,7 +192,7 @@ def profile_model(spec: ModelSpec, images_dir: Path, builds: dict[str, tuple[Pat
     """
     from ..data.images import load_images
 
-    paths = list_images(images_dir)[:PROFILE_IMAGES]
+    paths = list_images(images_dir, strict=True)[:PROFILE_IMAGES]
     if not paths:
         raise CalibrationDataError(f"model {spec.name!r}: no images in {images_dir} to profile on")
     exes = [exe for _, exe in builds.values()]

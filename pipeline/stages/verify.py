@@ -295,7 +295,7 @@ def verify_model(spec: ModelSpec, torch_outputs: Path, images_dir: Path,
     host output, or any intermediate tensor of the first ``INTERMEDIATE_IMAGES``
     image(s), differs from the Python reference.
     """
-    paths = list_images(images_dir)
+    paths = list_images(images_dir, strict=True)
     if not paths:
         raise CalibrationDataError(f"model {spec.name!r}: no images in {images_dir} to verify on")
     x = load_images(paths, spec.preprocess, desc=f"verify {spec.name}", model=spec.name)

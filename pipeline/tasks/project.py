@@ -23,6 +23,7 @@ from doit.tools import config_changed
 from .. import runcache, stamps
 from ..config import InvalidModel, ModelSpec, load_models
 from ..errors import ConfigError, WeightsNotFoundError
+from ..fsutil import sweep_leftovers
 from ..layout import Layout, variants
 from ..perf.target import check_target_spec
 from ..stages.registry import PKG, STAGES, Stage, StageContext
@@ -188,6 +189,7 @@ class Project:
         self.artifacts.mkdir(parents=True, exist_ok=True)  # doit keeps its state DB there
         if lock.needs_lock(sys.argv):  # before doit opens that DB (pipeline/tasks/lock.py)
             lock.acquire(self.artifacts)
+            sweep_leftovers(self.artifacts)  # what killed runs left; no other run is writing now
         from ..console import C7xReporter
         reporter = type("C7xReporter", (C7xReporter,), {"payload": self.summary_payload()})
         return {"default_tasks": self.default_tasks(), "continue": True, "reporter": reporter,

@@ -69,3 +69,17 @@ def test_a_second_run_waits_for_the_first_then_builds(proj):
     assert waiting.returncode == 0, out + err
     assert "doit-c7x: waiting for another doit run (pid 4242, since 10:00:00) to finish" in err
     assert (proj.root / "artifacts" / "tiny" / "float.pt2").is_file()
+
+
+def test_the_next_run_removes_what_a_killed_run_left(proj):
+    art = proj.root / "artifacts"
+    leftovers = [art / "tiny" / "host" / ".tmp-mmalib.exe.1a2b3c.exe", art / "tiny" / ".tmp-report.json.x.json",
+                 art / "tiny" / ".holdout-k2j3" / "fold0" / "calibrated.pt"]
+    for f in leftovers:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"half written")
+    assert proj.doit("list", timeout=120).returncode == 0
+    assert all(f.exists() for f in leftovers)  # a read-only command takes no lock and sweeps nothing
+    run = proj.doit("export:tiny", timeout=600)
+    assert run.returncode == 0, run.out
+    assert not any(f.exists() for f in leftovers) and not (art / "tiny" / ".holdout-k2j3").exists()
