@@ -3,11 +3,16 @@
 The summary is printed at the end of every run that asked for it (the default
 run), also when everything was up to date or when some model failed: the
 models that built are reported and each failed model gets one line naming its
-failed stage and the error. No torch, no tvm.
+failed stage and the error. A run without the summary (``doit verify:m``)
+prints those lines alone. doit's own failure blocks are not printed: a stage's
+error is one self-contained line (its traceback, if any, is in
+``artifacts/<model>/logs/``), and the stages it blocked (doit's
+``UnmetDependency``) add nothing to it. No torch, no tvm.
 """
 
 from __future__ import annotations
 
+from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
 
 from .stages.summary import render, restored_lines
@@ -35,21 +40,25 @@ class C7xReporter(ConsoleReporter):
             self.restored.append(task.name)
 
     def add_failure(self, task, fail):
-        super().add_failure(task, fail)
+        if isinstance(fail, UnmetDependency):
+            return  # blocked by a failure reported on its own line
         stage, _, model = task.name.partition(":")
-        if model and model not in self.failed:
-            self.failed[model] = f"{stage}: {fail.get_msg().strip().splitlines()[-1]}"
+        lines = fail.get_msg().strip().splitlines()
+        msg = lines[-1] if lines else type(fail).__name__
+        if not model:  # the summary or cache task: no model line will carry it
+            self.write(f"{task.name}: FAILED: {msg}\n")
+        elif model not in self.failed:  # the first failure of a model is its cause
+            self.failed[model] = msg if msg.startswith(stage + ": ") else f"{stage}: {msg}"
+        self.failures.append({"task": task, "exception": fail})  # doit's exit code counts them
 
     def complete_run(self):
-        # doit's own epilogue, minus the empty "<task> <stdout>:" blocks
-        # python-action failures produce (their message is already shown)
-        self.failures = [f for f in self.failures if _captured(f["task"])]
+        self.failures, failures = [], self.failures  # printed below as one line per model instead
         super().complete_run()
+        self.failures = failures
         if self.show_summary and self.payload:
             self.write(render(self.payload, self.failed, self.restored) + "\n")
-        elif self.restored:  # e.g. `doit verify:m`: no summary, still say what was restored
+            return
+        for model, why in self.failed.items():
+            self.write(f"{model}: FAILED at {why}\n")
+        if self.restored:  # e.g. `doit verify:m`: no summary, still say what was restored
             self.write("\n".join(restored_lines(self.restored)) + "\n")
-
-
-def _captured(task) -> bool:
-    return any((a.out or "").strip() or (a.err or "").strip() for a in task.actions)

@@ -91,12 +91,13 @@ def broken(tmp_path_factory):
 
 
 def _failure_message(run, task):
-    """The message doit prints under 'TaskFailed - taskid:<task>' (``*:model``: any stage)."""
-    lines = run.out.splitlines()
+    """The one line a failed model gets: ``<model>: FAILED at <stage>: ...`` (``*:model``: any
+    stage; an invalid entry: ``<model>: FAILED (...)``), and that it is the only one."""
     stage, model = task.split(":")
-    i = next(i for i, line in enumerate(lines) if line.startswith("TaskFailed - taskid:")
-             and line.endswith(":" + model) and stage in ("*", line.split(":")[1].strip()))
-    return lines[i + 1]
+    lines = [line for line in run.out.splitlines() if line.startswith(f"{model}: FAILED")]
+    assert len(lines) == 1, run.out
+    assert stage == "*" or lines[0].startswith(f"{model}: FAILED at {stage}: "), lines[0]
+    return lines[0]
 
 
 @pytest.mark.parametrize("task, needles", [

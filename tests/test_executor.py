@@ -27,7 +27,7 @@ LOCAL = {"DOIT_C7X_EXECUTOR": "", "DOIT_C7X_CACHE": "off"}
 BUILT = ("t8", "t16")
 TASKS = [f"codegen:{m}" for m in BUILT] + ["calibrate:bad_jpeg", "export:crashy"]
 # doit's database, and the stamps: they hold mtimes (pipeline/stamps.py); logs: tracebacks.
-SKIP = (".doit.db", ".stamps", "logs")
+SKIP = (".doit.db", ".stamps", "logs", ".lock")  # .lock: the pid of the run holding it
 
 
 def artifact_files(art) -> dict[str, bytes]:
@@ -37,10 +37,11 @@ def artifact_files(art) -> dict[str, bytes]:
 
 
 def failure_line(run, task: str) -> str:
-    """The line doit prints under 'TaskFailed - taskid:<task>'."""
-    lines = run.out.splitlines()
-    i = next(i for i, line in enumerate(lines) if line.strip() == f"TaskFailed - taskid:{task}")
-    return lines[i + 1]
+    """``<stage>: <error>`` from the one line a failed model gets: ``<model>: FAILED at <stage>: <error>``."""
+    stage, model = task.split(":")
+    head = f"{model}: FAILED at "
+    line = next(line for line in run.out.splitlines() if line.startswith(f"{head}{stage}: "))
+    return line[len(head):]  # "<stage>: <error>", the stage's own line
 
 
 @pytest.fixture(scope="module")

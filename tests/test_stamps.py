@@ -13,8 +13,9 @@ from pipeline.stamps import StampCheck, config_digest, write_stamp
 
 
 class FakeTask:
-    def __init__(self, deps):
+    def __init__(self, deps, targets=()):
         self.file_dep = set(deps)
+        self.targets = list(targets)
 
 
 def test_stamp_check_follows_content_not_timestamps(tmp_path):
@@ -61,3 +62,18 @@ def test_kill_after_stage_then_undo_reruns_the_stage(tmp_path):
     assert "calibrate:tiny" in run.executed
     assert json.loads((art / "calibration.json").read_text())["num_images"] == 3
     assert p.doit("calibrate:tiny").executed == []
+
+
+def test_an_output_edited_after_the_stage_makes_it_stale(tmp_path):
+    a, out = tmp_path / "a.bin", tmp_path / "out.json"
+    a.write_bytes(b"input")
+    out.write_text('{"dtype": "int8"}')
+    stamp = tmp_path / "s.json"
+    write_stamp(stamp, "cfg", [str(a)], outs=[str(out)])
+    check = StampCheck(stamp, "cfg")
+    task = FakeTask([str(a)], [str(out)])
+    assert check(task, {})
+    out.write_text('{"dtype": "int16"}')  # same size, edited by hand
+    assert not check(task, {})
+    out.unlink()
+    assert not check(task, {})

@@ -31,9 +31,16 @@ def small_cnn(classes: int = 10) -> nn.Module:
     return SmallCNN(classes)
 
 
+class _Crashing(nn.Module):
+    def train(self, mode: bool = True):
+        raise RuntimeError("boom inside the builder")
+
+
 def crashing() -> nn.Module:
-    """Builder that fails the way a bug would (tests the unexpected-error path)."""
-    raise RuntimeError("boom inside the builder")
+    """Builder whose module fails the way a bug would, after the builder returned
+    (``model.eval()`` raises): tests the unexpected-error path with its traceback file.
+    A builder that raises itself is the user's error, reported in one line instead."""
+    return _Crashing()
 
 
 class ActivationCNN(nn.Module):

@@ -65,9 +65,11 @@ def check_header(path: Path, raw: bytes) -> None:
     except Image.DecompressionBombError:
         raise CalibrationDataError(f"{path}: declares too many pixels to decode safely "
                                    f"(over {MAX_PIXELS:,}); {fix}") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise CalibrationDataError(f"{path}: not a readable JPEG/PNG image ({str(e).splitlines()[0][:120]}); "
-                                   f"{fix}") from None
+    except UnidentifiedImageError:
+        raise CalibrationDataError(f"{path}: not a readable JPEG/PNG image (no known image header); {fix}") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        raise CalibrationDataError(f"{path}: not a readable JPEG/PNG image ({reason}); {fix}") from None
     if kind not in ("JPEG", "PNG", "MPO"):  # MPO: a JPEG with a second (depth) picture, decoded as JPEG
         raise CalibrationDataError(f"{path}: is a {kind or 'unknown'} image, not a JPEG or PNG; convert it "
                                    f"or remove the file")
