@@ -36,6 +36,7 @@ from tvm import relax, tirx
 from . import tir_c, weights_bin
 from .lower import is_offload
 from .memory_plan import Plan, const_key
+from ..tvmscript_guard import check_tvmscript
 
 
 # ---------------------------------------------------------------------------
@@ -178,6 +179,7 @@ def _compiled_locked(path: Path) -> "_Compiled":
     text = path.read_text()
     entry = _COMPILED.get(hashlib.sha256(text.encode()).hexdigest())
     if entry is None:
+        check_tvmscript(text, path)  # before TVM's parser evaluates any of it
         try:
             mod = tvm.script.from_source(text)
         except Exception as e:  # TVMScript diagnostics: one message, not a dump

@@ -18,6 +18,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..fsutil import write_bytes, write_text
+from ..tvmscript_guard import check_tvmscript
 
 
 @mutator
@@ -74,8 +75,10 @@ def load_irmodule(script_path: Path, params_path: Path, bind: bool = True):
     ``bind=False`` returns ``(module, params)`` untouched. Raises ValueError (one
     line naming the file) when the script does not parse.
     """
+    text = Path(script_path).read_text()
+    check_tvmscript(text, script_path)  # before TVM's parser evaluates any of it
     try:
-        mod = tvm.script.from_source(Path(script_path).read_text())
+        mod = tvm.script.from_source(text)
     except Exception as e:  # TVMScript diagnostics: one message, not a dump
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise ValueError(f"{script_path}: cannot parse the imported module ({first.strip()[:200]}); "
