@@ -25,8 +25,8 @@ upstream inputs are identical share entries.
   secret cannot make an entry we restore: an unsigned or mis-signed entry is
   ignored with one line. A restore copies each file and checks the copy's
   hash against the signed list before moving it into place.
-- **Executables** are restored only from a cache the user owns
-  (:func:`owned_by_me`); anywhere else the stage rebuilds them.
+- **Executables** are restored only from entries the user made
+  (:func:`owned_by_me`); from anyone else's the stage rebuilds them.
 - **Corruption**: a file whose hash does not match its signed record removes
   the entry and the stage runs as if it were absent.
 - **Size**: :func:`prune` removes least recently used entries (a restore
@@ -154,16 +154,19 @@ def _signature(secret: bytes, key: str, files: dict, meta: dict) -> str:
 
 
 def owned_by_me(path: Path, root: Path) -> bool:
-    """Whether ``path`` and every folder from ``root`` down to it belong to this
-    user and are writable by no one else (so no other account can have put it there)."""
+    """Whether no other account can have put ``path`` there: the file and every
+    folder from ``root`` down to it belong to this user and are not links, and
+    the file is writable by no one else. (A group-writable folder is fine: a
+    file someone else put in it would be theirs.)"""
     me = os.getuid()
     p = Path(path)
     chain = [p] + [q for q in p.parents if q == root or root in q.parents]
     try:
-        return all((st := os.lstat(q)).st_uid == me and not st.st_mode & 0o022
-                   and not stat.S_ISLNK(st.st_mode) for q in chain)
+        stats = [os.lstat(q) for q in chain]
     except OSError:
         return False
+    return (all(st.st_uid == me and not stat.S_ISLNK(st.st_mode) for st in stats)
+            and not stats[0].st_mode & 0o022)
 
 
 def _copy_checked(src: Path, dst: Path, size: int, digest: str, executable: bool) -> Path | None:
@@ -224,8 +227,9 @@ class RunCache:
 
         Returns False (and changes nothing) when there is no entry, when it is
         not signed with this cache's secret, when it lists other files, when it
-        holds an executable and the cache is not the user's own, or when a
-        file's hash does not match (the entry is then removed)."""
+        holds an executable that someone else could have put there
+        (:func:`owned_by_me`), or when a file's hash does not match (the entry
+        is then removed)."""
         rec = self._verified(key)
         if rec is None or sorted(rec["files"]) != sorted(outs):
             return False

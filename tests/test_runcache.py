@@ -121,11 +121,15 @@ def test_executables_come_back_only_from_a_cache_the_user_alone_can_write(tmp_pa
     rc.store(key, base, ["model.exe"], {})
     assert rc.restore(key, tmp_path / "m2", ["model.exe"])
     assert os.access(tmp_path / "m2" / "model.exe", os.X_OK)
-    rc.root.chmod(0o777)  # a shared folder: anyone could have planted the entry
+    exe = rc.entry(key) / "files" / "model.exe"
+    exe.chmod(0o775)  # others could have rewritten it
     assert not rc.restore(key, tmp_path / "m3", ["model.exe"])
     assert not (tmp_path / "m3").exists()
     assert "holds executables (model.exe)" in capsys.readouterr().err
-    rc.root.chmod(0o755)
+    exe.chmod(0o755)
+    if os.getuid() == 0:  # root can hand the file to another account, as a colleague's would be
+        os.chown(exe, 4242, 4242)
+        assert not rc.restore(key, tmp_path / "m4", ["model.exe"])
 
 
 def test_the_secret_is_made_once_outside_the_cache_and_refused_inside(tmp_path, monkeypatch):

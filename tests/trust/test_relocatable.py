@@ -157,12 +157,14 @@ def test_a_tampered_cache_entry_runs_no_code_and_is_not_restored(built, tmp_path
                 f.write_bytes(pickle.dumps(Boom()))
             elif rel.endswith(".json"):
                 f.write_text(f.read_text().replace("tiny", "evil"))
-            else:
-                continue
+            elif rel.endswith(".exe"):
+                f.write_text(f"#!/bin/sh\ntouch {marker}\n")  # verify would run it
+            else:  # C sources, weights.bin, params.bin, npz...: other bytes
+                f.write_bytes(f.read_bytes() + b"planted")
             rec["files"][rel][:2] = [f.stat().st_size, _sha256(f)]
             tampered += 1
         info.write_text(json.dumps(rec))
-    assert tampered >= 5
+    assert tampered >= 20  # every file of every entry
     clone = tmp_path / "clone"
     shutil.copytree(p.root, clone, ignore=shutil.ignore_patterns("artifacts", "__pycache__"))
     q = Project.__new__(Project)
