@@ -75,7 +75,8 @@ def test_no_stage_dispatch_on_names():
 
 # Import layers, lowest first. A module may import from its own layer or lower ones.
 LAYERS = [
-    {"errors", "fsutil", "config", "stamps", "weights", "layout", "toolchain", "torchenv", "assets", "runcache"},
+    {"errors", "fsutil", "config", "stamps", "weights", "layout", "toolchain", "torchenv", "assets", "runcache",
+     "tvmscript_guard"},
     {"quant", "frontend", "backend", "data", "visualize", "models", "tools", "perf"},
     {"stages", "console", "executor"},
     {"tasks"},
