@@ -42,8 +42,6 @@ def test_function_accepts_exactly_the_declared_arguments(stage, ctx):
 
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_code_params_and_paths_are_real(stage, ctx):
-    for rel in stage.code:
-        assert (PKG / rel).exists(), (stage.name, rel)
     assert stage.sources() and all(Path(p).is_file() for p in stage.sources())
     tracked = stage.tracked(ctx)  # an unknown field raises AttributeError
     assert set(stage.params) <= set(tracked)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from doitproj import Project
+
+PKG_HERE = Path(__file__).resolve().parents[1] / "pipeline"  # the package this process imports
 
 MODELS = ("tiny_a", "tiny_b")
 ALL_STAGES = ("export", "prepare", "calibrate", "convert", "relax_import", "codegen",
@@ -132,6 +135,24 @@ def test_pipeline_code_change_reruns_its_stage(proj):
         src.write_text(original)
     run = proj.doit()
     assert_ran(run, {"evaluate": set(MODELS)})
+    assert_nothing_runs(proj)
+
+
+def test_a_shared_module_change_reruns_exactly_the_stages_that_import_it(proj):
+    """Code dependencies are the import closure (pipeline/stages/code_deps.py):
+    editing the image loader re-runs the stages that load images, no other."""
+    from pipeline.stages.registry import BY_NAME
+    src = proj.root / "pipeline" / "data" / "images.py"
+    importers = {s for s in ALL_STAGES if str(src) in {p.replace(str(PKG_HERE), str(proj.root / "pipeline"))
+                                                        for p in BY_NAME[s].sources()}}
+    assert {"calibrate", "evaluate", "verify"} <= importers and "host_build" not in importers
+    original = src.read_text()
+    try:
+        src.write_text(original + "\n# touched by test_staleness\n")
+        assert_ran(proj.doit(), {s: set(MODELS) for s in importers})
+    finally:
+        src.write_text(original)
+    assert_ran(proj.doit(), {s: set(MODELS) for s in importers})
     assert_nothing_runs(proj)
 
 

@@ -67,6 +67,7 @@ SECTIONS = {"l2": ".l2sram", "msmc": ".msmc", "ddr": ".ddr"}
 
 SHIM_HEADER = Path(__file__).parent / "kernels" / "c7x_tvm_shim.h"
 MEMORY_HEADER = Path(__file__).parent / "kernels" / "c7x_memory.h"
+DATA_FILES = ("kernels/c7x_tvm_shim.h", "kernels/c7x_memory.h")  # copied into c/<build>/ (stages/code_deps.py)
 
 _DL_CODE = {"int": "kDLInt", "uint": "kDLUInt", "float": "kDLFloat"}
 

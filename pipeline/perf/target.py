@@ -18,6 +18,7 @@ from pathlib import Path
 from ..errors import ConfigError
 
 TARGETS_DIR = Path(__file__).resolve().parent / "targets"
+DATA_FILES = ("targets/*.toml",)  # the target tables (stages/code_deps.py)
 DEFAULT_TARGET = "am67a"
 
 #: every figure a target file must give: name -> (unit, meaning)

@@ -20,6 +20,7 @@ from ..fsutil import atomic_dir, portable, write_json
 from ..toolchain import archive_command, compile_command, find_cgt, link_command
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "backend" / "kernels"
+DATA_FILES = ("../backend/kernels/*.c", "../backend/kernels/*.h")  # read at run time (stages/code_deps.py)
 
 
 def _run(cmd: list[str], model: str, cwd: Path, what: str) -> None:

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..fsutil import portable_path
+from .code_deps import closure
 from ..config import ModelSpec, list_images
 from ..layout import Layout, variants
 from ..toolchain import host_cpu
 
 PKG = Path(__file__).resolve().parent.parent
-_CODE_SUFFIXES = (".py", ".c", ".h", ".toml")  # .toml: the target tables (perf/targets/)
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,9 @@ class Stage:
 
     - ``func``: ``"module:function"`` run as ``function(**args(ctx))``; a plain
       function from input files to output files, testable without doit.
-    - ``code``: pipeline sources it executes (files or folders, relative to
-      ``pipeline/``); editing one re-runs the stage.
+    - its code dependencies are derived: the import closure of ``func``'s
+      module inside ``pipeline/`` plus the data files those modules declare
+      (:mod:`pipeline.stages.code_deps`); editing one re-runs the stage.
     - ``params``: tracked ``ModelSpec`` fields (``"dtype"``, ``"quantizer"``,
       ``"calibration.observer"``...); ``versions``: tracked distributions;
       ``extra(ctx)``: other tracked values (image names, environment).
@@ -98,7 +99,6 @@ class Stage:
     name: str
     doc: str
     func: str
-    code: tuple[str, ...]
     deps: Paths
     outs: Paths
     args: Callable[[StageContext], dict]
@@ -116,16 +116,9 @@ class Stage:
         return getattr(importlib.import_module(module), attr)
 
     def sources(self) -> list[str]:
-        """Absolute paths of the pipeline files the stage runs (sorted per entry)."""
-        out = []
-        for rel in self.code:
-            p = PKG / rel
-            if p.is_dir():
-                out += [str(f) for f in sorted(p.rglob("*")) if f.suffix in _CODE_SUFFIXES
-                        and "__pycache__" not in f.parts]
-            elif p.exists():
-                out.append(str(p))
-        return out
+        """Absolute paths of the pipeline files the stage runs (sorted): derived
+        from its module's imports, never listed by hand (:mod:`.code_deps`)."""
+        return [str(p) for p in closure(self.func.partition(":")[0])]
 
     def tracked(self, ctx: StageContext) -> dict:
         """Tracked parameters of one model: what doit's ``config_changed`` compares."""
@@ -281,8 +274,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="export", doc="torch.export the float model (float.pt2)",
         func="pipeline.stages.export:export_model",
-        code=("stages/export.py", "torchenv.py", "weights.py", "frontend/provenance.py",
-              "models/batchnorm.py"),
         params=("builder", "builder_kwargs", "input_shape", "weights.pretrained"),
         versions=("torch", "torchvision"),
         extra=lambda c: {**builder_versions(c.spec.builder), **_batchnorm_inputs(c)},
@@ -300,9 +291,6 @@ STAGES: tuple[Stage, ...] = (
         # new measurements with the same choice stop the cascade here.
         name="mixed_precision", doc="choose the int16 layers of an int8 model (patterns, sensitivity pass)",
         func="pipeline.stages.mixed_precision:mixed_precision_model",
-        code=("stages/mixed_precision.py", "stages/prepare.py", "stages/calibrate.py", "stages/calibrate_shards.py",
-              "stages/torch_outputs.py", "stages/estimate.py", "torchenv.py", "quant", "data", "perf",
-              "frontend/provenance.py"),
         params=QUANT + ("calibration", "preprocess"), versions=("torchao",),
         # a budget in cycles depends on the target (and on the performance model: code)
         extra=lambda c: {"images": [p.name for p in c.calibration_images],
@@ -317,7 +305,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="prepare", doc="prepare_pt2e with the C7x quantizer (observer placement)",
         func="pipeline.stages.prepare:prepare_model",
-        code=("stages/prepare.py", "torchenv.py", "quant"),
         params=QUANT_OPTS, versions=("torchao",),
         deps=lambda c: [c.layout.float_pt2, *_selection_deps(c)],
         outs=lambda c: [c.layout.prepared, c.layout.prepared_table],
@@ -329,7 +316,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="calibrate", doc="run the calibration JPEGs through the observers",
         func="pipeline.stages.calibrate:calibrate_model",
-        code=("stages/calibrate.py", "stages/calibrate_shards.py", "stages/prepare.py", "torchenv.py", "quant", "data"),
         params=QUANT_OPTS + ("calibration", "preprocess"), versions=("torchao",),
         extra=lambda c: {"images": [p.name for p in c.calibration_images]},
         deps=lambda c: [c.layout.float_pt2, c.layout.prepared, c.layout.prepared_table,
@@ -345,7 +331,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="convert", doc="convert_pt2e to the Q/DQ program (quantized.pt2)",
         func="pipeline.stages.convert:convert_model",
-        code=("stages/convert.py", "stages/prepare.py", "torchenv.py", "quant"),
         params=QUANT_OPTS + ("calibration.observer",), versions=("torchao",),
         deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, *_selection_deps(c)],
         outs=lambda c: [c.layout.quantized_pt2],
@@ -357,7 +342,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="relax_import", doc="import the Q/DQ program into TVM Relax",
         func="pipeline.stages.relax_import:import_model",
-        code=("stages/relax_import.py", "torchenv.py", "frontend"),
         versions=("torch", "apache-tvm"),
         deps=lambda c: [c.layout.quantized_pt2],
         outs=lambda c: [c.layout.relax_script, c.layout.relax_params, c.layout.relax_layers],
@@ -370,7 +354,6 @@ STAGES: tuple[Stage, ...] = (
         # codegen, and byte-identical output stops the cascade there.
         name="codegen", doc="MMALIB offload + static C + weights.bin",
         func="pipeline.stages.codegen:codegen_model",
-        code=("stages/codegen.py", "stages/estimate.py", "frontend/irmodule_io.py", "backend", "perf"),
         params=("codegen", "name"), versions=("apache-tvm",),
         # the staged memory plan depends on the target's L2 / MSMC sizes only
         extra=lambda c: {"memory_budget": _memory_budget(c)},
@@ -386,7 +369,6 @@ STAGES: tuple[Stage, ...] = (
         # (pipeline/perf/) decide it; a board log is a file dep while it exists.
         name="estimate", doc="estimated C7x cycles per call and layer, ms and FPS on the target",
         func="pipeline.stages.estimate:estimate_model",
-        code=("stages/estimate.py", "stages/profile.py", "backend/profile_block.py", "backend/host.py", "perf"),
         params=("target",),
         extra=lambda c: {"board_log": _board_log_name(c), "board_log_present": bool(_board_log_deps(c))},
         deps=lambda c: ([c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)]
@@ -400,7 +382,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="host_build", doc="build the generated C on the host with gcc",
         func="pipeline.stages.host_build:host_build_model",
-        code=("stages/host_build.py", "backend/host.py", "backend/kernels"),
         # host_cpu: the executables are built with -march=native (backend/host.py)
         extra=lambda c: {"variants": variants(c.spec), "host_cpu": host_cpu()},
         deps=lambda c: c.layout.codegen_files(c.spec),
@@ -411,7 +392,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="evaluate", doc="float vs quantized accuracy report",
         func="pipeline.stages.evaluate:evaluate_model",
-        code=("stages/evaluate.py", "stages/torch_outputs.py", "stages/convert.py", "data", "torchenv.py"),
         # dtype, weight_dtype, evaluation_set: report.json records them
         params=("preprocess", "calibration.set", "calibration.source", "dtype", "quantizer.weight_dtype",
                 "evaluation_set"),
@@ -429,7 +409,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="verify", doc="bit-exactness and accuracy of the host build",
         func="pipeline.stages.verify:verify_model",
-        code=("stages/verify.py", "stages/torch_outputs.py", "backend", "data", "torchenv.py"),
         params=("preprocess", "dtype"),  # verify.json records dtype
         extra=lambda c: {"images": [p.name for p in c.evaluation_images], **_task(c)},
         # the PyTorch side comes from evaluate's torch_outputs.npz, not from the .pt2 files again
@@ -446,10 +425,6 @@ STAGES: tuple[Stage, ...] = (
         # every stage from mixed_precision to host_build tracks, and their code.
         name="holdout", doc="held-out accuracy: k-fold re-calibration, Q/DQ and C on unseen images",
         func="pipeline.stages.holdout:holdout_model",
-        code=("stages/holdout.py", "stages/mixed_precision.py", "stages/prepare.py", "stages/calibrate.py",
-              "stages/calibrate_shards.py", "stages/convert.py", "stages/torch_outputs.py", "stages/relax_import.py",
-              "stages/codegen.py", "stages/estimate.py", "torchenv.py", "quant", "data", "frontend", "backend",
-              "perf"),
         params=QUANT + ("calibration", "preprocess", "codegen", "evaluation_set", "evaluation_folds", "name"),
         versions=("torch", "torchao", "apache-tvm"),
         extra=lambda c: {"images": [p.name for p in c.calibration_images],
@@ -471,7 +446,6 @@ STAGES: tuple[Stage, ...] = (
         # tracked too, so removing it re-runs the stage, which falls back to host time.
         name="profile", doc="per-layer time of every kernel call (TI's -profile-layers)",
         func="pipeline.stages.profile:profile_model",
-        code=("stages/profile.py", "backend/profile_block.py", "backend/host.py", "backend/kernels", "data"),
         params=("preprocess",),
         # host_cpu: its times are of this CPU, its executables -march=native (as host_build)
         extra=lambda c: {"images": [p.name for p in c.evaluation_images], "host_cpu": host_cpu(),
@@ -489,8 +463,6 @@ STAGES: tuple[Stage, ...] = (
         # record reads what convert reads, plus the deployed build's lowered program.
         name="layers", doc="per-layer numerics: Q/DQ vs float and C vs Q/DQ (layers.json)",
         func="pipeline.stages.layers:layers_model",
-        code=("stages/layers.py", "stages/convert.py", "stages/prepare.py", "torchenv.py", "quant", "data",
-              "frontend/provenance.py", "backend"),
         params=QUANT_OPTS + ("calibration.observer", "preprocess", "evaluation_set"), versions=("torchao",),
         extra=lambda c: {"images": [p.name for p in c.evaluation_images]},  # layers.json records the set
         deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, c.layout.relax_layers, *_selection_deps(c),
@@ -508,11 +480,9 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         # The page's assets (HTML, CSS, JS, the vendored layout library) are code too:
-        # editing one re-runs the stage (tests/test_visualize.py keeps this list whole).
+        # visualize/page.py declares them (DATA_FILES), so editing one re-runs the stage.
         name="visualize", doc="offload graph of every build as one self-contained HTML page",
         func="pipeline.stages.visualize:visualize_model",
-        code=("stages/visualize.py", "visualize", "backend/tile_names.py", "visualize/template.html", "visualize/page.css",
-              "visualize/page.js", "visualize/vendor/dagre.min.js", "visualize/vendor/LICENSE"),
         params=("name",),
         deps=lambda c: [c.layout.codegen_dir(v) / "manifest.json" for v in variants(c.spec)]
         + [c.layout.profile, c.layout.layers_json, c.layout.estimate],
@@ -526,7 +496,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="cross_compile", doc="TI cl7x cross-compile (needs TI_CGT_C7000_PATH)",
         func="pipeline.stages.cross_compile:cross_compile_model",
-        code=("stages/cross_compile.py", "toolchain.py", "backend/kernels"),
         extra=lambda c: {"cgt": os.environ.get("TI_CGT_C7000_PATH", ""),
                          "mmalib": os.environ.get("MMALIB_PATH", "")},
         deps=_mmalib_files, outs=_cross_outputs,

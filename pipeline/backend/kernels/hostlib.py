@@ -50,6 +50,7 @@ _POINTER_DTYPES = {
 
 # C type of a scalar argument -> ctypes type (the requantize kernels take float scales).
 _SCALAR_CTYPES = {"int32_t": ctypes.c_int32, "float": ctypes.c_float}
+DATA_FILES = ("*.c", "*.h")  # the reference kernels it compiles (stages/code_deps.py)
 
 
 def kernel_source_dir() -> Path:

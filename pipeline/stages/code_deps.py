@@ -1,0 +1,117 @@
+"""The pipeline sources a stage runs, derived from its imports (no hand-kept list).
+
+A stage's code dependencies are the import closure of its function's module
+inside the ``pipeline`` package, plus the data files those modules read
+(``DATA_FILES`` in each module). Editing any of them re-runs the stage; editing
+anything else does not. Computed from the source text without importing it
+(loading the task list imports neither torch nor tvm), in about 10 ms for the
+whole package:
+
+- **Imports** are found by a regular expression over each file: every
+  ``from <.relative|pipeline.x> import a, b`` and ``import pipeline.x``
+  statement, at any indentation (imports inside functions count). Text that
+  only looks like an import (in a docstring) adds a dependency, never hides
+  one: the closure can be too large, not too small.
+  ``tests/test_code_deps.py`` runs every stage and checks that each
+  ``pipeline`` module it loaded is in its closure.
+- **Packages**: importing ``pipeline.a.b`` runs ``pipeline/__init__.py`` and
+  ``pipeline/a/__init__.py`` too, so they are in the closure.
+- **Data files**: a module that reads files of the package declares them as
+  ``DATA_FILES = ("kernels/*.c", ...)``, glob patterns relative to its own
+  folder (a literal tuple on one logical line, read with ``ast.literal_eval``).
+  A test checks that every non-Python file of the package is declared.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent  # the pipeline package folder
+
+_IMPORT = re.compile(
+    r"^[ \t]*(?:from[ \t]+(?P<base>\.+[\w.]*|pipeline(?:\.\w+)*)[ \t]+import[ \t]+(?P<names>\([^)]*\)|[^\n#]*)"
+    r"|import[ \t]+(?P<abs>pipeline(?:\.\w+)*))", re.M)
+_DATA = re.compile(r"^DATA_FILES[ \t]*(?::[^=]*)?=[ \t]*(\([^)]*\))", re.M)
+
+
+@functools.lru_cache(maxsize=1)
+def _modules() -> dict[str, Path]:
+    """Every module of the package: dotted name -> file (one walk of the folder)."""
+    out = {}
+    for f in PKG.rglob("*.py"):
+        parts = ("pipeline",) + f.relative_to(PKG).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def module_file(module: str) -> Path | None:
+    """``pipeline/a/b.py`` or ``pipeline/a/b/__init__.py`` of module ``pipeline.a.b`` (None if neither)."""
+    return _modules().get(module)
+
+
+def _package_of(module: str, path: Path) -> str:
+    """The package relative imports of ``module`` (at ``path``) resolve against."""
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+@functools.lru_cache(maxsize=None)
+def imports(module: str) -> frozenset[str]:
+    """``pipeline`` modules (existing ones) that ``module``'s source imports."""
+    path = module_file(module)
+    if path is None:
+        return frozenset()
+    out = set()
+    for m in _IMPORT.finditer(path.read_text()):
+        if m["abs"]:
+            out.add(m["abs"])
+            continue
+        base = m["base"]
+        if base.startswith("."):
+            level = len(base) - len(base.lstrip("."))
+            pkg = _package_of(module, path).split(".")
+            stem = pkg[:len(pkg) - level + 1]
+            base = ".".join(stem + ([base.lstrip(".")] if base.lstrip(".") else []))
+        out.add(base)
+        for name in re.findall(r"\w+", m["names"].split(" as ")[0] if "(" not in m["names"] else m["names"]):
+            out.add(f"{base}.{name}")  # `from pkg import submodule`; non-modules are dropped below
+    return frozenset(o for o in out if o.startswith("pipeline") and module_file(o) is not None)
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+@functools.lru_cache(maxsize=None)
+def data_files(module: str) -> tuple[Path, ...]:
+    """Files matching the module's ``DATA_FILES`` patterns (relative to its folder)."""
+    path = module_file(module)
+    m = _DATA.search(path.read_text()) if path else None
+    if not m:
+        return ()
+    out = []
+    for pattern in ast.literal_eval(m.group(1)):
+        out += [p.resolve() for p in sorted(path.parent.glob(pattern)) if p.is_file()]
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def closure(module: str) -> tuple[Path, ...]:
+    """Every source and data file ``module`` runs: its import closure inside
+    ``pipeline`` (with the packages' ``__init__.py``) and their data files, sorted."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        todo += [n for n in imports(m) | set(_parents(m)) if n not in seen]
+    files = {module_file(m) for m in seen} - {None}
+    for m in seen:
+        files.update(data_files(m))
+    return tuple(sorted(files))
