@@ -62,12 +62,9 @@ def method_of(spec: ModelSpec, calib_images: list[Path], eval_images: list[Path]
     return "k-fold" if shared else "separate"
 
 
-def _link_set(images: list[Path], folder: Path) -> Path:
-    """A calibration folder holding symlinks to ``images`` (the stage functions read folders)."""
-    folder.mkdir(parents=True)
-    for p in images:
-        os.symlink(p.resolve(), folder / p.name)
-    return folder
+def _link(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(Path(src).resolve(), dst)
 
 
 def _fold_spec(spec: ModelSpec) -> ModelSpec:
@@ -76,42 +73,54 @@ def _fold_spec(spec: ModelSpec) -> ModelSpec:
     return dataclasses.replace(spec, calibration=dataclasses.replace(spec.calibration, num_images=0))
 
 
+#: The calibration-dependent part of the flow a fold re-runs, in record order. A
+#: fixed int16 choice and the prepared model are the model's own (linked); an
+#: automatic int16 choice depends on the images, so the fold makes its own.
+FOLD_STAGES = ("mixed_precision", "prepare", "calibrate", "convert", "relax_import", "codegen", "host_build")
+
+
+def _deployed_only(args: dict, variant: str) -> dict:
+    """``args`` with every per-build dict (codegen's ``out_dirs``, host_build's ``builds``)
+    narrowed to the deployed build: a fold needs one C build, not the scalar baseline too."""
+    return {k: {variant: v[variant]} if isinstance(v, dict) and variant in v and set(v) <= {"mmalib", "scalar"}
+            else v for k, v in args.items()}
+
+
 def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], train: list[Path],
              test: torch.Tensor, work: Path, int16_selection: Path | None) -> dict[str, np.ndarray]:
     """Calibrate on ``train`` and run ``test`` [N, 3, H, W] float32 through the Q/DQ model
     and the deployed build's host C. Returns {"qdq": [N, K], "c": [N, K]} float32 logits
-    (output 0 of a model with several) and "outputs" (how many the model returns)."""
-    from ..backend.host import build_host, model_info, run_host
-    from ..layout import variants
-    from .calibrate import calibrate_model
-    from .codegen import codegen_model
-    from .convert import convert_model
+    (output 0 of a model with several) and "outputs" (how many the model returns).
+
+    The fold is a project of its own under ``work``: the stage records of
+    :data:`FOLD_STAGES` run against a :class:`~pipeline.layout.Layout` there, with
+    their own functions, arguments and file names (nothing of the flow restated here)."""
+    from ..backend.host import model_info, run_host
+    from ..layout import Layout, variants
+    from .registry import BY_NAME, StageContext
     from .torch_outputs import run_program_outputs
-    from .prepare import prepare_model
-    from .relax_import import import_model
 
     fspec = _fold_spec(spec)
-    calib_dir = _link_set(train, work / "calib")
-    state, table = prepared
-    if spec.quantizer.mixed_precision == "auto":  # the choice is data-driven: redo it on the fold
-        from .mixed_precision import mixed_precision_model
-        int16_selection = work / "int16_layers.json"
-        mixed_precision_model(fspec, float_pt2, calib_dir, work / "mixed_precision.json", int16_selection)
-        state, table = work / "prepared.pt", work / "prepared_observers.txt"
-        prepare_model(fspec, float_pt2, state, table, int16_selection)
-    calibrate_model(fspec, float_pt2, state, table, calib_dir, work / "calibrated.pt",
-                    work / "calibration.json", int16_selection)
-    convert_model(fspec, float_pt2, work / "calibrated.pt", work / "quantized.pt2", int16_selection)
-    qdq_outs = run_program_outputs(work / "quantized.pt2", test, spec.name)
-    qdq = qdq_outs[0].numpy()
-    import_model(work / "quantized.pt2", work / "module.py", work / "params.bin", work / "layers.json")
+    ctx = StageContext(spec=fspec, layout=Layout(work, spec.name), root=work, calib_root=work / "calib_data")
+    for p in train:
+        _link(p, ctx.calib_root / fspec.calibration.set / p.name)
+    _link(float_pt2, ctx.layout.float_pt2)
+    auto = spec.quantizer.mixed_precision == "auto"  # the choice is data-driven: redo it on the fold
+    if not auto:
+        _link(prepared[0], ctx.layout.prepared)
+        _link(prepared[1], ctx.layout.prepared_table)
+        if int16_selection is not None:
+            _link(int16_selection, ctx.layout.int16_selection)
     variant = variants(spec)[0]
-    codegen_model(fspec, work / "module.py", work / "params.bin", {variant: work / "c" / variant},
-                  work / "layers.json")
-    exe = work / f"{variant}.exe"
-    build_host(work / "c" / variant, exe)
-    c_out = run_host(exe, work / "c" / variant, test.numpy().astype(np.float32))
-    c_out = model_info(work / "c" / variant).split(np.asarray(c_out, dtype=np.float32))[0]
+    for name in FOLD_STAGES:
+        stage = BY_NAME[name]
+        if stage.applies(ctx) and (auto or name not in ("mixed_precision", "prepare")):
+            stage.function()(**_deployed_only(stage.args(ctx), variant))
+    qdq_outs = run_program_outputs(ctx.layout.quantized_pt2, test, spec.name)
+    qdq = qdq_outs[0].numpy()
+    build = ctx.layout.codegen_dir(variant)
+    c_out = run_host(ctx.layout.host_exe(variant), build, test.numpy().astype(np.float32))
+    c_out = model_info(build).split(np.asarray(c_out, dtype=np.float32))[0]
     return {"qdq": qdq.astype(np.float32), "c": c_out.reshape(qdq.shape), "outputs": len(qdq_outs)}
 
 
