@@ -29,7 +29,6 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .errors import CalibrationDataError, ConfigError
 
@@ -246,37 +245,6 @@ class ModelSpec:
     target: TargetSpec = TargetSpec()
     default_run: bool = True
     task: str = "classification"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (paths as strings): handed to stage functions."""
-        d = dataclasses.asdict(self)
-        d["source"] = str(self.source)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
-        """Inverse of :meth:`to_dict`."""
-        d = dict(d)
-        return cls(
-            name=d["name"],
-            source=Path(d["source"]),
-            builder=d["builder"],
-            input_shape=tuple(d["input_shape"]),
-            dtype=d["dtype"],
-            builder_kwargs=dict(d["builder_kwargs"]),
-            weights=WeightsSpec(**d["weights"]),
-            preprocess=PreprocessSpec(**{k: tuple(v) if isinstance(v, list) else v
-                                         for k, v in d["preprocess"].items()}),
-            calibration=CalibrationSpec(**d["calibration"]),
-            quantizer=QuantizerSpec(**{**d["quantizer"], "int16_layers": tuple(d["quantizer"]["int16_layers"])}),
-            codegen=CodegenSpec(**d["codegen"]),
-            evaluation_set=d["evaluation_set"],
-            evaluation_folds=d["evaluation_folds"],
-            profile=ProfileSpec(**d.get("profile", {})),
-            target=TargetSpec(**d.get("target", {})),
-            default_run=d.get("default_run", True),
-            task=d.get("task", "classification"),
-        )
 
 
 @dataclass(frozen=True)

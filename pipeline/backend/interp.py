@@ -341,9 +341,6 @@ class Program:
         """:meth:`run` with every output apart, each in its own shape (return order)."""
         return split_outputs(self.run(image, observer), self.output_shapes)
 
-    def _arg(self, env, expr):
-        return env[expr]
-
     def _bind(self, env, var, value):
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
             self._call(value.op.name_hint, [env[a] for a in value.args])

@@ -89,11 +89,6 @@ class Plan:
     # (everything in DDR, one arena laid out by TVM).
     levels: "object | None" = None
 
-    @property
-    def output_aliased(self) -> bool:
-        """True when every output is written straight into its slot of the caller's buffer."""
-        return not self.copies()
-
     def copies(self) -> list[tuple[int, Tensor]]:
         """``(i, tensor)`` of the outputs not written in place: their slot is filled by a
         copy after the last call (see the module docstring)."""

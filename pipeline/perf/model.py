@@ -116,10 +116,6 @@ def compute_cycles(call: dict, target: Target, k: Constants) -> float:
     return work["macs"] / rate
 
 
-def _level_rate(level: str, target: Target) -> float:
-    return {"l2": target.l2_bytes_per_cycle, "msmc": target.msmc_bytes_per_cycle}[level]
-
-
 def memory_cycles(call: dict, target: Target, k: Constants) -> dict:
     """Cycles per memory level (``l2``, ``msmc``, ``ddr``) and of DMA staging
     (``dma_serial``, ``dma_overlapped``), and the bytes behind them."""

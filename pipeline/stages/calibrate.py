@@ -10,32 +10,13 @@ from pathlib import Path
 from .. import torchenv
 from ..config import ModelSpec
 from ..errors import ConfigError
-from ..data.images import iter_images, select_images
+from ..data.batches import calibration_batches
+from ..data.images import select_images
 from ..fsutil import write_json
 from .prepare import build_prepared, check_prepared, observer_kwargs, read_int16_selection
 
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
-
-
-def calibration_batches(spec: ModelSpec, images: list[Path]):
-    """Yield float32 NCHW batches of ``spec.calibration.batch_size`` images
-    (or of Gaussian noise, seed ``calibration.seed``, for ``source = "random"``)."""
-    cal = spec.calibration
-    if cal.source == "random":
-        gen = torch.Generator().manual_seed(cal.seed)
-        n = cal.num_images or 8
-        for i in range(0, n, cal.batch_size):
-            yield torch.randn(min(cal.batch_size, n - i), *spec.input_shape[1:], generator=gen)
-        return
-    batch = []
-    for x in iter_images(images, spec.preprocess, model=spec.name):
-        batch.append(x)
-        if len(batch) == cal.batch_size:
-            yield torch.stack(batch)
-            batch = []
-    if batch:
-        yield torch.stack(batch)
 
 
 def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepared_table: Path,

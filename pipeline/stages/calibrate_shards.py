@@ -62,7 +62,7 @@ def calibrate_sharded(gm: torch.fx.GraphModule, slices: list[list[Path]], bar, s
     then starts from (:func:`pipeline.quant.merge.grid_seeds`), so all shard
     histograms lie on the single-process grid and merge by adding counts. Shard 0
     continues from this process's state with the rest of its slice."""
-    from .calibrate import calibration_batches
+    from ..data.batches import calibration_batches
     from ..quant.merge import grid_seeds, merge_into, observer_states
     bs = spec.calibration.batch_size
     with torch.no_grad():
@@ -83,7 +83,7 @@ def calibrate_shard(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     (:func:`pipeline.quant.merge.observer_states`). Raises
     :class:`~pipeline.errors.CalibrationDataError` for an unreadable image and
     RuntimeError when the rebuilt prepared model differs from the stored one."""
-    from .calibrate import calibration_batches
+    from ..data.batches import calibration_batches
     from .prepare import build_prepared, check_prepared
     from ..quant.merge import load_observer_states, observer_states
     gm = build_prepared(spec, float_pt2, int16_layers=int16_layers)

@@ -32,7 +32,7 @@ from ..data.images import select_images
 from ..errors import ConfigError
 from ..fsutil import write_json
 from ..quant import mixed
-from .calibrate import calibration_batches
+from ..data.batches import calibration_batches
 from .estimate import spec_target
 from .torch_outputs import single_output
 from .prepare import build_prepared, load_program, make_quantizer

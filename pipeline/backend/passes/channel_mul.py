@@ -16,7 +16,6 @@ extension (``pipeline/quant/rules.py``); a hardsigmoid gate always is.
 
 from __future__ import annotations
 
-import math
 
 import tvm
 from tvm import relax

@@ -86,11 +86,6 @@ def static_shape(expr) -> tuple[int, ...] | None:
     return tuple(int(d) for d in dims)
 
 
-def dtype_of(expr) -> str:
-    """Element dtype name of a tensor-typed expression."""
-    return str(expr.ty.dtype)
-
-
 def var_name(var) -> str:
     """Name of a binding variable (the anchor key of :class:`~.log.Decision`)."""
     return var.name
