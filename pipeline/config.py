@@ -118,7 +118,7 @@ class CalibrationSpec:
     ``set``: folder name under ``calib_data/``. ``num_images``: 0 = all.
     ``order``: "sorted" (by file name) or "shuffled" (with ``seed``); either is
     deterministic. ``observer``: activation observer, "percentile" (our default:
-    the lowest held-out logit error on MobileNetV2, README "Calibration
+    the lowest held-out logit error on MobileNetV2, docs/guide.md "Calibration
     methods"), "minmax" (the reference default), "histogram" (torchao's HistogramObserver: the range that
     minimises the L2 / mean-squared quantization error), "moving_average",
     "percentile" (clip the range at the ``percentile``-th percentile of
@@ -288,7 +288,7 @@ def load_models(models_dir: str | Path) -> list[ModelSpec | InvalidModel]:
         except (TypeError, ValueError, KeyError, AttributeError) as e:  # a value of the wrong kind
             out.append(InvalidModel(name, path, ConfigError(
                 f"{path} (model {name!r}): invalid value ({type(e).__name__}: {e}); check the types "
-                f"against the README's model entry reference")))
+                f"against docs/guide.md ("Model entries")")))
     return out
 
 

@@ -62,7 +62,7 @@ it is exact or Python-bound, and two threads per task only fight under
 Layers are listed worst first by the Q/DQ-vs-float SQNR: that is the
 quantization error a model owner can act on (observer, int16, a layer left
 in float), and it is the same for every build; (b) is the implementation's
-own error, bounded by design (verify and the README's "vs Q/DQ").
+own error, bounded by design (verify and docs/guide.md, "vs Q/DQ").
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ def estimate_table(data: dict, payload: dict) -> list[str]:
 def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[str, dict],
                 layers: dict | None = None, holdout: dict | None = None, mixed: dict | None = None,
                 siblings: dict[str, dict] | None = None, estimate: dict | None = None) -> list[str]:
-    """Human-readable block for one model (see the README for how to read it).
+    """Human-readable block for one model (docs/guide.md, "Reading the summary", says how to read it).
 
     ``holdout``: ``holdout.json``; ``mixed``: the summary of ``mixed_precision.json``
     (int16_layer_count, layer_count, int16_macs, total_macs, budget, method);
