@@ -288,7 +288,7 @@ def load_models(models_dir: str | Path) -> list[ModelSpec | InvalidModel]:
         except (TypeError, ValueError, KeyError, AttributeError) as e:  # a value of the wrong kind
             out.append(InvalidModel(name, path, ConfigError(
                 f"{path} (model {name!r}): invalid value ({type(e).__name__}: {e}); check the types "
-                f"against docs/guide.md ("Model entries")")))
+                f"against docs/guide.md, 'Model entries'")))
     return out
 
 
