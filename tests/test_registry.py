@@ -135,3 +135,12 @@ def test_quant_opts_cover_every_quantizer_field_but_the_int16_choice():
     tracked = {p.split(".", 1)[1] for p in registry.QUANT_OPTS if p.startswith("quantizer.")}
     assert tracked | choice == {f.name for f in dataclasses.fields(QuantizerSpec)}
     assert not tracked & choice
+
+
+def test_the_architecture_documents_stage_table_is_the_registrys():
+    """docs/architecture.md shows what each record reads, writes and tracks through a
+    generated table; regenerate it with `python -m pipeline.stages.stage_table --write
+    docs/architecture.md` after changing a record."""
+    from pipeline.stages.stage_table import markdown, replace_in
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    assert markdown() in doc and replace_in(doc) == doc
