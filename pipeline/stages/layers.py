@@ -70,7 +70,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -427,6 +427,115 @@ def _same_layout(c_out: np.ndarray, shape: tuple) -> bool:
                                                  and squeeze(c_out.shape) == squeeze(shape))
 
 
+@dataclass
+class _Models:
+    """The float and Q/DQ models with numeric-debugger loggers where layers are compared."""
+
+    ref: torch.fx.GraphModule
+    qdq: torch.fx.GraphModule
+    qdq_loggers: dict
+    points: dict[str, Point]
+
+    def clear(self) -> None:
+        """Forget the logged values of the last image."""
+        for lg in list(_loggers(self.ref).values()) + list(self.qdq_loggers.values()):
+            lg.stats.clear()
+
+
+def _debug_models(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, int16_selection: Path | None,
+                  layers: list[dict], named: dict[str, str]) -> _Models:
+    """Float and Q/DQ models from ONE in-memory program (the debugger matches nodes by
+    ``from_node``), instrumented only at the layers' output points."""
+    from torchao.quantization.pt2e._numeric_debugger import prepare_for_propagation_comparison
+
+    ep = load_program(float_pt2)
+    q = load_converted(spec, ep, calibrated_state, read_int16_selection(int16_selection))
+    requantize = {lay["id"]: lay["out_dtype"] for lay in layers if lay["op"] == "requantize"}
+    points = output_points(q, [lay["id"] for lay in layers], named, requantize)
+    keep = {p.node for p in points.values()}
+    ref_model = keep_loggers(prepare_for_propagation_comparison(out_of_place(float_reference(ep))), keep)
+    qdq_model = prepare_for_propagation_comparison(out_of_place(q))
+    # a requantize's Q/DQ nodes log under their own debug name (no float node of their own)
+    read = {p.q for p in points.values()} | {d for p in points.values() for d in p.dq}
+    keep_qdq = keep | {lg.debug_info.name for name, lg in _loggers(qdq_model).items() if name in read}
+    qdq_model = keep_loggers(qdq_model, keep_qdq)
+    return _Models(ref_model, qdq_model, _loggers(qdq_model), points)
+
+
+@dataclass
+class _Tally:
+    """What the images add up to: Q/DQ vs float per layer, C vs Q/DQ per build and layer, notes."""
+
+    qdq: dict[str, Stats]
+    c: dict[str, dict[str, Stats]]
+    notes: dict[str, list[str]] = field(default_factory=dict)
+    unmatched: set[str] = field(default_factory=set)  # float and Q/DQ values not comparable
+
+    def note(self, lid: str, text: str) -> None:
+        if text not in self.notes.setdefault(lid, []):  # once, not once per image
+            self.notes[lid].append(text)
+
+
+def _qdq_vs_float(models: _Models, tally: _Tally) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Add one image's Q/DQ-vs-float values to ``tally``; returns layer id -> (Q/DQ value,
+    its integers) for the C comparison."""
+    from torchao.quantization.pt2e._numeric_debugger import compare_results, extract_results_from_loggers
+
+    compared = {info.name: s for info, s in compare_results(extract_results_from_loggers(models.ref),
+                                                            extract_results_from_loggers(models.qdq)).items()}
+    qdq_at = {}
+    for lid, p in models.points.items():
+        s = compared.get(p.node)
+        if s is None:
+            continue
+        res = s.results[0]
+        # the debugger keys a float node's value to the last Q/DQ node of the same
+        # source, which is the output quantize's dequantize; read that one if not
+        qdq = res.actual if s.actual_node_name in p.dq else models.qdq_loggers[p.dq[0]].stats[0]
+        skip = _not_comparable(res.ref, qdq)
+        if skip:  # e.g. a split's tuple of tensors in YOLO26's head: one line, not a crash
+            if lid not in tally.unmatched:
+                tally.unmatched.add(lid)
+                tally.notes.setdefault(lid, []).append(f"Q/DQ vs float not compared: {skip}")
+            continue
+        tally.qdq[lid].add(res.ref, qdq)
+        qdq_at[lid] = (qdq.numpy(), models.qdq_loggers[p.q].stats[0].numpy())
+    return qdq_at
+
+
+def _c_vs_qdq(variant: str, captured: dict[str, np.ndarray], qdq_at: dict, points: dict[str, Point],
+              tally: _Tally) -> None:
+    """Add one image's C-vs-Q/DQ values of build ``variant`` to ``tally``."""
+    for lid, c_out in captured.items():
+        if lid not in qdq_at or lid in tally.unmatched:
+            continue
+        value, ints = qdq_at[lid]
+        if not _same_layout(c_out, value.shape):
+            tally.note(lid, f"{variant}: not compared, C shape {list(c_out.shape)} vs Q/DQ {list(value.shape)}")
+            continue
+        c_value, c_ints = dequantize(c_out, points[lid])
+        tally.c[variant][lid].add(value, c_value, ints, c_ints)
+
+
+def _layer_entry(lay: dict, p: Point | None, variants: list[str], last: dict, tally: _Tally) -> dict:
+    """One layer of ``layers.json``."""
+    lid = lay["id"]
+    entry = {"id": lid, "module": lay.get("module"), "op": lay["op"], "backend": lay["backend"],
+             "qdq_vs_float": None, "c_vs_qdq": None}
+    if p is not None:
+        entry["compared_at"] = {"float_node": p.node, "qdq_node": p.dq[0], "scale": p.scale,
+                                "zero_point": p.zero_point,
+                                "c_call": last[variants[0]].get(lid, {}).get("index")}
+        if tally.qdq[lid].n:
+            entry["qdq_vs_float"] = tally.qdq[lid].result()
+        for v in variants:
+            st = tally.c[v].get(lid)
+            entry["c_vs_qdq" if v == variants[0] else f"c_vs_qdq_{v}"] = st.result() if st and st.n else None
+    if lid in tally.notes:
+        entry["notes"] = tally.notes[lid]
+    return entry
+
+
 def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax_layers: Path,
                  builds: dict[str, Path], images_dir: Path, out: Path,
                  int16_selection: Path | None = None) -> dict:
@@ -437,9 +546,6 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
     manifest gives the layers; another build adds ``c_vs_qdq_<variant>``).
     Raises :class:`CalibrationDataError` when the evaluation folder holds no
     images."""
-    from torchao.quantization.pt2e._numeric_debugger import (compare_results, extract_results_from_loggers,
-                                                             prepare_for_propagation_comparison)
-
     from ..backend.interp import Program
 
     paths = list_images(images_dir, strict=True)
@@ -450,104 +556,44 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
     variants = list(builds)
     manifests = {v: json.loads((Path(d) / "manifest.json").read_text()) for v, d in builds.items()}
     layers = manifests[variants[0]]["layers"]
-
-    # float and Q/DQ models from ONE in-memory program: the debugger matches by from_node
-    ep = load_program(float_pt2)
-    q = load_converted(spec, ep, calibrated_state, read_int16_selection(int16_selection))
     relax_names = json.loads(Path(relax_layers).read_text())
     # per variant: layer id -> the call compared, and layer id -> why none is (never a wrong number)
     last, fused = {}, {}
     for v in variants:
         last[v], fused[v] = layer_calls(manifests[v], relax_names)
-    named = _named_points(last[variants[0]], relax_names)
-    requantize = {lay["id"]: lay["out_dtype"] for lay in layers if lay["op"] == "requantize"}
-    points = output_points(q, [lay["id"] for lay in layers], named, requantize)
-    fused = {v: {lid: why for lid, why in fused[v].items() if lid in points} for v in variants}
-    keep = {p.node for p in points.values()}
-    ref_model = keep_loggers(prepare_for_propagation_comparison(out_of_place(float_reference(ep))), keep)
-    qdq_model = prepare_for_propagation_comparison(out_of_place(q))
-    # a requantize's Q/DQ nodes log under their own debug name (no float node of their own)
-    read = {p.q for p in points.values()} | {d for p in points.values() for d in p.dq}
-    keep_qdq = keep | {lg.debug_info.name for name, lg in _loggers(qdq_model).items() if name in read}
-    qdq_model = keep_loggers(qdq_model, keep_qdq)
-    qdq_loggers = _loggers(qdq_model)
-    every_logger = list(_loggers(ref_model).values()) + list(qdq_loggers.values())
-
+    models = _debug_models(spec, float_pt2, calibrated_state, int16_selection, layers,
+                           _named_points(last[variants[0]], relax_names))
+    points = models.points
     programs = {v: Program(d) for v, d in builds.items()}
     wanted = {v: {last[v][lid]["index"]: lid for lid in points if lid in last[v]} for v in variants}
-    a_stats = {lid: Stats() for lid in points}
-    b_stats = {v: {lid: Stats() for lid in wanted[v].values()} for v in variants}
-    notes: dict[str, list[str]] = {}
-    unmatched: set[str] = set()  # layers whose float and Q/DQ values cannot be compared
+    tally = _Tally(qdq={lid: Stats() for lid in points},
+                   c={v: {lid: Stats() for lid in wanted[v].values()} for v in variants})
     for v in variants:
         for lid, why in fused[v].items():
-            notes.setdefault(lid, []).append(f"{v}: not comparable: {why}")
+            if lid in points:
+                tally.notes.setdefault(lid, []).append(f"{v}: not comparable: {why}")
 
     x = load_images(paths, spec.preprocess, desc=f"layers {spec.name}", model=spec.name)
     threads = torch.get_num_threads()
     for i in range(len(x)):
         image = x[i:i + 1]
         with torch.no_grad():  # the PyTorch models with the stages' threads, as verify and evaluate run them
-            ref_model(image)
-            qdq_model(image)
+            models.ref(image)
+            models.qdq(image)
         # the rest is exact or Python-bound: 2 torch threads per task only fight under doit -n 2
         torch.set_num_threads(1)
         try:
-            compared = {info.name: s for info, s in compare_results(extract_results_from_loggers(ref_model),
-                                                                    extract_results_from_loggers(qdq_model)).items()}
-            qdq_at = {}
-            for lid, p in points.items():
-                s = compared.get(p.node)
-                if s is None:
-                    continue
-                res = s.results[0]
-                # the debugger keys a float node's value to the last Q/DQ node of the same
-                # source, which is the output quantize's dequantize; read that one if not
-                qdq = res.actual if s.actual_node_name in p.dq else qdq_loggers[p.dq[0]].stats[0]
-                skip = _not_comparable(res.ref, qdq)
-                if skip:  # e.g. a split's tuple of tensors in YOLO26's head: one line, not a crash
-                    if lid not in unmatched:
-                        unmatched.add(lid)
-                        notes.setdefault(lid, []).append(f"Q/DQ vs float not compared: {skip}")
-                    continue
-                a_stats[lid].add(res.ref, qdq)
-                qdq_at[lid] = (qdq.numpy(), qdq_loggers[p.q].stats[0].numpy())
+            qdq_at = _qdq_vs_float(models, tally)
             for v, prog in programs.items():
-                for lid, c_out in _capture(prog, image.numpy(), manifests[v]["calls"], wanted[v]).items():
-                    if lid not in qdq_at or lid in unmatched:
-                        continue
-                    value, ints = qdq_at[lid]
-                    if not _same_layout(c_out, value.shape):
-                        note = f"{v}: not compared, C shape {list(c_out.shape)} vs Q/DQ {list(value.shape)}"
-                        if note not in notes.setdefault(lid, []):  # once, not once per image
-                            notes[lid].append(note)
-                        continue
-                    c_value, c_ints = dequantize(c_out, points[lid])
-                    b_stats[v][lid].add(value, c_value, ints, c_ints)
-            for lg in every_logger:
-                lg.stats.clear()
+                _c_vs_qdq(v, _capture(prog, image.numpy(), manifests[v]["calls"], wanted[v]), qdq_at, points, tally)
+            models.clear()
         finally:
             torch.set_num_threads(threads)
 
     report = {"model": spec.name, "dtype": spec.dtype, "images": len(x),
               "evaluation_set": spec.evaluation_set, "build": variants[0], "builds": variants,
-              "measures": MEASURES, "layers": []}
-    for lay in layers:
-        lid, p = lay["id"], points.get(lay["id"])
-        entry = {"id": lid, "module": lay.get("module"), "op": lay["op"], "backend": lay["backend"],
-                 "qdq_vs_float": None, "c_vs_qdq": None}
-        if p is not None:
-            entry["compared_at"] = {"float_node": p.node, "qdq_node": p.dq[0], "scale": p.scale,
-                                    "zero_point": p.zero_point,
-                                    "c_call": last[variants[0]].get(lid, {}).get("index")}
-            if a_stats[lid].n:
-                entry["qdq_vs_float"] = a_stats[lid].result()
-            for v in variants:
-                st = b_stats[v].get(lid)
-                entry["c_vs_qdq" if v == variants[0] else f"c_vs_qdq_{v}"] = st.result() if st and st.n else None
-        if lid in notes:
-            entry["notes"] = notes[lid]
-        report["layers"].append(entry)
+              "measures": MEASURES,
+              "layers": [_layer_entry(lay, points.get(lay["id"]), variants, last, tally) for lay in layers]}
     report["layers"] = sort_worst_first(report["layers"])
     report["worst"] = [lay["id"] for lay in report["layers"][:3]]
     write_json(out, report)
