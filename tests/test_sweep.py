@@ -99,7 +99,8 @@ def test_a_failing_model_is_one_row(tmp_path):
     """A model whose build fails is one row naming the stage and the error."""
     row = sweep.run_model("not_a_model", tmp_path / "m", n_images=2, timeout=300)
     assert row["status"] == "failed" and row["stage"] is None
-    assert row["error"].startswith("export: ValueError: torchvision_random: 'not_a_model' is not")
+    assert row["error"].startswith("export: ConfigError: model 'not_a_model': builder")
+    assert "raised ValueError: torchvision_random: 'not_a_model' is not" in row["error"]
     assert "\n" not in row["error"] and row["peak_rss_gib"] > 0
 
 

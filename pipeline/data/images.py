@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import re
+from struct import error as struct_error
 from pathlib import Path
 
 import joblib
@@ -42,40 +43,53 @@ def make_transform(pre: PreprocessSpec) -> v2.Compose:
     ])
 
 
+#: Leading bytes of the formats we name when we refuse them (JPEG and PNG are decoded).
+_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
+          (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"\x00\x00\x00\x0cjP  ", "JPEG 2000"))
+
+
+def _kind(raw: bytes) -> str | None:
+    if raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        return "WEBP"
+    if raw[4:8] == b"ftyp":
+        return "HEIF/AVIF"
+    return next((kind for magic, kind in _MAGIC if raw.startswith(magic)), None)
+
+
 def check_header(path: Path, raw: bytes) -> None:
     """Refuse, before any pixel is decoded, what could take the process down or
     decode to something else than one 8-bit picture: not a JPEG or PNG (a GIF
     named ``.jpg``), more than :data:`MAX_PIXELS` pixels (a 74-byte PNG can
     declare 60000x60000 and crash the decoder), several frames (animated PNG),
-    16-bit or float samples. Reads the header with Pillow (no decoding).
+    16-bit or float samples.
+
+    The format is told by its leading bytes, and the header is read by Pillow's
+    JPEG or PNG plugin class directly (no decoding), not through
+    ``PIL.Image.open``: ultralytics replaces that function, when it is imported,
+    with one that tries to pip-install a HEIF plugin on an unknown file.
 
     Raises :class:`CalibrationDataError` naming the file, the reason and what to do."""
     import io
-    import warnings
 
-    from PIL import Image, UnidentifiedImageError
+    from PIL.JpegImagePlugin import JpegImageFile
+    from PIL.PngImagePlugin import PngImageFile
     fix = "replace or remove the file"
     if not raw:
         raise CalibrationDataError(f"{path}: empty file; {fix}")
+    kind = _kind(raw)
+    if kind is None:
+        raise CalibrationDataError(f"{path}: not a readable JPEG/PNG image (no known image header); {fix}")
+    if kind not in ("JPEG", "PNG"):
+        raise CalibrationDataError(f"{path}: is a {kind} image, not a JPEG or PNG; convert it or remove the file")
     try:
-        with warnings.catch_warnings():  # over MAX_PIXELS is refused below, in our words
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(raw), formats=None) as im:
-                kind, (w, h), mode, frames = im.format, im.size, im.mode, getattr(im, "n_frames", 1)
-    except Image.DecompressionBombError:
-        raise CalibrationDataError(f"{path}: declares too many pixels to decode safely "
-                                   f"(over {MAX_PIXELS:,}); {fix}") from None
-    except UnidentifiedImageError:
-        raise CalibrationDataError(f"{path}: not a readable JPEG/PNG image (no known image header); {fix}") from None
-    except (OSError, ValueError, SyntaxError) as e:
+        im = (JpegImageFile if kind == "JPEG" else PngImageFile)(io.BytesIO(raw))
+        (w, h), mode, frames = im.size, im.mode, getattr(im, "n_frames", 1)
+    except (OSError, ValueError, SyntaxError, EOFError, IndexError, struct_error) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
         raise CalibrationDataError(f"{path}: not a readable JPEG/PNG image ({reason}); {fix}") from None
-    if kind not in ("JPEG", "PNG", "MPO"):  # MPO: a JPEG with a second (depth) picture, decoded as JPEG
-        raise CalibrationDataError(f"{path}: is a {kind or 'unknown'} image, not a JPEG or PNG; convert it "
-                                   f"or remove the file")
     if w * h > MAX_PIXELS or w <= 0 or h <= 0:
-        raise CalibrationDataError(f"{path}: declares {w}x{h} pixels, over the {MAX_PIXELS:,} we decode "
-                                   f"safely; resize it or remove the file")
+        raise CalibrationDataError(f"{path}: declares {w}x{h} pixels, too many pixels to decode safely "
+                                   f"(over {MAX_PIXELS:,}); resize it or remove the file")
     if kind == "PNG" and frames != 1:
         raise CalibrationDataError(f"{path}: an animated PNG ({frames} frames); save one frame or remove the file")
     if mode not in _MODES:

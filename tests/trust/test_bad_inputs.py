@@ -51,14 +51,16 @@ def _pil(fmt: str, **kw) -> bytes:
 
 
 CASES = {
-    "bomb_1.png": (lambda d: png_bomb(), "declares too many pixels"),
-    "wide_2.png": (lambda d: png_bomb(20000, 5000), "declares 20000x5000 pixels"),
+    "bomb_1.png": (lambda d: png_bomb(), "declares 60000x60000 pixels, too many"),
+    "wide_2.png": (lambda d: png_bomb(20000, 5000), "declares 20000x5000 pixels, too many"),
     "huge_3.jpg": (lambda d: jpeg_declaring(d / "src.jpg", 65000, 65000), "too many pixels"),
     "gif_4.jpg": (lambda d: _pil("GIF"), "is a GIF image, not a JPEG or PNG"),
     "anim_5.png": (lambda d: _pil("PNG", frames=3), "an animated PNG (3 frames)"),
     "deep_6.png": (lambda d: _pil("PNG", mode="I;16"), "not 8-bit"),
     "bmp_7.png": (lambda d: _pil("BMP"), "is a BMP image"),
-    "text_8.jpg": (lambda d: b"hello", "not a readable JPEG/PNG image"),
+    "text_8.jpg": (lambda d: b"hello", "not a readable JPEG/PNG image (no known image header)"),
+    "cut_10.png": (lambda d: png_bomb()[:20], "not a readable JPEG/PNG image"),
+    "webp_11.jpg": (lambda d: _pil("WEBP"), "is a WEBP image"),
     "empty_9.jpg": (lambda d: b"", "empty file"),
 }
 
@@ -159,3 +161,20 @@ def test_a_model_that_cannot_be_built_fails_export_in_one_line(tmp_path, case, n
         export_model(spec, None, tmp_path / "float.pt2", tmp_path)
     assert needle in str(e.value) and "\n" not in str(e.value) and "model 'tiny'" in str(e.value)
     assert not (tmp_path / "float.pt2").exists()
+
+
+def test_an_unknown_file_never_makes_ultralytics_install_anything(tmp_path, capsys):
+    """ultralytics replaces PIL.Image.open on import with one that pip-installs a HEIF
+    plugin for a file Pillow cannot identify; the header check does not go through it."""
+    import PIL.Image
+    pytest.importorskip("ultralytics")
+    import ultralytics.utils.patches  # noqa: F401  (installs its PIL.Image.open)
+    from pipeline.data.images import load_image, make_transform
+    (tmp_path / "odd_1.jpg").write_bytes(b"\x00\x00\x00\x18ftypheic" + b"\x00" * 64)  # a HEIC photo
+    with pytest.raises(CalibrationDataError, match="is a HEIF/AVIF image, not a JPEG or PNG"):
+        load_image(tmp_path / "odd_1.jpg", make_transform(PreprocessSpec(resize=36, crop=32)))
+    (tmp_path / "odd_2.jpg").write_bytes(b"hello")
+    with pytest.raises(CalibrationDataError, match="no known image header"):
+        load_image(tmp_path / "odd_2.jpg", make_transform(PreprocessSpec(resize=36, crop=32)))
+    out = capsys.readouterr()
+    assert "pi-heif" not in out.out + out.err and PIL.Image.open.__module__ != "PIL.Image"
