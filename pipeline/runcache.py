@@ -236,8 +236,8 @@ class RunCache:
         entry = self.entry(key)
         execs = [rel for rel, (_, _, x) in rec["files"].items() if x]
         if execs and not all(owned_by_me(entry / "files" / rel, self.root) for rel in execs):
-            print(f"run-cache: entry {key[:12]} holds executables ({', '.join(execs)}) and {self.root} is "
-                  f"not only yours; rebuilding them instead", file=sys.stderr)
+            print(f"run-cache: entry {key[:12]} holds executables ({', '.join(execs)}) that you did not "
+                  f"store yourself; rebuilding them instead", file=sys.stderr)
             return False
         placed: list[tuple[Path, Path]] = []
         for rel, (size, digest, executable) in rec["files"].items():
