@@ -75,3 +75,11 @@ def test_every_module_a_stage_loads_is_in_its_closure(built, stage, tmp_path):
     closure = set(stage.sources())
     missing = sorted(f for f in loaded if f not in closure and f not in unpickled)
     assert missing == [], f"{stage.name} loads modules outside its closure"
+
+
+def test_holdout_depends_on_the_code_of_every_stage_its_folds_run():
+    from pipeline.stages.holdout import FOLD_STAGES
+    from pipeline.stages.registry import BY_NAME
+    holdout = set(BY_NAME["holdout"].sources())
+    for name in FOLD_STAGES:
+        assert set(BY_NAME[name].sources()) <= holdout, name

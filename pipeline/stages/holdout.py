@@ -99,6 +99,9 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], trai
     from ..layout import Layout, variants
     from .registry import BY_NAME, StageContext
     from .torch_outputs import run_program_outputs
+    # The records' functions run through Stage.function() (importlib); importing their
+    # modules here too puts them in this stage's code dependencies (stages/code_deps.py).
+    from . import calibrate, codegen, convert, host_build, mixed_precision, prepare, relax_import  # noqa: F401
 
     fspec = _fold_spec(spec)
     ctx = StageContext(spec=fspec, layout=Layout(work, spec.name), root=work, calib_root=work / "calib_data")
