@@ -47,7 +47,7 @@ def failure_line(run, task: str) -> str:
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """The same tasks built locally (kept in artifacts.local), then on the cluster,
-    in the same folder (the .pt2 programs embed the project's path)."""
+    in the same folder (the workers see the head's absolute paths)."""
     p = Project(tmp_path_factory.mktemp("dask"), copy_pipeline=True)  # others may edit pipeline/
     p.add_images("setA", 3, seed0=0)
     p.add_images("corrupt", 2, seed0=5)
