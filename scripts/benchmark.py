@@ -13,7 +13,8 @@ against the cold build (scripts/bench_runcache.py), 4 model variants under
 calibration sharded against one process (scripts/bench_calibration.py).
 Issue 25: the C7x estimate beside the document's figures (scripts/bench_estimate.py).
 Issue 26: the staged memory plan against its targets (scripts/bench_memory.py).
-``--sections`` picks some of: list, stages, estimate, memory, runcache, dask, calibration.
+Issue 27: 30 kill -9 trials of a tiny project (scripts/kill_trials.py).
+``--sections`` picks some of: list, stages, estimate, memory, runcache, dask, calibration, kill.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def bench_runs(spec, L, x, summaries) -> None:
 VERIFY_GOAL = 1.5  # (verify + evaluate) / codegen, MobileNetV2 int8, 20 images, 2 cores (issue 13)
 VERIFY_REPEATS = 3  # codegen, evaluate and verify are timed this many times; the median ratio is the figure
 
-SECTIONS = ("list", "stages", "estimate", "memory", "runcache", "dask", "calibration")
+SECTIONS = ("list", "stages", "estimate", "memory", "runcache", "dask", "calibration", "kill")
 
 
 def main() -> None:
@@ -182,6 +183,9 @@ def main() -> None:
     if "calibration" in sections:
         from bench_calibration import bench_sharded_calibration
         bench_sharded_calibration(n_images=200, shards=2)
+    if "kill" in sections:
+        from kill_trials import trials
+        trials(30, seed=7)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak resident memory of this process: {peak:,.0f} MiB")
 
