@@ -32,3 +32,10 @@ class ToolchainError(PipelineError):
 class ExecutorError(PipelineError):
     """The Dask executor (``DOIT_C7X_EXECUTOR``) is misconfigured or unreachable, or
     lost a stage's worker; nothing the stage wrote is trusted (see :mod:`pipeline.executor`)."""
+
+
+def brief(e: BaseException) -> str:
+    """``Type: first line`` of an exception (just the type when its message is empty),
+    for one-line errors that wrap another library's exception."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:160]}" if lines else type(e).__name__

@@ -36,7 +36,7 @@ import re
 import threading
 import uuid
 
-from .errors import ExecutorError
+from .errors import ExecutorError, brief
 
 VAR = "DOIT_C7X_EXECUTOR"
 FORMS = "dask://HOST:PORT (an existing scheduler) or dask-local:N (N local worker processes)"
@@ -87,7 +87,7 @@ def run_on_executor(target: str, stage: str, model: str, args: dict) -> None:
         raise
     except BaseException as e:  # closed client, lost scheduler
         raise ExecutorError(f"{what}: could not submit to the Dask executor {target} "
-                            f"({_brief(e)}); nothing ran, run doit again") from None
+                            f"({brief(e)}); nothing ran, run doit again") from None
     try:
         future.result()
     except (KeyboardInterrupt, SystemExit):
@@ -104,13 +104,8 @@ def _translate(e: BaseException, status: str, what: str, target: str) -> BaseExc
     elif status == "error" and isinstance(e, Exception):
         return e  # the stage's own exception, as a local run would raise it
     else:  # CommClosedError, OSError, TimeoutError, CancelledError: the head lost the cluster
-        happened = f"the connection to the Dask executor {target} was lost ({_brief(e)})"
+        happened = f"the connection to the Dask executor {target} was lost ({brief(e)})"
     return ExecutorError(f"{what}: {happened}; nothing it wrote is trusted, run doit again to re-run it")
-
-
-def _brief(e: BaseException) -> str:
-    first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def _client(target: str):
@@ -141,7 +136,7 @@ def _connect(address: str):
         return Client(address, timeout=timeout, set_as_default=False)
     except (OSError, TimeoutError) as e:
         raise ExecutorError(f"{VAR}: no Dask scheduler answered at {address} within {timeout:g} s "
-                            f"({_brief(e)}); start one (dask scheduler --port PORT) or fix the address") from None
+                            f"({brief(e)}); start one (dask scheduler --port PORT) or fix the address") from None
 
 
 def _start_local(n: int):
@@ -165,7 +160,7 @@ def _start_local(n: int):
                 memory_limit=0, silence_logs=logging.CRITICAL)  # failures reach doit as one line each
     except Exception as e:
         raise ExecutorError(f"{VAR}=dask-local:{n}: the local Dask cluster did not start "
-                            f"({_brief(e)})") from None
+                            f"({brief(e)})") from None
     _clusters.append(cluster)
     if len(_clusters) == 1:
         atexit.register(_shutdown)

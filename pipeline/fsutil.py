@@ -39,7 +39,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; artifacts are shared files
+        os.chmod(tmp_path, 0o666 & ~umask())  # mkstemp makes 0600; artifacts are shared files
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
@@ -89,7 +89,8 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's file-creation mask (read without changing it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -97,7 +98,7 @@ def _umask() -> int:
 
 def _normal_modes(folder: Path) -> None:
     """mkdtemp/mkstemp make 0700/0600; give the usual umask modes instead."""
-    mask = _umask()
+    mask = umask()
     folder.chmod(0o777 & ~mask)
     for p in folder.rglob("*"):
         if p.is_dir():

@@ -57,6 +57,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .fsutil import umask
+
 FORMAT = 2  # bump when the key or the entry layout changes (2: signed entries, no paths in keys)
 CACHE_ENV = "DOIT_C7X_CACHE"
 SECRET_ENV = "DOIT_C7X_CACHE_SECRET"
@@ -189,9 +191,7 @@ def _copy_checked(src: Path, dst: Path, size: int, digest: str, executable: bool
     if n != size or h.hexdigest() != digest:
         tmp.unlink(missing_ok=True)
         return None
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, (0o777 if executable else 0o666) & ~mask)
+    os.chmod(tmp, (0o777 if executable else 0o666) & ~umask())
     return tmp
 
 

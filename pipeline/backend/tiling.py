@@ -2,8 +2,7 @@
 
 A conv (OIHW weights) or an FC with one row (``[N, K]`` weights, M = 1) whose
 weights exceed the staged plan's weight slot (:mod:`.levels`) would read them
-from DDR in place, what the user's document measures as 3.5x slower than
-from L2. Such a layer is tiled over output channels, one weight DMA and one
+from DDR in place, measured 3.5x slower than from L2 (docs/memory.md). Such a layer is tiled over output channels, one weight DMA and one
 sliced call per tile (docs/memory.md, "The plan"), the copy of tile t+1
 overlapping the call on tile t.
 

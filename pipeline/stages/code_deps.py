@@ -76,7 +76,7 @@ def imports(module: str) -> frozenset[str]:
             stem = pkg[:len(pkg) - level + 1]
             base = ".".join(stem + ([base.lstrip(".")] if base.lstrip(".") else []))
         out.add(base)
-        for name in re.findall(r"\w+", m["names"].split(" as ")[0] if "(" not in m["names"] else m["names"]):
+        for name in re.findall(r"\w+", re.sub(r"\bas\s+\w+", "", m["names"])):
             out.add(f"{base}.{name}")  # `from pkg import submodule`; non-modules are dropped below
     return frozenset(o for o in out if o.startswith("pipeline") and module_file(o) is not None)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import torchenv
 from ..config import ModelSpec
-from ..errors import ConfigError, UnsupportedOpError, WeightsNotFoundError
+from ..errors import ConfigError, UnsupportedOpError, WeightsNotFoundError, brief
 from ..frontend.provenance import tag_program
 from ..fsutil import portable_path, write_json
 from ..weights import check_weights_hash, resolve_weights
@@ -55,7 +55,7 @@ def _instantiate(spec: ModelSpec, builder) -> torch.nn.Module:
         raise ConfigError(f"model {spec.name!r}: builder {spec.builder!r} cannot be called with "
                           f"builder_kwargs {spec.builder_kwargs} ({e}); {fix}") from None
     except Exception as e:  # the user's builder failed: its own error, in one line
-        raise ConfigError(f"model {spec.name!r}: builder {spec.builder!r} raised {_brief(e)}; fix the "
+        raise ConfigError(f"model {spec.name!r}: builder {spec.builder!r} raised {brief(e)}; fix the "
                           f"builder or {fix}") from None
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"model {spec.name!r}: builder {spec.builder!r} returned a "
@@ -86,7 +86,7 @@ def _load_checkpoint(spec: ModelSpec, model: torch.nn.Module, weights: Path) -> 
     except Exception as e:  # EOFError (an empty file), zip errors: all "not a checkpoint"
         raise WeightsNotFoundError(
             f"model {spec.name!r}: {weights} is not a loadable state_dict checkpoint "
-            f"({_brief(e)}); {hint}") from None
+            f"({brief(e)}); {hint}") from None
     if not isinstance(state, dict):
         raise WeightsNotFoundError(f"model {spec.name!r}: {weights} holds a {type(state).__name__}, "
                                    f"not a state_dict; {hint}")
@@ -95,12 +95,6 @@ def _load_checkpoint(spec: ModelSpec, model: torch.nn.Module, weights: Path) -> 
         raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "
                                    f"{spec.builder}: {mismatch}; use a checkpoint of this architecture")
     model.load_state_dict(state)
-
-
-def _brief(e: BaseException) -> str:
-    """``Type: first line`` of an exception (just the type when its message is empty)."""
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0][:160]}" if lines else type(e).__name__
 
 
 def first_mismatch(expected: dict, state: dict) -> str | None:
@@ -145,7 +139,7 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
         except Exception as e:  # data-dependent control flow, unsupported Python: torch's long report
             raise UnsupportedOpError(
                 f"model {spec.name!r}: torch.export cannot trace {spec.builder!r} with input "
-                f"{list(spec.input_shape)} and a dynamic batch ({_brief(e)}); make forward() traceable "
+                f"{list(spec.input_shape)} and a dynamic batch ({brief(e)}); make forward() traceable "
                 f"(no Python branch on tensor values; see torch.export's documentation)") from None
     info["layers_tagged"] = tag_program(ep, str(Path(root).resolve()))  # module paths survive PT2E and re-export
     torchenv.save_program(ep, out)
