@@ -26,11 +26,11 @@ import math
 
 from tvm import s_tir, tirx
 
+from .kernels import catalog
 from .lower import is_offload
 from .memory_plan import Plan, Tensor, level_of
 
 #: kernels whose work is multiply-accumulates (the MMA), by symbol prefix
-MAC_KERNELS = ("mmalib_conv2d", "mmalib_depthwise_conv2d", "mmalib_matmul")
 
 
 def _traffic(t: Tensor, plan: Plan, streamed: bool = False) -> dict:
@@ -92,7 +92,7 @@ def stmt_work(stmt) -> tuple[int, int]:
 
 
 def _offload_work(kernel: str, args: list[Tensor], out: Tensor) -> dict:
-    if kernel.startswith(MAC_KERNELS):
+    if catalog.kernel(kernel).macs:
         w = next(a for a in args if a.home == "weight")
         c_out = out.shape[1] if len(out.shape) == 4 else out.shape[-1]
         return {"macs": int(math.prod(out.shape)) * int(math.prod(w.shape)) // max(int(c_out), 1)}

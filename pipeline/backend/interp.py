@@ -10,7 +10,7 @@ with the semantics of ``<model>_run``, but independently of the C:
   stays a view), so agreement with the C, which reuses arena slots,
   proves TVM's static plan (no live tensor overwritten);
 - offload PrimFuncs (attribute ``c7x_kernel``) run the numpy twin
-  ``kernels.reference.KERNELS[name]`` on the arguments of the body's
+  ``kernels.catalog.KERNELS[name]`` on the arguments of the body's
   ``T.call_extern``: buffer data pointers -> the parameters' arrays, int
   immediates -> ints, float32 immediates -> floats (contract in
   :mod:`pipeline.backend`);
@@ -393,7 +393,7 @@ class Program:
 
 @functools.lru_cache(maxsize=1)
 def _kernels() -> dict:
-    from .kernels.reference import KERNELS  # imports torch: only when an offload kernel runs
+    from .kernels.catalog import KERNELS  # the numpy twins: only when an offload kernel runs
 
     return KERNELS
 

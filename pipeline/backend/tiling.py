@@ -26,42 +26,17 @@ with it. ``c7x_dma_copy`` / ``c7x_dma_wait`` are in ``c7x_memory.h``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import numpy as np
 from tvm import tirx
 
+from .kernels.catalog import CATALOG, Tileable
 from .passes.primfunc import backend_of
 
 DMA_COPY, DMA_WAIT = "c7x_dma_copy", "c7x_dma_wait"
 
 
-@dataclass(frozen=True)
-class Tileable:
-    """Where a tileable kernel keeps its output-channel count and layouts:
-    ``c_out``: indices of the scalars that are the channel count (C_out / N, and a
-    depthwise's num_groups); ``rows``: the scalar that must be 1 (FC: M), or None;
-    ``streams``: what the tiles copy into L2, "weights" (conv, FC) or "input" (a
-    depthwise conv: its channels are independent, so an input spilled to DDR is
-    streamed channel tile by channel tile while its small weights are read in place);
-    ``kind``: "conv" (NCHW output), "fc" ([..., N] output) or "depthwise"."""
-
-    c_out: tuple[int, ...]
-    kind: str
-    rows: int | None = None
-
-    @property
-    def streams(self) -> str:
-        return "input" if self.kind == "depthwise" else "weights"
-
-
-#: kernels tiled over output channels (c7x_kernels.h argument order: in, w, bias, scale,
-#: shift, out, then scalars)
-TILEABLE = {"mmalib_conv2d_i8": Tileable((3,), "conv"), "mmalib_conv2d_i16": Tileable((3,), "conv"),
-            "mmalib_matmul_bias_i8": Tileable((2,), "fc", rows=0),
-            "mmalib_matmul_bias_i16": Tileable((2,), "fc", rows=0),
-            "mmalib_depthwise_conv2d_i8": Tileable((0, 11), "depthwise"),
-            "mmalib_depthwise_conv2d_i16": Tileable((0, 11), "depthwise")}
+#: kernels tiled over output channels: their catalog records' ``tiling``
+TILEABLE: dict[str, Tileable] = {name: k.tiling for name, k in CATALOG.items() if k.tiling is not None}
 
 
 def _extern(func: tirx.PrimFunc):

@@ -33,9 +33,10 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
+from ..backend.kernels import catalog
 from .target import DEFAULT_TARGET, Target, load_target
 
-ENGINES = ("mma", "mma_depthwise", "vector", "scalar")
+ENGINES = (*catalog.ENGINES, "scalar")
 BOUNDS = ("compute", "memory", "overhead")
 
 
@@ -91,10 +92,7 @@ def engine(call: dict) -> str:
     """The engine that runs a call: one of :data:`ENGINES`."""
     if call["backend"] == "tvm":
         return "scalar"
-    kernel = call["kernel"]
-    if "depthwise" in kernel:
-        return "mma_depthwise"
-    return "mma" if "macs" in call["work"] else "vector"
+    return catalog.kernel(call["kernel"]).engine
 
 
 def _operand_dtype(call: dict) -> str:

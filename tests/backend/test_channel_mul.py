@@ -21,6 +21,7 @@ from qflow import quantize
 from pipeline.backend import fold
 from pipeline.backend.kernels import hostlib
 from pipeline.backend.kernels import reference as ref
+from pipeline.backend.kernels.catalog import KERNELS
 from pipeline.backend.manifest import build_manifest
 from pipeline.backend.passes.log import OffloadLog
 from pipeline.backend.passes.offload_calls import offload_calls
@@ -59,7 +60,7 @@ def test_channel_mul_c_equals_python(dtype, planes, hw, rounding):
         outs = [np.full((planes, hw), 0x55, dtype) for _ in range(2)]
         assert hostlib.call_kernel(f"c7x_{np.dtype(dtype).name}_channel_mul", x, g, blob, outs[0],
                                    planes, hw, rounding=rounding) == ref.C7X_OK
-        fn = ref.KERNELS[f"c7x_{np.dtype(dtype).name}_channel_mul"]
+        fn = KERNELS[f"c7x_{np.dtype(dtype).name}_channel_mul"]
         assert fn(x, g, blob, outs[1], planes, hw, rounding=rounding) == ref.C7X_OK
         np.testing.assert_array_equal(outs[0], outs[1])
 
@@ -74,7 +75,7 @@ def test_channel_mul_is_the_float_formula_within_half_an_lsb_and_a_bit(dtype):
     zx, zg, zo = (3, -4, 7) if dtype == np.int8 else (0, 0, 0)
     out = np.zeros((6, 11), dtype)
     blob = fold.channel_mul_params(s_x, zx, s_g, zg, s_o, zo, name)
-    assert ref.KERNELS[f"c7x_{name}_channel_mul"](x, g, blob, out, 6, 11) == ref.C7X_OK
+    assert KERNELS[f"c7x_{name}_channel_mul"](x, g, blob, out, 6, 11) == ref.C7X_OK
     exact = (x.astype(np.float64) - zx) * s_x * ((g.astype(np.float64) - zg) * s_g)[:, None] / s_o + zo
     info = np.iinfo(dtype)
     inside = (exact > info.min) & (exact < info.max)

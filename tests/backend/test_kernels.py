@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from pipeline.backend.kernels import hostlib
 from pipeline.backend.kernels import reference as ref
+from pipeline.backend.kernels.catalog import KERNELS
 from pipeline.errors import ToolchainError
 
 ROUNDINGS = ("half_up", "floor")
@@ -80,7 +81,7 @@ def run_both(name: str, args: list, rounding: str, fill: int = 0):
         a[k] = np.full_like(args[k], fill)
         outs.append(a)
     status_c = hostlib.call_kernel(name, *outs[0], rounding=rounding)
-    status_py = ref.KERNELS[name](*outs[1], rounding=rounding)
+    status_py = KERNELS[name](*outs[1], rounding=rounding)
     return status_c, outs[0][k], status_py, outs[1][k]
 
 
@@ -215,12 +216,12 @@ def test_header_is_clean_cpp(tmp_path):
 
 
 def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
-    assert set(ref.KERNELS) == set(SIGS)
+    assert set(KERNELS) == set(SIGS)
     # the 13 of docs/reference.md, "Kernel ABI", our 3 requantize kernels, c7x_int8_lut, the
     # two channel multiplies, the four average pools and the two channel affines
     assert len(SIGS) == 25
     for name, params in SIGS.items():
-        py = list(inspect.signature(ref.KERNELS[name]).parameters)
+        py = list(inspect.signature(KERNELS[name]).parameters)
         assert py[-1] == "rounding"
         assert [p.rstrip("_") for p in py[:-1]] == [p.name for p in params], name
 
@@ -769,7 +770,7 @@ def test_bad_arguments_give_the_same_status_and_leave_out_untouched(name, param,
     k = out_index(name)
     if args[k] is None:                                 # NULL output: nothing to inspect
         assert hostlib.call_kernel(name, *args) == status
-        assert ref.KERNELS[name](*args) == status
+        assert KERNELS[name](*args) == status
         return
     status_c, out_c, status_py, out_py = run_both(name, args, "half_up", fill=0x55)
     assert status_c == status_py == status
@@ -807,7 +808,7 @@ def test_buffers_c_cannot_check_are_refused_before_the_call(call):
     rng = np.random.default_rng(47)
     name = "mmalib_conv2d_i8"
     args = valid_args(name, rng)
-    run = (lambda *a: hostlib.call_kernel(name, *a)) if call == "c" else ref.KERNELS[name]
+    run = (lambda *a: hostlib.call_kernel(name, *a)) if call == "c" else KERNELS[name]
     with pytest.raises(ValueError, match="elements"):
         run(*with_arg(name, args, "out", np.zeros(3, np.int8)))            # too small
     with pytest.raises(TypeError, match="dtype"):

@@ -26,6 +26,7 @@ from tvm import relax
 from pipeline import torchenv  # noqa: F401  (quantized_decomposed ops registered)
 from pipeline.backend.kernels import hostlib
 from pipeline.backend.kernels import reference as ref
+from pipeline.backend.kernels.catalog import KERNELS
 from pipeline.backend.passes.log import OffloadLog
 from pipeline.backend.passes.offload_calls import offload_calls
 from pipeline.backend.passes.requantize import inverse_scale, offload_requantize
@@ -55,7 +56,7 @@ def run_three(name: str, x: np.ndarray, s1: float, z1: int, s2: float, z2: int):
     args = [x.size, z1, float(np.float32(s1)), z2, inverse_scale(s2)]
     out_c, out_py = np.zeros(x.shape, dst), np.zeros(x.shape, dst)
     assert hostlib.call_kernel(name, x, out_c, *args) == ref.C7X_OK
-    assert ref.KERNELS[name](x, out_py, *args) == ref.C7X_OK
+    assert KERNELS[name](x, out_py, *args) == ref.C7X_OK
     return out_c, out_py, torch_requantize(x, s1, z1, s2, z2, dst)
 
 
@@ -145,7 +146,7 @@ def test_bad_parameters_are_c7x_err_param_and_write_nothing(name, param, value):
     args = [np.arange(5, dtype=src), None, 5, 0, 0.01, 0, 100.0]
     args[names.index(param)] = value
     outs = []
-    for run in (lambda *a: hostlib.call_kernel(name, *a), ref.KERNELS[name]):
+    for run in (lambda *a: hostlib.call_kernel(name, *a), KERNELS[name]):
         a = list(args)
         a[1] = np.full(5, 0x55, dst)
         assert run(*a) == ref.C7X_ERR_PARAM

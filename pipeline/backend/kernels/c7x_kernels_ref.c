@@ -315,25 +315,54 @@ static void conv_accumulate(const conv_shape* s, const void* in, const void* w, 
 
 /* Pointwise convolution (1x1, stride 1, no padding, one group): output pixel p
  * reads input pixel p, so a tile runs over the flattened H * W plane (rows of 7
- * to 112 columns are too short for the compiler to vectorise), and int8
- * accumulates in int32 (C_in <= I32_EXACT_REDUCTION, exact). Same sums as
+ * to 112 columns are too short for the compiler to vectorise). Same sums as
  * conv_accumulate, in the same integers: only faster (MobileNetV2 int8 on the
- * host: 248 -> 65 ms per image with the int8 paths and -O3). */
-static void pointwise_accumulate_i8(const int8_t* in, const int8_t* w, int32_t C_in, int64_t plane,
-                                    int32_t co, int64_t p0, int32_t n, int32_t* acc)
-{
-    int32_t ci, i;
-    for (i = 0; i < n; ++i) {
-        acc[i] = 0;
+ * host: 248 -> 65 ms per image with the int8 paths and -O3). One body for both
+ * element types: SUF names the variant, T is the element type, ACC the
+ * accumulator. int8 accumulates in int32 (C_in <= I32_EXACT_REDUCTION, exact);
+ * int16 products fit int32 (|w * x| <= 2^30) and their sum needs int64. */
+#define C7X_DEFINE_POINTWISE(SUF, T, ACC)                                                     \
+    static void pointwise_accumulate_##SUF(const T* in, const T* w, int32_t C_in,             \
+                                           int64_t plane, int32_t co, int64_t p0, int32_t n,   \
+                                           ACC* acc)                                           \
+    {                                                                                          \
+        int32_t ci, i;                                                                         \
+        for (i = 0; i < n; ++i) {                                                              \
+            acc[i] = 0;                                                                        \
+        }                                                                                      \
+        for (ci = 0; ci < C_in; ++ci) {                                                        \
+            const int32_t wv = w[(int64_t)co * C_in + ci];                                     \
+            const T* p = in + (int64_t)ci * plane + p0;                                        \
+            for (i = 0; i < n; ++i) {                                                          \
+                acc[i] += (int32_t)(wv * p[i]);                                                \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+                                                                                               \
+    static void pointwise_run_##SUF(const T* in, const T* w, const requant_params* q, T* out,  \
+                                    const conv_shape* s)                                       \
+    {                                                                                          \
+        ACC acc[ROW_TILE];                                                                     \
+        const int64_t plane = (int64_t)s->H_out * s->W_out;                                    \
+        int32_t co, i;                                                                         \
+        int64_t p0;                                                                            \
+        for (co = 0; co < s->C_out; ++co) {                                                    \
+            const int64_t bias = channel_bias(q, co);                                          \
+            const int32_t scale = channel_scale(q, co);                                        \
+            const int32_t shift = channel_shift(q, co);                                        \
+            for (p0 = 0; p0 < plane; p0 += ROW_TILE) {                                         \
+                const int32_t n = plane - p0 < ROW_TILE ? (int32_t)(plane - p0) : ROW_TILE;    \
+                pointwise_accumulate_##SUF(in, w, s->C_in, plane, co, p0, n, acc);             \
+                for (i = 0; i < n; ++i) {                                                      \
+                    store_requant(out, (int64_t)co * plane + p0 + i,                           \
+                                  requantize(acc[i], bias, scale, shift), q);                  \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
     }
-    for (ci = 0; ci < C_in; ++ci) {
-        const int32_t wv = w[(int64_t)co * C_in + ci];
-        const int8_t* p = in + (int64_t)ci * plane + p0;
-        for (i = 0; i < n; ++i) {
-            acc[i] += wv * p[i];
-        }
-    }
-}
+
+C7X_DEFINE_POINTWISE(i8, int8_t, int32_t)
+C7X_DEFINE_POINTWISE(i16, int16_t, int64_t)
 
 /* conv_accumulate for int8 in int32 (reduction <= I32_EXACT_REDUCTION, exact). */
 static void conv_accumulate_i8(const conv_shape* s, const int8_t* in, const int8_t* w, int32_t co,
@@ -376,71 +405,10 @@ static void conv_accumulate_i8(const conv_shape* s, const int8_t* in, const int8
     }
 }
 
-/* pointwise_accumulate_i8 for int16: each product fits int32 (|w * x| <= 2^30),
- * the sum needs int64. */
-static void pointwise_accumulate_i16(const int16_t* in, const int16_t* w, int32_t C_in,
-                                     int64_t plane, int32_t co, int64_t p0, int32_t n,
-                                     int64_t* acc)
-{
-    int32_t ci, i;
-    for (i = 0; i < n; ++i) {
-        acc[i] = 0;
-    }
-    for (ci = 0; ci < C_in; ++ci) {
-        const int32_t wv = w[(int64_t)co * C_in + ci];
-        const int16_t* p = in + (int64_t)ci * plane + p0;
-        for (i = 0; i < n; ++i) {
-            acc[i] += (int32_t)(wv * p[i]);
-        }
-    }
-}
-
-static void pointwise_run_i16(const int16_t* in, const int16_t* w, const requant_params* q,
-                              int16_t* out, const conv_shape* s)
-{
-    int64_t acc[ROW_TILE];
-    const int64_t plane = (int64_t)s->H_out * s->W_out;
-    int32_t co, i;
-    int64_t p0;
-    for (co = 0; co < s->C_out; ++co) {
-        const int64_t bias = channel_bias(q, co);
-        const int32_t scale = channel_scale(q, co);
-        const int32_t shift = channel_shift(q, co);
-        for (p0 = 0; p0 < plane; p0 += ROW_TILE) {
-            const int32_t n = plane - p0 < ROW_TILE ? (int32_t)(plane - p0) : ROW_TILE;
-            pointwise_accumulate_i16(in, w, s->C_in, plane, co, p0, n, acc);
-            for (i = 0; i < n; ++i) {
-                store_requant(out, (int64_t)co * plane + p0 + i, requantize(acc[i], bias, scale, shift), q);
-            }
-        }
-    }
-}
-
 static int pointwise(const conv_shape* s)
 {
     return s->KH == 1 && s->KW == 1 && s->stride_h == 1 && s->stride_w == 1 && s->pad_top == 0 &&
            s->pad_bottom == 0 && s->pad_left == 0 && s->pad_right == 0 && s->groups == 1;
-}
-
-static void pointwise_run_i8(const int8_t* in, const int8_t* w, const requant_params* q,
-                             int8_t* out, const conv_shape* s)
-{
-    int32_t acc[ROW_TILE];
-    const int64_t plane = (int64_t)s->H_out * s->W_out;
-    int32_t co, i;
-    int64_t p0;
-    for (co = 0; co < s->C_out; ++co) {
-        const int64_t bias = channel_bias(q, co);
-        const int32_t scale = channel_scale(q, co);
-        const int32_t shift = channel_shift(q, co);
-        for (p0 = 0; p0 < plane; p0 += ROW_TILE) {
-            const int32_t n = plane - p0 < ROW_TILE ? (int32_t)(plane - p0) : ROW_TILE;
-            pointwise_accumulate_i8(in, w, s->C_in, plane, co, p0, n, acc);
-            for (i = 0; i < n; ++i) {
-                store_requant(out, (int64_t)co * plane + p0 + i, requantize(acc[i], bias, scale, shift), q);
-            }
-        }
-    }
 }
 
 static void conv_run_i8(const int8_t* in, const int8_t* w, const requant_params* q, int8_t* out,
@@ -548,31 +516,23 @@ static requant_params make_requant(const void* bias, const uint8_t* scale, const
     return q;
 }
 
-int32_t mmalib_conv2d_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
-                         const uint8_t* scale, const uint8_t* shift, int8_t* out,
-                         int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
-                         int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
-                         int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
-                         int32_t act_min, int32_t act_max)
-{
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I8, act_min, act_max);
-    return conv_run(in, w, &q, out,
-                    make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top,
-                                    pad_bottom, pad_left, pad_right, 1));
-}
+/* mmalib_conv2d_i8 / _i16: one body. SUF: i8 / i16; T: element type; B: bias type; ET: elem_type. */
+#define C7X_DEFINE_CONV2D(SUF, T, B, ET)                                                           \
+    int32_t mmalib_conv2d_##SUF(const T* in, const T* w, const B* bias, const uint8_t* scale,      \
+                                const uint8_t* shift, T* out, int32_t C_in, int32_t H_in,          \
+                                int32_t W_in, int32_t C_out, int32_t KH, int32_t KW,               \
+                                int32_t stride_h, int32_t stride_w, int32_t pad_top,               \
+                                int32_t pad_bottom, int32_t pad_left, int32_t pad_right,           \
+                                int32_t act_min, int32_t act_max)                                  \
+    {                                                                                              \
+        const requant_params q = make_requant(bias, scale, shift, ET, act_min, act_max);           \
+        return conv_run(in, w, &q, out,                                                            \
+                        make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w,       \
+                                        pad_top, pad_bottom, pad_left, pad_right, 1));             \
+    }
 
-int32_t mmalib_conv2d_i16(const int16_t* in, const int16_t* w, const int64_t* bias,
-                          const uint8_t* scale, const uint8_t* shift, int16_t* out,
-                          int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
-                          int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
-                          int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
-                         int32_t act_min, int32_t act_max)
-{
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I16, act_min, act_max);
-    return conv_run(in, w, &q, out,
-                    make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top,
-                                    pad_bottom, pad_left, pad_right, 1));
-}
+C7X_DEFINE_CONV2D(i8, int8_t, int32_t, ELEM_I8)
+C7X_DEFINE_CONV2D(i16, int16_t, int64_t, ELEM_I16)
 
 int32_t mmalib_conv2d_i8_grouped_loop(const int8_t* in, const int8_t* w, const int32_t* bias,
                                       const uint8_t* scale, const uint8_t* shift, int8_t* out,
@@ -602,35 +562,25 @@ static int32_t depthwise_run(const void* in, const void* w, const requant_params
     return conv_run(in, w, q, out, s);
 }
 
-int32_t mmalib_depthwise_conv2d_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
-                                   const uint8_t* scale, const uint8_t* shift, int8_t* out,
-                                   int32_t C, int32_t H_in, int32_t W_in, int32_t KH, int32_t KW,
-                                   int32_t stride_h, int32_t stride_w, int32_t pad_top,
-                                   int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
-                                   int32_t num_groups,
-                         int32_t act_min, int32_t act_max)
-{
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I8, act_min, act_max);
-    return depthwise_run(in, w, &q, out,
-                         make_conv_shape(C, H_in, W_in, C, KH, KW, stride_h, stride_w, pad_top,
-                                         pad_bottom, pad_left, pad_right, C),
-                         num_groups);
-}
+/* mmalib_depthwise_conv2d_i8 / _i16: one body (parameters as C7X_DEFINE_CONV2D). */
+#define C7X_DEFINE_DEPTHWISE(SUF, T, B, ET)                                                        \
+    int32_t mmalib_depthwise_conv2d_##SUF(const T* in, const T* w, const B* bias,                  \
+                                          const uint8_t* scale, const uint8_t* shift, T* out,      \
+                                          int32_t C, int32_t H_in, int32_t W_in, int32_t KH,       \
+                                          int32_t KW, int32_t stride_h, int32_t stride_w,          \
+                                          int32_t pad_top, int32_t pad_bottom, int32_t pad_left,   \
+                                          int32_t pad_right, int32_t num_groups, int32_t act_min,  \
+                                          int32_t act_max)                                         \
+    {                                                                                              \
+        const requant_params q = make_requant(bias, scale, shift, ET, act_min, act_max);           \
+        return depthwise_run(in, w, &q, out,                                                       \
+                             make_conv_shape(C, H_in, W_in, C, KH, KW, stride_h, stride_w,         \
+                                             pad_top, pad_bottom, pad_left, pad_right, C),         \
+                             num_groups);                                                          \
+    }
 
-int32_t mmalib_depthwise_conv2d_i16(const int16_t* in, const int16_t* w, const int64_t* bias,
-                                    const uint8_t* scale, const uint8_t* shift, int16_t* out,
-                                    int32_t C, int32_t H_in, int32_t W_in, int32_t KH, int32_t KW,
-                                    int32_t stride_h, int32_t stride_w, int32_t pad_top,
-                                    int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
-                                    int32_t num_groups,
-                         int32_t act_min, int32_t act_max)
-{
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I16, act_min, act_max);
-    return depthwise_run(in, w, &q, out,
-                         make_conv_shape(C, H_in, W_in, C, KH, KW, stride_h, stride_w, pad_top,
-                                         pad_bottom, pad_left, pad_right, C),
-                         num_groups);
-}
+C7X_DEFINE_DEPTHWISE(i8, int8_t, int32_t, ELEM_I8)
+C7X_DEFINE_DEPTHWISE(i16, int16_t, int64_t, ELEM_I16)
 
 /* ------------------------------------------------------------------------- */
 /* Fully connected                                                            */
@@ -662,23 +612,19 @@ static int32_t matmul_run(const void* in, const void* w, const requant_params* q
     return C7X_OK;
 }
 
-int32_t mmalib_matmul_bias_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
-                              const uint8_t* scale, const uint8_t* shift, int8_t* out,
-                              int32_t M, int32_t K, int32_t N,
-                         int32_t act_min, int32_t act_max)
-{
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I8, act_min, act_max);
-    return matmul_run(in, w, &q, out, M, K, N);
-}
+/* mmalib_matmul_bias_i8 / _i16: one body (parameters as C7X_DEFINE_CONV2D). */
+#define C7X_DEFINE_MATMUL(SUF, T, B, ET)                                                           \
+    int32_t mmalib_matmul_bias_##SUF(const T* in, const T* w, const B* bias,                       \
+                                     const uint8_t* scale, const uint8_t* shift, T* out,           \
+                                     int32_t M, int32_t K, int32_t N, int32_t act_min,             \
+                                     int32_t act_max)                                              \
+    {                                                                                              \
+        const requant_params q = make_requant(bias, scale, shift, ET, act_min, act_max);           \
+        return matmul_run(in, w, &q, out, M, K, N);                                                \
+    }
 
-int32_t mmalib_matmul_bias_i16(const int16_t* in, const int16_t* w, const int64_t* bias,
-                               const uint8_t* scale, const uint8_t* shift, int16_t* out,
-                               int32_t M, int32_t K, int32_t N,
-                         int32_t act_min, int32_t act_max)
-{
-    const requant_params q = make_requant(bias, scale, shift, ELEM_I16, act_min, act_max);
-    return matmul_run(in, w, &q, out, M, K, N);
-}
+C7X_DEFINE_MATMUL(i8, int8_t, int32_t, ELEM_I8)
+C7X_DEFINE_MATMUL(i16, int16_t, int64_t, ELEM_I16)
 
 /* ------------------------------------------------------------------------- */
 /* Residual add                                                               */
@@ -731,17 +677,17 @@ static int32_t residual_run(const void* x, const void* skip, const uint8_t* para
     return C7X_OK;
 }
 
-int32_t c7x_int8_residual_add_relu(const int8_t* x, const int8_t* skip, const uint8_t* params,
-                                   int8_t* out, int32_t n, int32_t has_relu)
-{
-    return residual_run(x, skip, params, out, n, has_relu, ELEM_I8);
-}
+/* c7x_int8_residual_add_relu / c7x_int16_...: one body. TN: int8 / int16; T: element
+ * type; ET: elem_type. */
+#define C7X_DEFINE_RESIDUAL(TN, T, ET)                                                             \
+    int32_t c7x_##TN##_residual_add_relu(const T* x, const T* skip, const uint8_t* params,         \
+                                         T* out, int32_t n, int32_t has_relu)                      \
+    {                                                                                              \
+        return residual_run(x, skip, params, out, n, has_relu, ET);                                \
+    }
 
-int32_t c7x_int16_residual_add_relu(const int16_t* x, const int16_t* skip, const uint8_t* params,
-                                    int16_t* out, int32_t n, int32_t has_relu)
-{
-    return residual_run(x, skip, params, out, n, has_relu, ELEM_I16);
-}
+C7X_DEFINE_RESIDUAL(int8, int8_t, ELEM_I8)
+C7X_DEFINE_RESIDUAL(int16, int16_t, ELEM_I16)
 
 /* ------------------------------------------------------------------------- */
 /* Max pool                                                                   */
@@ -919,17 +865,16 @@ static int32_t channel_mul_run(const void* x, const void* gate, const uint8_t* p
     return C7X_OK;
 }
 
-int32_t c7x_int8_channel_mul(const int8_t* x, const int8_t* gate, const uint8_t* params,
-                             int8_t* out, int32_t planes, int32_t hw)
-{
-    return channel_mul_run(x, gate, params, out, planes, hw, ELEM_I8);
-}
+/* c7x_int8_channel_mul / c7x_int16_...: one body (parameters as C7X_DEFINE_RESIDUAL). */
+#define C7X_DEFINE_CHANNEL_MUL(TN, T, ET)                                                          \
+    int32_t c7x_##TN##_channel_mul(const T* x, const T* gate, const uint8_t* params, T* out,       \
+                                   int32_t planes, int32_t hw)                                     \
+    {                                                                                              \
+        return channel_mul_run(x, gate, params, out, planes, hw, ET);                              \
+    }
 
-int32_t c7x_int16_channel_mul(const int16_t* x, const int16_t* gate, const uint8_t* params,
-                              int16_t* out, int32_t planes, int32_t hw)
-{
-    return channel_mul_run(x, gate, params, out, planes, hw, ELEM_I16);
-}
+C7X_DEFINE_CHANNEL_MUL(int8, int8_t, ELEM_I8)
+C7X_DEFINE_CHANNEL_MUL(int16, int16_t, ELEM_I16)
 
 /* ------------------------------------------------------------------------- */
 /* Table lookup (element-wise activations)                                    */
@@ -1016,23 +961,18 @@ static int32_t requantize_run(const void* in, void* out, int32_t n, int32_t in_z
     return C7X_OK;
 }
 
-int32_t c7x_requantize_i8_i16(const int8_t* in, int16_t* out, int32_t n, int32_t in_zp,
-                              float in_scale, int32_t out_zp, float out_inv_scale)
-{
-    return requantize_run(in, out, n, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I8, ELEM_I16);
-}
+/* c7x_requantize_<from>_<to>: one body. SUF: i8_i16 ...; TI / TO: input / output element
+ * types; EI / EO: their elem_type. */
+#define C7X_DEFINE_REQUANTIZE(SUF, TI, TO, EI, EO)                                                 \
+    int32_t c7x_requantize_##SUF(const TI* in, TO* out, int32_t n, int32_t in_zp, float in_scale,  \
+                                 int32_t out_zp, float out_inv_scale)                              \
+    {                                                                                              \
+        return requantize_run(in, out, n, in_zp, in_scale, out_zp, out_inv_scale, EI, EO);         \
+    }
 
-int32_t c7x_requantize_i16_i8(const int16_t* in, int8_t* out, int32_t n, int32_t in_zp,
-                              float in_scale, int32_t out_zp, float out_inv_scale)
-{
-    return requantize_run(in, out, n, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I16, ELEM_I8);
-}
-
-int32_t c7x_requantize_i8_i8(const int8_t* in, int8_t* out, int32_t n, int32_t in_zp,
-                             float in_scale, int32_t out_zp, float out_inv_scale)
-{
-    return requantize_run(in, out, n, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I8, ELEM_I8);
-}
+C7X_DEFINE_REQUANTIZE(i8_i16, int8_t, int16_t, ELEM_I8, ELEM_I16)
+C7X_DEFINE_REQUANTIZE(i16_i8, int16_t, int8_t, ELEM_I16, ELEM_I8)
+C7X_DEFINE_REQUANTIZE(i8_i8, int8_t, int8_t, ELEM_I8, ELEM_I8)
 
 /* ------------------------------------------------------------------------- */
 /* Average pools (float32, as torch's Q/DQ)                                   */
@@ -1221,21 +1161,18 @@ static int32_t global_avg_pool_run(const void* in, void* out, int32_t planes, in
     return C7X_OK;
 }
 
-int32_t c7x_int8_global_avg_pool(const int8_t* in, int8_t* out, int32_t planes, int32_t hw,
-                                 int32_t in_zp, float in_scale, int32_t out_zp,
-                                 float out_inv_scale)
-{
-    return global_avg_pool_run(in, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scale,
-                               ELEM_I8);
-}
+/* c7x_int8_global_avg_pool / c7x_int16_...: one body (parameters as C7X_DEFINE_RESIDUAL). */
+#define C7X_DEFINE_GLOBAL_AVG_POOL(TN, T, ET)                                                      \
+    int32_t c7x_##TN##_global_avg_pool(const T* in, T* out, int32_t planes, int32_t hw,            \
+                                       int32_t in_zp, float in_scale, int32_t out_zp,              \
+                                       float out_inv_scale)                                        \
+    {                                                                                              \
+        return global_avg_pool_run(in, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scale,    \
+                                   ET);                                                            \
+    }
 
-int32_t c7x_int16_global_avg_pool(const int16_t* in, int16_t* out, int32_t planes, int32_t hw,
-                                  int32_t in_zp, float in_scale, int32_t out_zp,
-                                  float out_inv_scale)
-{
-    return global_avg_pool_run(in, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scale,
-                               ELEM_I16);
-}
+C7X_DEFINE_GLOBAL_AVG_POOL(int8, int8_t, ELEM_I8)
+C7X_DEFINE_GLOBAL_AVG_POOL(int16, int16_t, ELEM_I16)
 
 typedef struct {
     int32_t N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW, count_include_pad;
@@ -1299,27 +1236,21 @@ static int32_t avg_pool_run(const void* in, void* out, const avg_pool_geometry* 
     return C7X_OK;
 }
 
-int32_t c7x_int8_avg_pool(const int8_t* in, int8_t* out, int32_t N, int32_t C, int32_t H_in,
-                          int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
-                          int32_t sH, int32_t sW, int32_t pH, int32_t pW,
-                          int32_t count_include_pad, int32_t in_zp, float in_scale,
-                          int32_t out_zp, float out_inv_scale)
-{
-    const avg_pool_geometry g = {N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
-                                 count_include_pad};
-    return avg_pool_run(in, out, &g, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I8);
-}
+/* c7x_int8_avg_pool / c7x_int16_...: one body (parameters as C7X_DEFINE_RESIDUAL). */
+#define C7X_DEFINE_AVG_POOL(TN, T, ET)                                                             \
+    int32_t c7x_##TN##_avg_pool(const T* in, T* out, int32_t N, int32_t C, int32_t H_in,           \
+                                int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH,            \
+                                int32_t kW, int32_t sH, int32_t sW, int32_t pH, int32_t pW,        \
+                                int32_t count_include_pad, int32_t in_zp, float in_scale,          \
+                                int32_t out_zp, float out_inv_scale)                               \
+    {                                                                                              \
+        const avg_pool_geometry g = {N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,       \
+                                     count_include_pad};                                           \
+        return avg_pool_run(in, out, &g, in_zp, in_scale, out_zp, out_inv_scale, ET);              \
+    }
 
-int32_t c7x_int16_avg_pool(const int16_t* in, int16_t* out, int32_t N, int32_t C, int32_t H_in,
-                           int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
-                           int32_t sH, int32_t sW, int32_t pH, int32_t pW,
-                           int32_t count_include_pad, int32_t in_zp, float in_scale,
-                           int32_t out_zp, float out_inv_scale)
-{
-    const avg_pool_geometry g = {N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
-                                 count_include_pad};
-    return avg_pool_run(in, out, &g, in_zp, in_scale, out_zp, out_inv_scale, ELEM_I16);
-}
+C7X_DEFINE_AVG_POOL(int8, int8_t, ELEM_I8)
+C7X_DEFINE_AVG_POOL(int16, int16_t, ELEM_I16)
 
 /* ------------------------------------------------------------------------- */
 /* Per-channel affine requantize (float32, as torch's Q/DQ batch_norm)        */
@@ -1426,20 +1357,16 @@ static int32_t channel_affine_run(const void* in, const uint8_t* params, void* o
     return C7X_OK;
 }
 
-int32_t c7x_int8_channel_affine(const int8_t* in, const uint8_t* params, int8_t* out, int32_t N,
-                                int32_t C, int32_t hw, int32_t mid_zp, float mid_scale,
-                                float mid_inv_scale, int32_t has_relu, int32_t out_zp,
-                                float out_inv_scale)
-{
-    return channel_affine_run(in, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale,
-                              has_relu, out_zp, out_inv_scale, ELEM_I8);
-}
+/* c7x_int8_channel_affine / c7x_int16_...: one body (parameters as C7X_DEFINE_RESIDUAL). */
+#define C7X_DEFINE_CHANNEL_AFFINE(TN, T, ET)                                                       \
+    int32_t c7x_##TN##_channel_affine(const T* in, const uint8_t* params, T* out, int32_t N,       \
+                                      int32_t C, int32_t hw, int32_t mid_zp, float mid_scale,      \
+                                      float mid_inv_scale, int32_t has_relu, int32_t out_zp,       \
+                                      float out_inv_scale)                                         \
+    {                                                                                              \
+        return channel_affine_run(in, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale,     \
+                                  has_relu, out_zp, out_inv_scale, ET);                            \
+    }
 
-int32_t c7x_int16_channel_affine(const int16_t* in, const uint8_t* params, int16_t* out,
-                                 int32_t N, int32_t C, int32_t hw, int32_t mid_zp,
-                                 float mid_scale, float mid_inv_scale, int32_t has_relu,
-                                 int32_t out_zp, float out_inv_scale)
-{
-    return channel_affine_run(in, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale,
-                              has_relu, out_zp, out_inv_scale, ELEM_I16);
-}
+C7X_DEFINE_CHANNEL_AFFINE(int8, int8_t, ELEM_I8)
+C7X_DEFINE_CHANNEL_AFFINE(int16, int16_t, ELEM_I16)

@@ -246,7 +246,7 @@ def _scalar_arg(kernel: str, p: Param, value):
 
 
 def call_kernel(name: str, *args, rounding: str = "half_up") -> int:
-    """Call host kernel ``name`` exactly like ``reference.KERNELS[name](*args)``.
+    """Call host kernel ``name`` exactly like ``catalog.KERNELS[name](*args)``.
 
     ``args`` follow the C argument list of ``c7x_kernels.h``: numpy arrays (any
     shape, C-contiguous, exact dtype) or None (= NULL) for pointers, Python ints
@@ -268,7 +268,7 @@ def _check_buffer_sizes(name: str, params: tuple[Param, ...], args) -> None:
     """C cannot check buffer lengths: refuse arrays whose size differs from the
     one the scalar arguments imply, instead of letting the kernel read or write
     out of bounds. (Invalid scalars make the kernel return before any access.)"""
-    from pipeline.backend.kernels.reference import buffer_shapes  # torch: import late
+    from pipeline.backend.kernels.catalog import buffer_shapes  # numpy: import late
 
     shapes = buffer_shapes(name, *args)
     for p, value in zip(params, args):

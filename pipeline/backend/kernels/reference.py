@@ -8,7 +8,7 @@ result into ``out`` in place and returns the C status code (``C7X_OK`` = 0, or
 the ``C7X_ERR_*`` code the C returns for the same arguments, checked in the same
 order: NULL, shape, parameter). Problems C cannot detect (a buffer of the wrong
 size or dtype, a scalar outside int32) raise ``ValueError`` / ``TypeError``.
-:data:`KERNELS` maps extern name -> function; every function also takes
+``catalog.KERNELS`` maps extern name -> function; every function also takes
 ``rounding`` ("half_up" | "floor", default :data:`ROUNDING`, the twin of the C
 macro ``C7X_ROUNDING``; ignored by kernels that do not round).
 
@@ -27,13 +27,9 @@ float32 operations in the C's order, each rounded like the C's.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 ROUNDINGS = ("half_up", "floor")
 #: Default rounding of the right shift (the C default is C7X_ROUND_HALF_UP).
@@ -196,7 +192,7 @@ def _requant_params_ok(scale, shift) -> bool:
 
 class _Geometry:
     """Field names are the C parameter names, so a geometry can be built from a
-    kernel's bound arguments (:func:`buffer_shapes`). Fields must be int32 values
+    kernel's bound arguments (``catalog.buffer_shapes``). Fields must be int32 values
     (like the C scalars); they are stored as Python ints so that size products
     never wrap around."""
 
@@ -390,6 +386,9 @@ def conv_accumulate(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray
     and most int8 pointwise layers; it is 4-5x faster on the CPU.
     """
     dtype = np.float32 if _max_abs(x) * _max_abs(w) * g.reduction <= FLOAT32_EXACT else np.float64
+    import torch  # late: the catalog (and the performance model) read this module without torch
+    import torch.nn.functional as F
+
     xt = torch.from_numpy(x.astype(dtype))
     wt = torch.from_numpy(w.astype(dtype))
     padding = (g.pad_top, g.pad_left)
@@ -1140,48 +1139,3 @@ def c7x_int16_channel_affine(in_, params, out, N, C, hw, mid_zp, mid_scale, mid_
     tensors and zero points."""
     return _channel_affine(in_, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale, has_relu,
                            out_zp, out_inv_scale, _I16)
-
-
-KERNELS: dict[str, Callable[..., int]] = {
-    f.__name__: f for f in (
-        mmalib_conv2d_i8, mmalib_conv2d_i16, mmalib_conv2d_i8_grouped_loop,
-        mmalib_depthwise_conv2d_i8, mmalib_depthwise_conv2d_i16,
-        mmalib_matmul_bias_i8, mmalib_matmul_bias_i16,
-        c7x_int8_residual_add_relu, c7x_int16_residual_add_relu,
-        c7x_int8_max_pool, c7x_int8_max_pool_tidl, c7x_int8_relu, c7x_int8_clamp,
-        c7x_requantize_i8_i16, c7x_requantize_i16_i8, c7x_requantize_i8_i8, c7x_int8_lut,
-        c7x_int8_channel_mul, c7x_int16_channel_mul,
-        c7x_int8_global_avg_pool, c7x_int16_global_avg_pool, c7x_int8_avg_pool, c7x_int16_avg_pool,
-        c7x_int8_channel_affine, c7x_int16_channel_affine)
-}
-
-_GEOMETRY = {
-    "mmalib_conv2d_i8": ConvGeometry, "mmalib_conv2d_i16": ConvGeometry,
-    "mmalib_conv2d_i8_grouped_loop": ConvGeometry,
-    "mmalib_depthwise_conv2d_i8": DepthwiseGeometry,
-    "mmalib_depthwise_conv2d_i16": DepthwiseGeometry,
-    "mmalib_matmul_bias_i8": MatmulGeometry, "mmalib_matmul_bias_i16": MatmulGeometry,
-    "c7x_int8_residual_add_relu": ElementwiseGeometry,
-    "c7x_int16_residual_add_relu": ElementwiseGeometry,
-    "c7x_int8_max_pool": PoolGeometry, "c7x_int8_max_pool_tidl": PoolGeometry,
-    "c7x_int8_relu": ElementwiseGeometry, "c7x_int8_clamp": ElementwiseGeometry,
-    "c7x_requantize_i8_i16": ElementwiseGeometry, "c7x_requantize_i16_i8": ElementwiseGeometry,
-    "c7x_requantize_i8_i8": ElementwiseGeometry,
-    "c7x_int8_lut": ElementwiseGeometry,
-    "c7x_int8_channel_mul": ChannelMulGeometry, "c7x_int16_channel_mul": ChannelMulGeometry,
-    "c7x_int8_global_avg_pool": GlobalPoolGeometry, "c7x_int16_global_avg_pool": GlobalPoolGeometry,
-    "c7x_int8_avg_pool": AvgPoolGeometry, "c7x_int16_avg_pool": AvgPoolGeometry,
-    "c7x_int8_channel_affine": ChannelAffineGeometry, "c7x_int16_channel_affine": ChannelAffineGeometry,
-}
-
-
-def buffer_shapes(name: str, *args) -> dict[str, tuple[int, ...]]:
-    """Shapes of the pointer arguments of kernel ``name`` (keys: C parameter
-    names, e.g. "in", "w", "out") implied by its scalar arguments, given in the
-    C order like a call. Empty when the scalars are invalid: the kernel then
-    returns an error before touching any buffer. Raises ``KeyError`` for an
-    unknown kernel, ``TypeError`` for a wrong argument count."""
-    arguments = inspect.signature(KERNELS[name]).bind(*args).arguments
-    arguments = {k.rstrip("_"): v for k, v in arguments.items()}
-    geometry = _GEOMETRY[name].from_arguments(arguments)
-    return geometry.shapes() if geometry.status() == C7X_OK else {}

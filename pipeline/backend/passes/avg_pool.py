@@ -140,9 +140,3 @@ def offload_avg_pool2d(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.
     W_in, H_out, W_out, kH, kW, sH, sW, pH, pW, count_include_pad, in_zp, in_scale, out_zp,
     out_inv_scale)``."""
     return run_pass(mod, log, "avg_pool2d", _planner(("relax.nn.avg_pool2d",), _plan_window))
-
-
-def offload_avg_pools(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
-    """Both average-pool passes, global first."""
-    return offload_avg_pool2d(offload_global_avg_pool(mod, log), log)
-

@@ -1,17 +1,16 @@
 """The offload pass pipeline: every family in the reference's order, then cleanups.
 
-Order (``docs/reference.md``, "Pass order": step 1, then the max-pool / ReLU
-fusions, the int8 <-> int16 requantize, then the Q/DQ cleanups): i8 conv, i8
-depthwise, i8 FC, i8 residual add, i16 conv, i16 FC, i16 residual add, i16
-depthwise, i8 max pool, the int8 / int16 unfolded batch_norm (+ relu) as a
-per-channel affine requantize (ours; before relu/clip, so that it can take the
-relu that follows the batch_norm), i8 relu/clip, i8 activation tables (ours: hardswish,
-hardsigmoid, SiLU, sigmoid, GELU; after relu/clip, whose patterns are single
-clips that never contain an activation's chain), the int8 / int16
-squeeze-excitation multiply (ours), the int8 / int16 global and windowed average
-pools (ours; the reference's step 4 names an avgpool fusion), requantize, transparent Q/DQ
-elimination, Q/DQ pair elimination, then CanonicalizeBindings and
-DeadCodeElimination (the float weights' dequantize bindings die here).
+The order is :data:`PASS_ORDER`, written once; why it is that order
+(``docs/reference.md``, "Pass order"): the reference's step 1 (int8 conv,
+depthwise, FC, residual add, then the int16 ones), then its max-pool / ReLU
+fusions, the int8 <-> int16 requantize and the Q/DQ cleanups. Our passes slot
+in where they cannot steal a binding from the reference's: the per-channel
+affine (an unfolded batch_norm) runs before relu/clip so it can take the relu
+that follows it; the activation tables after relu/clip, whose patterns are
+single clips that never contain an activation's chain; the squeeze-excitation
+multiply and the average pools (the reference's step 4 names an avgpool
+fusion) before the requantize. CanonicalizeBindings and DeadCodeElimination
+follow (the float weights' dequantize bindings die there).
 
 The requantize pass matches only ``q(dq(x))`` whose two dtypes differ, the
 pair cleanup only equal dtypes and parameters, so the two never compete for a
@@ -28,13 +27,11 @@ flow").
 
 from __future__ import annotations
 
-from functools import partial
-
 import tvm
 from tvm import relax
 
 from .activation import offload_activation_lut_i8
-from .avg_pool import offload_avg_pools
+from .avg_pool import offload_avg_pool2d, offload_global_avg_pool
 from .channel_affine import offload_channel_affine
 from .channel_mul import offload_channel_mul
 from .cleanup import eliminate_qdq_pairs, eliminate_qdq_transparent
@@ -47,17 +44,14 @@ from .relu import offload_relu_i8
 from .requantize import offload_requantize
 from .residual import offload_residual_add_i8, offload_residual_add_i16
 
-OFFLOAD_PASSES = (
-    offload_conv2d_i8,
-    offload_depthwise_conv2d_i8,
-    offload_fc_i8,
-    offload_residual_add_i8,
-    offload_conv2d_i16,
-    offload_fc_i16,
-    offload_residual_add_i16,
-    offload_depthwise_conv2d_i16,
+#: every pass, in order (module docstring); ``run_offload`` runs exactly these
+PASS_ORDER = (
+    offload_conv2d_i8, offload_depthwise_conv2d_i8, offload_fc_i8, offload_residual_add_i8,
+    offload_conv2d_i16, offload_fc_i16, offload_residual_add_i16, offload_depthwise_conv2d_i16,
+    offload_max_pool2d_i8, offload_channel_affine, offload_relu_i8, offload_activation_lut_i8,
+    offload_channel_mul, offload_global_avg_pool, offload_avg_pool2d, offload_requantize,
+    eliminate_qdq_transparent, eliminate_qdq_pairs,
 )
-CLEANUP_PASSES = (eliminate_qdq_transparent, eliminate_qdq_pairs)
 
 
 def run_offload(mod: tvm.IRModule, log: OffloadLog | None = None, *,
@@ -72,11 +66,8 @@ def run_offload(mod: tvm.IRModule, log: OffloadLog | None = None, *,
     ``tidl_kernels`` picks the max-pool kernel flavour (reference default: TIDL).
     """
     log = log if log is not None else OffloadLog()
-    passes = (*OFFLOAD_PASSES, partial(offload_max_pool2d_i8, tidl_kernels=tidl_kernels),
-              offload_channel_affine, offload_relu_i8, offload_activation_lut_i8, offload_channel_mul,
-              offload_avg_pools, offload_requantize, *CLEANUP_PASSES)
-    for p in passes:
-        mod = p(mod, log)
+    for p in PASS_ORDER:
+        mod = p(mod, log, tidl_kernels=tidl_kernels) if p is offload_max_pool2d_i8 else p(mod, log)
     mod = relax.transform.CanonicalizeBindings()(mod)
     mod = relax.transform.DeadCodeElimination()(mod)
     return mod, log

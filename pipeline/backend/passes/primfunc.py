@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import tirx
 
-MMALIB = "mmalib"
-C7X = "c7x"
+from ..kernels import catalog
 
 
 def backend_of(kernel: str) -> str:
-    """``"mmalib"`` for ``mmalib_*`` kernels, ``"c7x"`` for ``c7x_*`` kernels."""
-    return MMALIB if kernel.startswith("mmalib_") else C7X
+    """``"mmalib"`` for TI's MMALIB kernels, ``"c7x"`` for ours (the catalog record's
+    backend). Raises KeyError for a kernel the catalog does not declare."""
+    return catalog.kernel(kernel).backend
 
 
 @dataclass(frozen=True)

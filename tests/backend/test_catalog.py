@@ -1,0 +1,81 @@
+"""The kernel catalog is the one declaration of a kernel: its pieces exist and agree.
+
+Each record names a C entry point, an offload pass, a numpy twin, a geometry, an
+engine and a tiling rule; this checks them against the header, the built host
+library, the pass order and the tables derived from the catalog.
+"""
+
+import dataclasses
+import importlib
+import inspect
+
+import pytest
+
+from pipeline.backend import tiling
+from pipeline.backend.kernels import catalog, hostlib
+from pipeline.backend.kernels import reference as ref
+from pipeline.backend.passes.pipeline import PASS_ORDER
+from pipeline.backend.passes.primfunc import backend_of
+from pipeline.perf import model
+
+CLEANUPS = {"eliminate_qdq_transparent", "eliminate_qdq_pairs"}
+
+
+def _pass(record: catalog.Kernel):
+    module, func = record.offload.split(".")
+    return getattr(importlib.import_module(f"pipeline.backend.passes.{module}"), func)
+
+
+def test_the_catalog_and_the_header_declare_the_same_kernels():
+    assert list(catalog.CATALOG) == list(hostlib.kernel_signatures())
+
+
+@pytest.mark.parametrize("name", list(catalog.CATALOG))
+def test_a_record_agrees_with_its_c_twin_and_pass(name):
+    rec = catalog.CATALOG[name]
+    # the C entry point exists in the host build (the macros made it) with the header's arguments
+    assert hasattr(hostlib.load_kernels("half_up"), name)
+    params = [p.name for p in hostlib.kernel_signatures()[name]]
+    twin = list(inspect.signature(rec.reference).parameters)
+    assert rec.reference.__name__ == name and [p.rstrip("_") for p in twin[:-1]] == params
+    # the geometry's required fields are scalars of this kernel's signature
+    assert issubclass(rec.geometry, ref._Geometry)
+    required = {f.name for f in dataclasses.fields(rec.geometry) if f.default is dataclasses.MISSING}
+    assert required <= set(params)
+    # the pass that emits it runs in the pass order
+    assert _pass(rec) in PASS_ORDER
+    assert rec.engine in catalog.ENGINES
+    assert rec.tiling is None or rec.macs, "only MAC kernels are tiled over output channels"
+    assert backend_of(name) == rec.backend == ("mmalib" if name.startswith("mmalib_") else "c7x")
+
+
+def test_every_offload_pass_emits_a_catalog_kernel():
+    emitting = {_pass(r) for r in catalog.CATALOG.values()}
+    for p in PASS_ORDER:
+        assert p in emitting or p.__name__ in CLEANUPS, p.__name__
+    assert len(PASS_ORDER) == len(set(PASS_ORDER)), "a pass listed twice"
+
+
+def test_derived_tables_follow_the_catalog():
+    assert set(catalog.KERNELS) == set(catalog.CATALOG)
+    assert set(tiling.TILEABLE) == {n for n, r in catalog.CATALOG.items() if r.tiling is not None}
+    call = {"backend": "mmalib", "kernel": "mmalib_depthwise_conv2d_i16", "work": {"macs": 9}}
+    assert model.engine(call) == "mma_depthwise"
+    assert model.engine({**call, "backend": "c7x", "kernel": "c7x_int8_lut"}) == "vector"
+
+
+def test_an_unknown_kernel_is_refused_by_name():
+    with pytest.raises(KeyError, match="c7x_int8_softmax.*catalog.py"):
+        backend_of("c7x_int8_softmax")
+    with pytest.raises(KeyError, match="c7x_int8_softmax"):
+        catalog.buffer_shapes("c7x_int8_softmax", 1)
+
+
+def test_buffer_shapes_come_from_the_records_geometry():
+    # conv 3x16x16 -> 8 channels, 3x3, stride 1, pad 1: out 8x16x16
+    args = [None] * 6 + [3, 16, 16, 8, 3, 3, 1, 1, 1, 1, 1, 1, -128, 127]
+    shapes = catalog.buffer_shapes("mmalib_conv2d_i8", *args)
+    assert shapes["in"] == (1, 3, 16, 16) and shapes["w"] == (8, 3, 3, 3) and shapes["out"] == (1, 8, 16, 16)
+    bad = list(args)
+    bad[6] = 0   # C_in = 0: the kernel returns a shape error before touching a buffer
+    assert catalog.buffer_shapes("mmalib_conv2d_i8", *bad) == {}
