@@ -245,6 +245,8 @@ class ModelSpec:
     target: TargetSpec = TargetSpec()
     default_run: bool = True
     task: str = "classification"
+    #: one line for people (``doit list`` shows it on the model's export task); tracks nothing
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -356,6 +358,9 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         fail(f"'default_run' must be true or false, got {default_run!r}")
     task = data.get("task", "classification")
     _check_choice(fail, "task", task, TASKS)
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        fail(f"'description' must be a string, got {description!r}")
     kwargs = data.get("builder_kwargs", {})
     if not isinstance(kwargs, dict):
         fail(f"'builder_kwargs' must be a table, e.g. {{ num_classes = 10 }}, got {kwargs!r}")
@@ -416,6 +421,7 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         builder_kwargs=dict(kwargs), weights=weights, preprocess=preprocess,
         calibration=calibration, quantizer=quantizer, codegen=codegen, evaluation_set=evaluation_set,
         evaluation_folds=folds, profile=profile, default_run=default_run, task=task, target=target,
+        description=description,
     )
 
 

@@ -27,6 +27,7 @@ def test_shipped_entries_are_valid():
     assert entries["mobilenet_v2_int16"].dtype == "int16"
     assert entries["mobilenet_v2_int16"].weights == entries["mobilenet_v2"].weights
     assert entries["resnet18"].weights.optional
+    assert entries["mobilenet_v2"].description.startswith("MobileNetV2 (torchvision)")
 
 
 def test_defaults_and_roundtrip(tmp_path):
@@ -52,6 +53,7 @@ def test_defaults_and_roundtrip(tmp_path):
     ('extends = ["x"]\n' + BASE, "'extends' must be the name of another model entry"),
     (BASE + "[evaluation]\nset = 5\n", "evaluation.set must be a folder name"),
     (BASE + '[codegen]\nmemory = "l2"\n', "codegen.memory 'l2' is not supported; use one of staged, flat"),
+    ("description = 5\n" + BASE, "'description' must be a string, got 5"),
 ])
 def test_invalid_entry_names_file_and_fix(tmp_path, text, needle):
     (entry,) = load_models(write(tmp_path, "bad", text))

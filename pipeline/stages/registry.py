@@ -283,7 +283,7 @@ STAGES: tuple[Stage, ...] = (
         args=lambda c: {"spec": c.spec, "weights": c.weights, "root": c.root,
                         "out": c.layout.float_pt2, "out_info": c.layout.export_json,
                         "calib_dir": c.calib_root / c.spec.calibration.set},
-        task_doc=lambda c: f"export {c.spec.builder} -> float.pt2",
+        task_doc=lambda c: f"export {c.spec.description or c.spec.builder} -> float.pt2",
         shared=True,  # export.json does not name the model: variants of one network share it
     ),
     Stage(
