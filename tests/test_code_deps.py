@@ -54,6 +54,16 @@ def test_relative_and_absolute_imports_resolve():
     assert PKG / "__init__.py" in code_deps.closure("pipeline.stages.export")
 
 
+def test_an_import_in_a_docstring_adds_no_dependency():
+    # pipeline/__init__.py's usage example names pipeline.tasks: read as an import it
+    # made every stage depend on the task layer and the C kernels (an edit of
+    # c7x_kernels_ref.c re-ran export)
+    assert "from pipeline.tasks import" in (PKG / "__init__.py").read_text()
+    export = code_deps.closure("pipeline.stages.export")
+    assert not [p for p in export if "tasks" in p.parts or p.suffix in (".c", ".h")]
+    assert PKG / "backend" / "kernels" / "c7x_kernels_ref.c" in code_deps.closure("pipeline.stages.codegen")
+
+
 # what unpickling the arguments loads (the ModelSpec) before the stage runs
 _UNPICKLE = {"pipeline", "pipeline.config", "pipeline.errors"}
 

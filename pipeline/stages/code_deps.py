@@ -9,9 +9,12 @@ whole package:
 
 - **Imports** are found by a regular expression over each file: every
   ``from <.relative|pipeline.x> import a, b`` and ``import pipeline.x``
-  statement, at any indentation (imports inside functions count). Text that
-  only looks like an import (in a docstring) adds a dependency, never hides
-  one: the closure can be too large, not too small.
+  statement, at any indentation (imports inside functions count), after the
+  triple-quoted strings are cut out: a docstring's usage example (such as
+  ``pipeline/__init__.py``'s ``from pipeline.tasks import ...``) would
+  otherwise make every stage depend on the whole task layer. Other text that
+  only looks like an import adds a dependency, never hides one: the closure
+  can be too large, not too small.
   ``tests/test_code_deps.py`` runs every stage and checks that each
   ``pipeline`` module it loaded is in its closure.
 - **Packages**: importing ``pipeline.a.b`` runs ``pipeline/__init__.py`` and
@@ -35,6 +38,7 @@ PKG = Path(__file__).resolve().parent.parent  # the pipeline package folder
 _IMPORT = re.compile(
     r"^[ \t]*(?:from[ \t]+(?P<base>\.+[\w.]*|pipeline(?:\.\w+)*)[ \t]+import[ \t]+(?P<names>\([^)]*\)|[^\n#]*)"
     r"|import[ \t]+(?P<abs>pipeline(?:\.\w+)*))", re.M)
+_TRIPLE_QUOTED = re.compile(r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'')
 _DATA = re.compile(r"^DATA_FILES[ \t]*(?::[^=]*)?=[ \t]*(\([^)]*\))", re.M)
 
 
@@ -65,7 +69,7 @@ def imports(module: str) -> frozenset[str]:
     if path is None:
         return frozenset()
     out = set()
-    for m in _IMPORT.finditer(path.read_text()):
+    for m in _IMPORT.finditer(_TRIPLE_QUOTED.sub("", path.read_text())):
         if m["abs"]:
             out.add(m["abs"])
             continue
