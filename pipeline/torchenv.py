@@ -171,7 +171,7 @@ def _private_copy(ep: "torch.export.ExportedProgram") -> "torch.export.ExportedP
     ``nn_module_stack`` dicts were the cached program's own, and what
     ``torch.export.export`` writes there (``_torchdynamo_disable``) reached every
     later copy: convert's quantized.pt2 then depended on what ran before it in
-    the process (found by tests/test_executor.py: a Dask build differed from a
+    the process (found by tests/stages/test_executor.py: a Dask build differed from a
     local one). ``val`` (FakeTensors) and other non-container entries stay shared;
     nothing writes into them."""
     out = copy.deepcopy(ep)

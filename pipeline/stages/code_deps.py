@@ -15,7 +15,7 @@ whole package:
   otherwise make every stage depend on the whole task layer. Other text that
   only looks like an import adds a dependency, never hides one: the closure
   can be too large, not too small.
-  ``tests/test_code_deps.py`` runs every stage and checks that each
+  ``tests/stages/test_code_deps.py`` runs every stage and checks that each
   ``pipeline`` module it loaded is in its closure.
 - **Packages**: importing ``pipeline.a.b`` runs ``pipeline/__init__.py`` and
   ``pipeline/a/__init__.py`` too, so they are in the closure.

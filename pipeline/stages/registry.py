@@ -17,6 +17,7 @@ neither torch nor tvm.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -48,10 +49,14 @@ class StageContext:
     calib_root: Path
     weights: Path | None = None
     builder_sources: tuple[Path, ...] = ()
+    #: folder listings read once per context (every stage's deps ask again)
+    _listings: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def images(self, set_name: str) -> list[Path]:
         """Image files of ``calib_data/<set_name>/``, sorted."""
-        return list_images(self.calib_root / set_name)
+        if set_name not in self._listings:
+            self._listings[set_name] = list_images(self.calib_root / set_name)
+        return list(self._listings[set_name])
 
     @property
     def calibration_images(self) -> list[Path]:
@@ -175,13 +180,16 @@ def _batchnorm_inputs(ctx: StageContext) -> dict:
 
 def versions(*dists: str) -> dict[str, str]:
     """Installed version of each distribution ("missing" if absent)."""
-    out = {}
-    for d in dists:
-        try:
-            out[d] = importlib.metadata.version(d)
-        except importlib.metadata.PackageNotFoundError:
-            out[d] = "missing"
-    return out
+    return {d: _version(d) for d in dists}
+
+
+@functools.lru_cache(maxsize=None)
+def _version(dist: str) -> str:
+    # read once per process: every model's tasks ask again (75 metadata parses per task list)
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
 
 
 # ----------------------------------------------------------------------------- the stages

@@ -2,7 +2,7 @@
 
 What a stage reads, writes and tracks is stated once, in its record
 (:mod:`.registry`); the document shows it through this table so it cannot
-drift (``tests/test_registry.py`` compares the two). Regenerate after
+drift (``tests/unit/test_registry.py`` compares the two). Regenerate after
 changing a record::
 
     .venv/bin/python -m pipeline.stages.stage_table --write docs/architecture.md

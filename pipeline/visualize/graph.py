@@ -108,7 +108,7 @@ def build_graph(manifest: dict) -> dict:
     """Page data of one build: ``layers``, ``calls``, ``nodes``, ``edges``, ``summary``.
 
     Raises ValueError when a call reads a tensor no earlier call wrote (the
-    manifest's calls are a dataflow order, ``tests/test_layer_names.py``).
+    manifest's calls are a dataflow order, ``tests/stages/test_layer_names.py``).
     """
     layers = [{k: lay.get(k) for k in LAYER_FIELDS} for lay in manifest["layers"]]
     by_id = {lay["id"]: lay for lay in layers}

@@ -11,7 +11,7 @@ import pytest
 from pipeline.config import ModelSpec, WeightsSpec
 from pipeline.errors import ToolchainError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 FAKE_TOOL = """#!/bin/sh
 echo "$(basename "$0") $*" >> "{log}"

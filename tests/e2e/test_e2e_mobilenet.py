@@ -14,7 +14,7 @@ import pytest
 
 from doitproj import Project
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 

@@ -13,7 +13,7 @@ import torch
 from pipeline.config import load_models, parse_model
 from pipeline.errors import ConfigError, WeightsNotFoundError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 """Refactors keep behaviour: the generated C, ``weights.bin`` and the task list
 of a small project are byte-identical to the recorded golden digests.
 
-``tests/golden/`` was recorded before the stage-registry refactor (issue 8).
+``tests/stages/golden/`` was recorded before the stage-registry refactor (issue 8).
 A deliberate change to codegen output or to the task list re-records it with
-``C7X_RECORD_GOLDEN=1 pytest tests/test_golden_codegen.py`` and says why in
+``C7X_RECORD_GOLDEN=1 pytest tests/stages/test_golden_codegen.py`` and says why in
 the commit.
 """
 

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.config import InvalidModel, ModelSpec, load_models
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path, name, text):

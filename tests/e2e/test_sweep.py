@@ -17,7 +17,7 @@ import torch
 from doitproj import write_jpeg
 from pipeline.models import zoo
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 import sweep  # noqa: E402
 

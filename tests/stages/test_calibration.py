@@ -17,7 +17,7 @@ def exported(tmp_path_factory):
     for i in range(5):
         write_jpeg(d / "s" / f"im_{i}_{i}.jpg", seed=i)
     spec = tiny_spec(d)
-    export_model(spec, None, d / "float.pt2", Path(__file__).parent)
+    export_model(spec, None, d / "float.pt2", Path(__file__).resolve().parents[1])
     prepare_model(spec, d / "float.pt2", d / "prepared.pt", d / "obs.txt")
     return d
 

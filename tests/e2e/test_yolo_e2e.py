@@ -13,7 +13,7 @@ import pytest
 
 from doitproj import Project
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 N_IMAGES = 3
 
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from qflow import quantize
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "tests" / "backend"))
 import sweep  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 
 from doitproj import Project
 
-PKG_HERE = Path(__file__).resolve().parents[1] / "pipeline"  # the package this process imports
+PKG_HERE = Path(__file__).resolve().parents[2] / "pipeline"  # the package this process imports
 
 MODELS = ("tiny_a", "tiny_b")
 ALL_STAGES = ("export", "prepare", "calibrate", "convert", "relax_import", "codegen",
