@@ -81,8 +81,12 @@ class WeightsSpec:
     with a one-line notice instead of failing.
     ``reestimate_batchnorm = true`` (with ``pretrained = false``): after the
     random init, every BatchNorm's running statistics are re-estimated on the
-    model's calibration images (:mod:`pipeline.models.batchnorm`), so a
-    random network's outputs vary with the input.
+    model's calibration images (:mod:`pipeline.models.random_weights`), so a
+    random network's outputs vary with the input; ``batchnorm_batch`` images
+    per forward pass (0 = all in one pass: exactly their statistics).
+    ``logit_std`` (with ``pretrained = false``): then the final classifier is
+    centred and scaled so that the logits' standard deviation over the
+    calibration images is this (the model-zoo sweep's realistic random weights).
     """
 
     file: str | None = None
@@ -93,6 +97,8 @@ class WeightsSpec:
     optional: bool = False
     pretrained: bool = True
     reestimate_batchnorm: bool = False
+    batchnorm_batch: int = 8
+    logit_std: float | None = None
 
 
 @dataclass(frozen=True)
@@ -390,6 +396,16 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     if weights.reestimate_batchnorm and (weights.pretrained or calibration.source != "images"):
         fail("weights.reestimate_batchnorm needs 'pretrained = false' and calibration images "
              "(it replaces a random init's BatchNorm statistics with those of the calibration set)")
+    if weights.batchnorm_batch < 0:
+        fail(f"weights.batchnorm_batch must be >= 0 (0 = all images in one pass), got {weights.batchnorm_batch}")
+    if weights.logit_std is not None:
+        if isinstance(weights.logit_std, bool) or not isinstance(weights.logit_std, (int, float)) \
+                or not weights.logit_std > 0:
+            fail(f"weights.logit_std must be a positive number, got {weights.logit_std!r}")
+        if weights.pretrained or calibration.source != "images":
+            fail("weights.logit_std needs 'pretrained = false' and calibration images "
+                 "(it scales a random init's classifier on the calibration set)")
+        weights = dataclasses.replace(weights, logit_std=float(weights.logit_std))
     if weights.pretrained and not (weights.file or weights.path):
         fail("[weights] needs 'file' (torchvision checkpoint name) or 'path', "
              "or 'pretrained = false' for a randomly initialised model")

@@ -7,8 +7,8 @@ Each model is built in its own temporary project (``--out DIR/<model>/`` when
 given, kept; else a temp folder, removed) by a child process running the
 registry's stage functions from ``export`` to ``verify`` (``pipeline/stages/
 registry.py``; no doit, no run-cache), with the weights of
-``pipeline.models.zoo:torchvision_random`` (BatchNorm re-estimated on the images,
-classifier scaled; nothing is downloaded). Calibration, BatchNorm statistics and
+``pipeline.models.zoo:torchvision_random``, made realistic by export (BatchNorm
+re-estimated on the images in one pass, classifier scaled; nothing is downloaded). Calibration, BatchNorm statistics and
 verify use the same first ``--images`` JPEGs of ``calib_data/imagenet20``.
 One model at a time; a failure or a timeout is one row, the sweep goes on. The tables are
 rewritten after every model (a killed sweep keeps its rows; ``--resume`` with the same
@@ -70,12 +70,15 @@ TOO_LARGE: dict[str, str] = {
 }
 
 ENTRY = '''builder = "pipeline.models.zoo:torchvision_random"
-builder_kwargs = {{ name = "{name}", images = "{images}", num_images = 0, seed = 0 }}
+builder_kwargs = {{ name = "{name}", seed = 0 }}
 input_shape = [1, 3, {crop}, {crop}]
 dtype = "int8"
 preprocess = {{ resize = {resize}, crop = {crop} }}
 [weights]
 pretrained = false
+reestimate_batchnorm = true
+batchnorm_batch = 0
+logit_std = 2.0
 [calibration]
 set = "sweep"
 [evaluation]
@@ -100,7 +103,7 @@ def make_project(root: Path, name: str, n_images: int) -> None:
     crop = crop_of(name)
     (root / "models").mkdir(exist_ok=True)
     (root / "models" / f"{name}.toml").write_text(
-        ENTRY.format(name=name, images=images, crop=crop, resize=crop * 8 // 7))
+        ENTRY.format(name=name, crop=crop, resize=crop * 8 // 7))
 
 
 def build_one(root: Path, name: str, n_images: int) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import torchenv
 from ..config import ModelSpec
-from ..errors import ConfigError, UnsupportedOpError, WeightsNotFoundError, brief
+from ..errors import CalibrationDataError, ConfigError, UnsupportedOpError, WeightsNotFoundError, brief
 from ..frontend.provenance import tag_program
 from ..fsutil import portable_path, write_json
 from ..weights import check_weights_hash, resolve_weights
@@ -120,8 +120,9 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
     ``weights`` None means "look it up now" (random init when the entry says
     ``pretrained = false``); raises :class:`WeightsNotFoundError` when none is found.
     ``calib_dir``: the calibration set, read only with ``[weights]
-    reestimate_batchnorm = true`` (the calibration selection, preprocessed as the
-    entry says; raises :class:`CalibrationDataError` when it selects no image).
+    reestimate_batchnorm = true`` or ``logit_std`` (the calibration selection,
+    preprocessed as the entry says; raises :class:`CalibrationDataError` when it
+    selects fewer than 2 images).
     """
     if weights is None:
         weights = resolve_weights(spec, root)
@@ -129,8 +130,8 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
     # no model name: variants of one network share this output (run-cache, Stage.shared)
     info = {"builder": spec.builder, "pretrained": weights is not None,
             "weights": portable_path(weights, root) if weights else None, "sha256": digest}
-    if spec.weights.reestimate_batchnorm:
-        info["batchnorm_reestimated_on"] = _reestimate(spec, model, calib_dir)
+    if spec.weights.reestimate_batchnorm or spec.weights.logit_std is not None:
+        info["batchnorm_reestimated_on"] = _make_realistic(spec, model, calib_dir)
     example = torch.randn(2, *spec.input_shape[1:])
     with torch.no_grad():
         try:
@@ -148,11 +149,21 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
     return info
 
 
-def _reestimate(spec: ModelSpec, model: torch.nn.Module, calib_dir: Path | None) -> dict:
-    """BatchNorm statistics of ``model`` re-estimated on the calibration selection."""
+def _make_realistic(spec: ModelSpec, model: torch.nn.Module, calib_dir: Path | None) -> dict:
+    """A random-weight model made realistic on the calibration selection: BatchNorm
+    statistics re-estimated and / or the classifier scaled (``[weights]``,
+    :func:`pipeline.models.random_weights.make_realistic`). Raises
+    :class:`CalibrationDataError` naming the folder when it selects fewer than 2 images
+    (the statistics of one image are degenerate after global pooling)."""
     from ..data.images import load_images, select_images
-    from ..models.batchnorm import reestimate_batchnorm
+    from ..models.random_weights import make_realistic
     paths = select_images(calib_dir, spec.calibration, spec.name)
+    if len(paths) < 2:
+        raise CalibrationDataError(
+            f"model {spec.name!r}: {calib_dir} selects {len(paths)} image; re-estimating BatchNorm or "
+            f"scaling the classifier needs at least 2: add images or raise calibration.num_images")
     x = load_images(paths, spec.preprocess, desc=f"batchnorm {spec.name}", model=spec.name)
-    layers = reestimate_batchnorm(model, x)
-    return {"set": spec.calibration.set, "images": len(paths), "batchnorm_layers": layers}
+    w = spec.weights
+    done = make_realistic(model, x, reestimate=w.reestimate_batchnorm, batch=w.batchnorm_batch,
+                          logit_std=w.logit_std)
+    return {"set": spec.calibration.set, "images": len(paths), **done}

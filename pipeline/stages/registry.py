@@ -170,12 +170,20 @@ def builder_versions(builder: str) -> dict[str, str]:
     return found if found[top] != "missing" else {}
 
 
+def _realistic(spec: ModelSpec) -> bool:
+    """Export reads the calibration images: a random init made realistic on them."""
+    return spec.weights.reestimate_batchnorm or spec.weights.logit_std is not None
+
+
 def _batchnorm_inputs(ctx: StageContext) -> dict:
-    """What a BatchNorm re-estimation reads besides the image files (none without it)."""
-    if not ctx.spec.weights.reestimate_batchnorm:
+    """What making a random init realistic reads besides the image files (none without it)."""
+    if not _realistic(ctx.spec):
         return {}
+    w = ctx.spec.weights
     return {"batchnorm_images": [p.name for p in ctx.calibration_images],
-            "calibration": _field(ctx.spec, "calibration"), "preprocess": _field(ctx.spec, "preprocess")}
+            "calibration": _field(ctx.spec, "calibration"), "preprocess": _field(ctx.spec, "preprocess"),
+            "reestimate_batchnorm": w.reestimate_batchnorm, "batchnorm_batch": w.batchnorm_batch,
+            "logit_std": w.logit_std}
 
 
 def versions(*dists: str) -> dict[str, str]:
@@ -286,7 +294,7 @@ STAGES: tuple[Stage, ...] = (
         versions=("torch", "torchvision"),
         extra=lambda c: {**builder_versions(c.spec.builder), **_batchnorm_inputs(c)},
         deps=lambda c: (([c.weights] if c.weights else []) + list(c.builder_sources)
-                        + (c.calibration_images if c.spec.weights.reestimate_batchnorm else [])),
+                        + (c.calibration_images if _realistic(c.spec) else [])),
         outs=lambda c: [c.layout.float_pt2, c.layout.export_json],
         args=lambda c: {"spec": c.spec, "weights": c.weights, "root": c.root,
                         "out": c.layout.float_pt2, "out_info": c.layout.export_json,

@@ -1,4 +1,5 @@
-"""The zoo's realistic random weights (pipeline/models/zoo.py) and the sweep (scripts/sweep.py).
+"""The zoo's realistic random weights (pipeline/models/zoo.py, made realistic by
+pipeline/models/random_weights.py on export's route) and the sweep (scripts/sweep.py).
 
 Fast tests use real torchvision models on a few seeded JPEGs; the slow test
 runs the sweep on three small models through verify (issue 13, the CI subset).
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from doitproj import write_jpeg
-from pipeline.models import zoo
+from pipeline.models import random_weights, zoo
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -36,8 +37,16 @@ def images(tmp_path_factory) -> Path:
 def _x(images: Path, name: str) -> torch.Tensor:
     from pipeline.config import PreprocessSpec
     from pipeline.data.images import load_images
+    from pipeline.config import list_images
     crop = zoo.crop_of(name)
-    return load_images(zoo.image_paths(images), PreprocessSpec(resize=crop * 8 // 7, crop=crop), desc="x")
+    return load_images(list_images(images), PreprocessSpec(resize=crop * 8 // 7, crop=crop), desc="x")
+
+
+def _realistic(name: str, images: Path, logit_std: float = 2.0, seed: int = 0) -> torch.nn.Module:
+    """The sweep entry's route: the seeded build, then export's make_realistic."""
+    model = zoo.torchvision_random(name, seed=seed)
+    random_weights.make_realistic(model, _x(images, name), reestimate=True, batch=0, logit_std=logit_std)
+    return model
 
 
 def test_batchnorm_statistics_are_those_of_the_images():
@@ -45,7 +54,7 @@ def test_batchnorm_statistics_are_those_of_the_images():
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
     x = torch.randn(5, 3, 12, 12) * 3 + 1
     with torch.no_grad():
-        assert zoo.reestimate_batchnorm(net, x) == 1
+        assert random_weights.reestimate_batchnorm(net, x) == 1
         pre = net[0](x)
     bn = net[1]
     assert not bn.training and bn.momentum == 0.1  # left as torchvision builds it
@@ -60,7 +69,7 @@ def test_random_init_is_degenerate_and_ours_is_not(images):
     x = _x(images, "mobilenet_v3_small")
     torch.manual_seed(0)
     raw = torchvision.models.mobilenet_v3_small(weights=None).eval()
-    ours = zoo.torchvision_random("mobilenet_v3_small", str(images), logit_std=2.0)
+    ours = _realistic("mobilenet_v3_small", images, logit_std=2.0)
     with torch.no_grad():
         y_raw, y = raw(x), ours(x)
     assert float(y_raw.std(dim=0).mean()) < 1e-2
@@ -71,28 +80,49 @@ def test_random_init_is_degenerate_and_ours_is_not(images):
 
 def test_squeezenet_conv_classifier_is_scaled(images):
     """SqueezeNet ends in conv -> ReLU -> average pool: scaled exactly, not centered on the output."""
-    y = zoo.torchvision_random("squeezenet1_1", str(images), logit_std=3.0)(_x(images, "squeezenet1_1"))
+    y = _realistic("squeezenet1_1", images, logit_std=3.0)(_x(images, "squeezenet1_1"))
     assert float(y.detach().std(dim=0).mean()) == pytest.approx(3.0, rel=1e-3)
 
 
 def test_weights_are_deterministic_and_seeded(images):
-    a = zoo.torchvision_random("shufflenet_v2_x0_5", str(images), num_images=3).state_dict()
-    b = zoo.torchvision_random("shufflenet_v2_x0_5", str(images), num_images=3).state_dict()
-    c = zoo.torchvision_random("shufflenet_v2_x0_5", str(images), num_images=3, seed=1).state_dict()
+    a = _realistic("shufflenet_v2_x0_5", images).state_dict()
+    b = _realistic("shufflenet_v2_x0_5", images).state_dict()
+    c = _realistic("shufflenet_v2_x0_5", images, seed=1).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["conv1.0.weight"], c["conv1.0.weight"])
 
 
-def test_bad_input_fails_in_one_line(images, tmp_path):
+def test_bad_input_fails_in_one_line():
     with pytest.raises(ValueError, match="'resnet9' is not a torchvision classification model"):
-        zoo.torchvision_random("resnet9", str(images))
-    write_jpeg(tmp_path / "only_0.jpg", seed=0)
-    with pytest.raises(ValueError, match="holds 1 image"):
-        zoo.torchvision_random("squeezenet1_1", str(tmp_path))
-    digest = zoo.images_digest(zoo.image_paths(images))
-    write_jpeg(tmp_path / "other_1.jpg", seed=1)
-    with pytest.raises(ValueError, match=f"changed since images_sha256.*{zoo.images_digest(zoo.image_paths(tmp_path))}"):
-        zoo.torchvision_random("squeezenet1_1", str(tmp_path), images_sha256=digest)
+        zoo.torchvision_random("resnet9")
+
+
+def test_the_sweep_entry_takes_exports_route_and_tracks_the_images(tmp_path):
+    """One route to realistic random weights: the entry asks export for it, so the task
+    tracks the calibration images (an edited image re-runs export) and the settings."""
+    from pipeline.stages.registry import STAGES
+    from pipeline.tasks import Project
+    sweep.make_project(tmp_path, "squeezenet1_1", n_images=2)
+    project = Project(tmp_path / "models", root=tmp_path)
+    (spec,) = project.valid()
+    assert spec.weights.reestimate_batchnorm and spec.weights.batchnorm_batch == 0
+    assert spec.weights.logit_std == 2.0 and spec.builder_kwargs == {"name": "squeezenet1_1", "seed": 0}
+    task = project.task(next(s for s in STAGES if s.name == "export"), spec)
+    images = sorted((tmp_path / "calib_data" / "sweep").glob("*.jpg"))
+    assert len(images) == 2 and all(str(p) in task["file_dep"] for p in images)
+
+
+def test_too_few_images_fail_export_in_one_line(tmp_path):
+    from pipeline.config import load_models
+    from pipeline.errors import CalibrationDataError
+    from pipeline.stages.export import export_model
+    sweep.make_project(tmp_path, "squeezenet1_1", n_images=2)
+    (tmp_path / "calib_data" / "sweep" / sorted(p.name for p in (tmp_path / "calib_data" / "sweep").iterdir())[0]
+     ).unlink()
+    (spec,) = load_models(tmp_path / "models")
+    with pytest.raises(CalibrationDataError, match="selects 1 image; .*needs at least 2") as e:
+        export_model(spec, None, tmp_path / "float.pt2", tmp_path, calib_dir=tmp_path / "calib_data" / "sweep")
+    assert "\n" not in str(e.value)
 
 
 def test_a_failing_model_is_one_row(tmp_path):
@@ -233,7 +263,7 @@ def test_a_zero_initialised_head_is_redrawn_then_scaled():
                                                  hidden_dim=16, mlp_dim=32, num_classes=10).eval()
         assert not m.heads.head.weight.any()
         with torch.no_grad():
-            zoo.scale_classifier(m, x, logit_std=2.0)
+            random_weights.scale_classifier(m, x, logit_std=2.0)
             return m, m(x)
     m, y = vit(0)
     assert m.heads.head.weight.any()

@@ -48,7 +48,7 @@ def test_two_tie_orders_of_one_output_match_completely():
 
 
 def test_reestimated_batchnorm_gives_normalised_activations():
-    from pipeline.models.batchnorm import reestimate_batchnorm
+    from pipeline.models.random_weights import reestimate_batchnorm
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Dropout(0.5))
     x = torch.rand(16, 3, 12, 12) * 5 + 3  # two equal batches: the mean of the batch means is the mean
@@ -85,6 +85,14 @@ def test_reestimate_batchnorm_needs_random_weights_and_images(tmp_path):
     with pytest.raises(ConfigError, match="reestimate_batchnorm"):
         parse_model("r", tmp_path / "r.toml", {**base, "calibration": {"source": "random"},
                                                "weights": {"pretrained": False, "reestimate_batchnorm": True}})
+    spec = parse_model("r", tmp_path / "r.toml", {**base, "weights": {"pretrained": False, "logit_std": 2,
+                                                                      "batchnorm_batch": 0}})
+    assert spec.weights.logit_std == 2.0 and spec.weights.batchnorm_batch == 0
+    for weights, needle in (({"pretrained": False, "logit_std": -1}, "logit_std must be a positive number"),
+                            ({"file": "x.pth", "logit_std": 2.0}, "logit_std needs 'pretrained = false'"),
+                            ({"pretrained": False, "batchnorm_batch": -1}, "batchnorm_batch must be >= 0")):
+        with pytest.raises(ConfigError, match=needle):
+            parse_model("r", tmp_path / "r.toml", {**base, "weights": weights})
 
 
 def _dets(n_img=2, seed=0):
