@@ -134,16 +134,16 @@ def test_manifest_counts_kernel_calls_by_backend(built, mmalib):
     calls, tvm_kernels = s["calls"], s["tvm_kernels"]
     assert set(calls) == {"mmalib", "c7x", "tvm"} and sum(calls.values()) == summary["calls"]
     assert summary["calls_by_backend"] == calls and summary["tvm_kernels"] == tvm_kernels
-    assert tvm_kernels == sorted(set(tvm_kernels)) and calls["tvm"] >= len(tvm_kernels) > 0
-    names = model_c_calls((out / "model.c").read_text())
+    assert tvm_kernels == sorted(set(tvm_kernels)) and calls["tvm"] == len(names := model_c_calls(
+        (out / "model.c").read_text())) - calls["mmalib"] - calls["c7x"]
     assert len(names) == summary["calls"]
     called = set(names)
     assert set(tvm_kernels) <= called
-    if mmalib:
-        assert calls["mmalib"] > 0  # the convs ...
-        assert any("clip" in k or "quantize" in k for k in tvm_kernels)  # ... and the scalar passes around them
+    if mmalib:   # every pass on a kernel: the convs on MMALIB, pool, input quantize, output dequantize on C7x
+        assert calls["mmalib"] > 0 and calls["tvm"] == 0 and tvm_kernels == []
+        assert {"c7x_quantize_f32_i8_0", "c7x_dequantize_i8_f32_0"} <= called
     else:
-        assert calls["mmalib"] == calls["c7x"] == 0 and set(tvm_kernels) == called
+        assert calls["mmalib"] == calls["c7x"] == 0 and set(tvm_kernels) == called and calls["tvm"] > 0
 
 
 def model_c_calls(model_c: str) -> list[str]:

@@ -34,7 +34,7 @@ DTYPES = (np.int8, np.int16)
 SIGS = hostlib.kernel_signatures()
 OPTIONAL = {"bias", "scale", "shift"}        # NULL allowed: defaults 0 / 1 / 0
 # Scalars that are sizes / strides / group counts: 0 is invalid for each.
-SIZE_SCALARS = {"planes", "hw", "C_in", "H_in", "W_in", "C_out", "KH", "KW", "stride_h", "stride_w", "groups",
+SIZE_SCALARS = {"planes", "hw", "n_in", "C_in", "H_in", "W_in", "C_out", "KH", "KW", "stride_h", "stride_w", "groups",
                 "C", "num_groups", "M", "K", "N", "n", "H_out", "W_out", "kH", "kW", "sH", "sW"}
 PAD_SCALARS = {"pad_top", "pad_bottom", "pad_left", "pad_right", "pH", "pW"}
 
@@ -218,8 +218,9 @@ def test_header_is_clean_cpp(tmp_path):
 def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     assert set(KERNELS) == set(SIGS)
     # the 13 of docs/reference.md, "Kernel ABI", our 3 requantize kernels, c7x_int8_lut, the
-    # two channel multiplies, the four average pools and the two channel affines
-    assert len(SIGS) == 25
+    # two channel multiplies, the four average pools, the two channel affines and the four
+    # quantize / dequantize kernels of the model's edges
+    assert len(SIGS) == 29
     for name, params in SIGS.items():
         py = list(inspect.signature(KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -703,6 +704,10 @@ def valid_args(name: str, rng) -> list:
     if "avg_pool" in name:
         return [rand(rng, dtype, (1, 2, 5, 5)), np.zeros((1, 2, 3, 3), dtype),
                 1, 2, 5, 5, 3, 3, 3, 3, 2, 2, 1, 1, 1, 0, 0.01, 0, 50.0]
+    if name.startswith("c7x_quantize_f32_"):             # tests/backend/test_edges.py
+        return [rng.standard_normal(10).astype(np.float32), np.zeros(10, dtype), 10, 3, 20.0]
+    if name.startswith("c7x_dequantize_"):
+        return [rand(rng, dtype, 12), np.zeros(10, np.float32), 12, 10, -3, 0.05]
     if name == "c7x_int8_lut":                            # tests/backend/test_activation_lut.py
         return [rand(rng, np.int8, 10), rand(rng, np.int8, 256), np.zeros(10, np.int8), 10]
     assert name == "c7x_int8_clamp"
@@ -747,6 +752,11 @@ def bad_calls():
         ("mmalib_matmul_bias_i8", "act_max", -129, ref.C7X_ERR_PARAM),
         ("c7x_int8_residual_add_relu", "params", "shift32", ref.C7X_ERR_PARAM),
         ("c7x_int16_residual_add_relu", "params", "shift-1", ref.C7X_ERR_PARAM),
+        ("c7x_dequantize_i8_f32", "n", 13, ref.C7X_ERR_SHAPE),                 # n > n_in
+        ("c7x_dequantize_i8_f32", "in_zp", 128, ref.C7X_ERR_PARAM),
+        ("c7x_dequantize_i16_f32", "in_scale", 0.0, ref.C7X_ERR_PARAM),
+        ("c7x_quantize_f32_i8", "out_zp", -129, ref.C7X_ERR_PARAM),
+        ("c7x_quantize_f32_i16", "out_inv_scale", float("inf"), ref.C7X_ERR_PARAM),
     ]
     return cases
 

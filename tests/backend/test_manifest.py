@@ -64,7 +64,7 @@ def test_summary(crp_int8):
     assert s["by_backend"] == {"mmalib": {"layers": 3, "macs": total}, "c7x": {"layers": 2, "macs": 0},
                                "scalar": {"layers": 0, "macs": 0}}
     assert s["by_op"]["conv2d"] == {"layers": 2, "offloaded": 2}
-    assert s["offload_funcs"] == 5 and s["cleanups"] == 1
+    assert s["offload_funcs"] == 7 and s["cleanups"] == 1       # the 5 layers + input quantize, output dequantize
 
 
 def test_json_serialisable_and_deterministic(crp_int8):

@@ -19,7 +19,7 @@ from qflow import quantize
 from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.fc import offload_fc_i8, offload_fc_i16
 from pipeline.backend.passes.log import OffloadLog
-from pipeline.backend.passes.offload_calls import offload_calls
+from pipeline.backend.passes.offload_calls import layer_calls, offload_calls
 from pipeline.backend.passes.pipeline import run_offload
 
 
@@ -207,7 +207,7 @@ def _lsb_bound(flow, dtype):
     ``k`` for widened int8 weights: docs/reference.md "int16 folding")."""
     if dtype == "int8":
         return lambda q: 2
-    (call,) = offload_calls(run_offload(flow.mod)[0])
+    (call,) = layer_calls(run_offload(flow.mod)[0])
     d_s, _, w, w_s, _, o_s, _ = _params(flow.mod)
     n = len(w_s)
     w2 = call.const(1)[:n, :w.shape[1]].astype(np.int64)          # unpadded block

@@ -25,7 +25,7 @@ from qflow import ResidualBlock, quantize, randomize_bn
 
 from pipeline.backend import fold
 from pipeline.backend.passes.graph import Graph, const_array
-from pipeline.backend.passes.offload_calls import offload_calls
+from pipeline.backend.passes.offload_calls import layer_calls, offload_calls
 from pipeline.backend.passes.pipeline import run_offload
 
 QD = torch.ops.quantized_decomposed
@@ -154,7 +154,7 @@ def test_conv_int8_matches_torch(case):
     spec = CONV_CASES[case]
     model = Conv(**spec["model"])
     flow, mod, x = _run(model, (1, model.conv.in_channels, 12, 12), **spec["kw"])
-    (call,) = offload_calls(mod)
+    (call,) = layer_calls(mod)
     (x_int,), torch_out = _torch_layer_ints(flow.qdq, x, torch.ops.aten.conv2d.default)
     ours = _conv_kernel(mod, call, x_int)
     diff = np.abs(ours - torch_out)
@@ -170,7 +170,7 @@ def test_conv_int8_matches_torch(case):
 @pytest.mark.parametrize("weight_dtype", ["int16", None])
 def test_conv_int16_matches_torch_within_the_scale_precision(weight_dtype):
     flow, mod, x = _run(Conv(), (1, 8, 12, 12), dtype="int16", weight_dtype=weight_dtype)
-    (call,) = offload_calls(mod)
+    (call,) = layer_calls(mod)
     (x_int,), torch_out = _torch_layer_ints(flow.qdq, x, torch.ops.aten.conv2d.default)
     ours = _conv_kernel(mod, call, x_int)
     # A 7-bit scale carries a relative error of up to 1/128 of the rescale: with int16
@@ -199,7 +199,7 @@ def test_fc_padded_matches_torch():
     model = nn.Linear(64, 40)
     flow = quantize(model, torch.randn(16, 64))           # M = 16 rows, N = 40 padded to 64
     mod, _ = run_offload(flow.mod)
-    (call,) = offload_calls(mod)
+    (call,) = layer_calls(mod)
     assert call.scalars == [16, 64, 64, -128, 127]
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(5))
     (x_int,), torch_out = _torch_layer_ints(flow.qdq, x, torch.ops.aten.linear.default)

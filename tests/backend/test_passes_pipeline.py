@@ -9,12 +9,12 @@ from tvm import relax
 
 from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.log import OffloadLog
-from pipeline.backend.passes.offload_calls import offload_calls
+from pipeline.backend.passes.offload_calls import layer_calls, offload_calls
 from pipeline.backend.passes.pipeline import run_offload
 
 ORDER = ["conv2d_i8", "depthwise_conv2d_i8", "fc_i8", "residual_add_i8", "conv2d_i16", "fc_i16",
          "residual_add_i16", "depthwise_conv2d_i16", "max_pool2d_i8", "relu_i8", "global_avg_pool",
-         "avg_pool2d", "qdq_transparent", "qdq_pair"]
+         "avg_pool2d", "qdq_transparent", "qdq_pair", "quantize", "dequantize"]
 
 
 def _flow(model, shape, **kw):
@@ -35,7 +35,7 @@ def test_passes_run_in_the_reference_order():
     assert returned is log
     seen = [d.pass_name for d in log.decisions]
     assert set(seen) == {"conv2d_i8", "fc_i8", "max_pool2d_i8", "relu_i8", "global_avg_pool",
-                         "qdq_transparent"}
+                         "qdq_transparent", "quantize", "dequantize"}
     assert seen == sorted(seen, key=ORDER.index)
 
 
@@ -53,12 +53,13 @@ def test_deterministic_and_input_untouched():
 def test_fully_offloaded_block_keeps_only_integer_glue():
     flow = _flow(ResidualBlock(), (1, 32, 8, 8))
     mod, _ = run_offload(flow.mod)
-    # Input quantize, kernels (fused ReLUs are their saturation range), output dequantize: no
-    # float conv, no clip, no dequantized weight left (the int8 constants live only in the
-    # call_tir arguments).
-    assert set(_ops(mod)) == {"relax.quantize", "relax.call_tir", "relax.dequantize"}
-    assert _ops(mod).count("relax.dequantize") == 1 and _ops(mod).count("relax.quantize") == 1
-    calls = offload_calls(mod)
+    # Input quantize, kernels (fused ReLUs are their saturation range), output dequantize, all
+    # C7x kernels: no float conv, no clip, no dequantized weight, no scalar pass left (the int8
+    # constants live only in the call_tir arguments).
+    assert set(_ops(mod)) == {"relax.call_tir"}
+    every = offload_calls(mod)
+    assert (every[0].kernel, every[-1].kernel) == ("c7x_quantize_f32_i8", "c7x_dequantize_i8_f32")
+    calls = layer_calls(mod)
     assert [c.kernel for c in calls] == ["mmalib_conv2d_i8", "mmalib_conv2d_i8", "c7x_int8_residual_add_relu",
                                          "mmalib_conv2d_i8"]
     # The two stride-1 3x3 convs differ only in their saturation range (the first has the
@@ -70,5 +71,6 @@ def test_fully_offloaded_block_keeps_only_integer_glue():
     weights = [c.const(1) for c in calls if c.kernel.startswith("mmalib")]
     assert all(str(w.dtype) == "int8" for w in weights)
     assert sorted(gv.name_hint for gv in mod.functions) == [
-        "c7x_int8_residual_add_relu_0", "main", "mmalib_conv2d_i8_0", "mmalib_conv2d_i8_1", "mmalib_conv2d_i8_2"]
+        "c7x_dequantize_i8_f32_0", "c7x_int8_residual_add_relu_0", "c7x_quantize_f32_i8_0", "main",
+        "mmalib_conv2d_i8_0", "mmalib_conv2d_i8_1", "mmalib_conv2d_i8_2"]
     assert const_array(calls[0].args[1]) is not None and const_array(calls[0].args[0]) is None

@@ -276,6 +276,24 @@ int32_t c7x_int16_channel_affine(const int16_t* in, const uint8_t* params, int16
                                  float mid_scale, float mid_inv_scale, int32_t has_relu,
                                  int32_t out_zp, float out_inv_scale);
 
+/* Quantize / dequantize at the model's edges (ours: the reference leaves both to TVM's
+ * scalar code; docs/reference.md, "Quantize and dequantize"): torch's ops in float32,
+ *   quantize:   out[i] = saturate(round_half_even(in[i] * out_inv_scale) + out_zp)
+ *               (in[i] * out_inv_scale rounded once; NaN gives out_zp)
+ *   dequantize: out[i] = (float)(in[i] - in_zp) * in_scale                 (rounded once)
+ * for i < n. The dequantize reads the first n of in's n_in elements: the real outputs of
+ * an FC whose output channels were padded to the MMA's width. Statuses: NULL; n <= 0 or,
+ * dequantize, n > n_in (shape); a zero point outside the integer type or a scale that is
+ * not a finite float32 > 0 (param). */
+int32_t c7x_quantize_f32_i8(const float* in, int8_t* out, int32_t n, int32_t out_zp,
+                            float out_inv_scale);
+int32_t c7x_quantize_f32_i16(const float* in, int16_t* out, int32_t n, int32_t out_zp,
+                             float out_inv_scale);
+int32_t c7x_dequantize_i8_f32(const int8_t* in, float* out, int32_t n_in, int32_t n,
+                              int32_t in_zp, float in_scale);
+int32_t c7x_dequantize_i16_f32(const int16_t* in, float* out, int32_t n_in, int32_t n,
+                               int32_t in_zp, float in_scale);
+
 #ifdef __cplusplus
 }
 #endif

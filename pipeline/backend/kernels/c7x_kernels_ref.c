@@ -1370,3 +1370,61 @@ static int32_t channel_affine_run(const void* in, const uint8_t* params, void* o
 
 C7X_DEFINE_CHANNEL_AFFINE(int8, int8_t, ELEM_I8)
 C7X_DEFINE_CHANNEL_AFFINE(int16, int16_t, ELEM_I16)
+
+/* ------------------------------------------------------------------------- */
+/* Quantize / dequantize at the model's edges                                 */
+/* ------------------------------------------------------------------------- */
+
+static int32_t quantize_run(const float* in, void* out, int32_t n, int32_t out_zp,
+                            float out_inv_scale, elem_type t)
+{
+    int64_t i;
+    if (in == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (n <= 0) {
+        return C7X_ERR_SHAPE;
+    }
+    if (!zp_fits(out_zp, t) || !positive_finite(out_inv_scale)) {
+        return C7X_ERR_PARAM;
+    }
+    for (i = 0; i < n; ++i) {
+        store_quantized(out, i, in[i], out_inv_scale, out_zp, t);
+    }
+    return C7X_OK;
+}
+
+static int32_t dequantize_run(const void* in, float* out, int32_t n_in, int32_t n, int32_t in_zp,
+                              float in_scale, elem_type t)
+{
+    int64_t i;
+    if (in == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (n <= 0 || n_in < n) {
+        return C7X_ERR_SHAPE;
+    }
+    if (!zp_fits(in_zp, t) || !positive_finite(in_scale)) {
+        return C7X_ERR_PARAM;
+    }
+    for (i = 0; i < n; ++i) {
+        out[i] = (float)(load_elem(in, i, t) - in_zp) * in_scale;
+    }
+    return C7X_OK;
+}
+
+/* c7x_quantize_f32_i8 / _i16: one body. SUF: i8 / i16; T: element type; ET: elem_type. */
+#define C7X_DEFINE_QUANTIZE(SUF, T, ET)                                                            \
+    int32_t c7x_quantize_f32_##SUF(const float* in, T* out, int32_t n, int32_t out_zp,             \
+                                   float out_inv_scale)                                            \
+    {                                                                                              \
+        return quantize_run(in, out, n, out_zp, out_inv_scale, ET);                                \
+    }                                                                                              \
+    int32_t c7x_dequantize_##SUF##_f32(const T* in, float* out, int32_t n_in, int32_t n,            \
+                                       int32_t in_zp, float in_scale)                              \
+    {                                                                                              \
+        return dequantize_run(in, out, n_in, n, in_zp, in_scale, ET);                              \
+    }
+
+C7X_DEFINE_QUANTIZE(i8, int8_t, ELEM_I8)
+C7X_DEFINE_QUANTIZE(i16, int16_t, ELEM_I16)

@@ -74,6 +74,11 @@ class Kernel:
         return "mmalib" if self.name.startswith("mmalib_") else "c7x"
 
     @property
+    def edge(self) -> bool:
+        """True for the model's edges (input quantize, output dequantize): kernels, but no layer of the model."""
+        return self.offload.startswith("edges.")
+
+    @property
     def macs(self) -> bool:
         """True for a multiply-accumulate kernel (its work is counted in MACs)."""
         return self.engine != "vector"
@@ -128,6 +133,14 @@ def _records() -> tuple[Kernel, ...]:
           ref.ChannelAffineGeometry, "vector"),
         K("c7x_int16_channel_affine", "channel_affine.offload_channel_affine", ref.c7x_int16_channel_affine,
           ref.ChannelAffineGeometry, "vector"),
+        K("c7x_quantize_f32_i8", "edges.offload_input_quantize", ref.c7x_quantize_f32_i8,
+          ref.ElementwiseGeometry, "vector"),
+        K("c7x_quantize_f32_i16", "edges.offload_input_quantize", ref.c7x_quantize_f32_i16,
+          ref.ElementwiseGeometry, "vector"),
+        K("c7x_dequantize_i8_f32", "edges.offload_output_dequantize", ref.c7x_dequantize_i8_f32,
+          ref.DequantizeGeometry, "vector"),
+        K("c7x_dequantize_i16_f32", "edges.offload_output_dequantize", ref.c7x_dequantize_i16_f32,
+          ref.DequantizeGeometry, "vector"),
     )
 
 

@@ -44,6 +44,7 @@ _POINTER_DTYPES = {
     "uint8_t": np.dtype(np.uint8),
     "int16_t": np.dtype(np.int16),
     "int32_t": np.dtype(np.int32),
+    "float": np.dtype(np.float32),
     "int64_t": np.dtype(np.int64),
 }
 

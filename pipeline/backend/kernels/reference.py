@@ -1139,3 +1139,89 @@ def c7x_int16_channel_affine(in_, params, out, N, C, hw, mid_zp, mid_scale, mid_
     tensors and zero points."""
     return _channel_affine(in_, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale, has_relu,
                            out_zp, out_inv_scale, _I16)
+
+
+# --------------------------------------------------------------------------
+# Quantize / dequantize at the model's edges (float32 <-> int8 / int16)
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DequantizeGeometry(_Geometry):
+    """Dequantize: in [n_in] (the first n read), out [n]."""
+
+    n_in: int
+    n: int
+
+    def status(self) -> int:
+        ok = _elem_count(self.n) > 0 and _elem_count(self.n_in) >= self.n
+        return C7X_OK if ok else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"in": (self.n_in,), "out": (self.n,)}
+
+
+def _zp_scale_ok(zp: int, scale: np.float32, dtype) -> bool:
+    info = np.iinfo(dtype)
+    return info.min <= zp <= info.max and bool(np.isfinite(scale) and scale > 0)
+
+
+def _quantize_edge(in_, out, n, out_zp, out_inv_scale, dtype) -> int:
+    out_zp, out_inv_scale = _int32("out_zp", out_zp), _float32("out_inv_scale", out_inv_scale)
+    if in_ is None or out is None:
+        return C7X_ERR_NULL
+    g = ElementwiseGeometry(n)
+    if g.status() != C7X_OK:
+        return g.status()
+    if not _zp_scale_ok(out_zp, out_inv_scale, dtype):
+        return C7X_ERR_PARAM
+    sh = g.shapes()
+    x = _array("in", in_, sh["in"], np.dtype(np.float32))
+    y = _array("out", out, sh["out"], dtype, output=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = x * out_inv_scale                    # rounded once, as the C's float product
+    y[...] = _quantize(v, out_zp, np.float32(1.0), dtype)
+    return C7X_OK
+
+
+def _dequantize_edge(in_, out, n_in, n, in_zp, in_scale, dtype) -> int:
+    in_zp, in_scale = _int32("in_zp", in_zp), _float32("in_scale", in_scale)
+    if in_ is None or out is None:
+        return C7X_ERR_NULL
+    g = DequantizeGeometry(n_in, n)
+    if g.status() != C7X_OK:
+        return g.status()
+    if not _zp_scale_ok(in_zp, in_scale, dtype):
+        return C7X_ERR_PARAM
+    sh = g.shapes()
+    x = _array("in", in_, sh["in"], dtype)
+    y = _array("out", out, sh["out"], np.dtype(np.float32), output=True)
+    y[...] = _dequantize(x[:g.n], in_zp, in_scale)
+    return C7X_OK
+
+
+def c7x_quantize_f32_i8(in_, out, n, out_zp, out_inv_scale, rounding=None) -> int:
+    """torch's ``quantize_per_tensor`` of the model input (ours; docs/reference.md,
+    "Quantize and dequantize"): in float32 [n], out int8 [n],
+    ``out = saturate(rint(in * out_inv_scale) + out_zp)``, the product rounded once to
+    float32, rint half to even, NaN -> out_zp (as the C). Statuses as the C: NULL; n <= 0
+    (shape); out_zp outside int8 or out_inv_scale not a finite float32 > 0 (param).
+    ``rounding`` is unused (the rounding is torch's)."""
+    return _quantize_edge(in_, out, n, out_zp, out_inv_scale, _I8)
+
+
+def c7x_quantize_f32_i16(in_, out, n, out_zp, out_inv_scale, rounding=None) -> int:
+    """As :func:`c7x_quantize_f32_i8` into int16."""
+    return _quantize_edge(in_, out, n, out_zp, out_inv_scale, _I16)
+
+
+def c7x_dequantize_i8_f32(in_, out, n_in, n, in_zp, in_scale, rounding=None) -> int:
+    """torch's ``dequantize_per_tensor`` of a model output (ours): in int8 [n_in], out
+    float32 [n], ``out[i] = float32(in[i] - in_zp) * in_scale`` for the first n elements (a
+    padded FC output's real channels), each rounded once. Statuses as the C: NULL; n <= 0
+    or n > n_in (shape); in_zp outside int8 or in_scale not a finite float32 > 0 (param)."""
+    return _dequantize_edge(in_, out, n_in, n, in_zp, in_scale, _I8)
+
+
+def c7x_dequantize_i16_f32(in_, out, n_in, n, in_zp, in_scale, rounding=None) -> int:
+    """As :func:`c7x_dequantize_i8_f32` from int16."""
+    return _dequantize_edge(in_, out, n_in, n, in_zp, in_scale, _I16)

@@ -4,7 +4,8 @@ Offload (one module per op family; each is ``IRModule -> IRModule`` and logs its
 decisions into a shared :class:`~.log.OffloadLog`):
 
 conv, depthwise, fc, residual, pool, relu, requantize, channel_affine,
-activation, channel_mul and avg_pool; which kernels each emits is in the kernel
+activation, channel_mul, avg_pool and edges (the input quantize and output
+dequantize); which kernels each emits is in the kernel
 catalog (``pipeline/backend/kernels/catalog.py``, a record's ``offload``), and
 ``cleanup`` removes Q/DQ around data movement and ``q(dq(x))`` pairs.
 

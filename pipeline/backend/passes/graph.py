@@ -32,12 +32,24 @@ class Graph:
                 self.uses[v] += 1
         for v in relax.analysis.free_vars(func.body.body):
             self.uses[v] += 1
+        self.params: set = set(func.params)
+        # what the function returns: its result, or the fields of its (nested) tuple
+        self.returned: set = set()
+        self._collect_returned(func.body.body)
         # Bindings computed from the function's inputs; the others are constant
         # subgraphs (e.g. Swin-V2's position-bias MLP on a constant table).
         self.from_inputs: set = set(func.params)
         for b in self.bindings:
             if any(v in self.from_inputs for v in relax.analysis.free_vars(b.value)):
                 self.from_inputs.add(b.var)
+
+    def _collect_returned(self, expr) -> None:
+        value = self.value.get(expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(value, relax.Tuple):
+            for f in value.fields:
+                self._collect_returned(f)
+        elif isinstance(expr, relax.Var):
+            self.returned.add(expr)
 
     def call(self, expr, *ops: str):
         """The ``Call`` bound to ``expr`` if its op is one of ``ops`` (``"relax.nn.conv2d"``...)."""

@@ -13,6 +13,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from ..kernels import catalog
 from .graph import Graph, const_array
 
 _CALL_TIR = "relax.call_tir"
@@ -52,6 +53,11 @@ class OffloadCall:
     def backend(self) -> str:
         """The ``c7x_offload_backend`` attribute ("mmalib" | "c7x")."""
         return str(self.prim.attrs["c7x_offload_backend"])
+
+    @property
+    def edge(self) -> bool:
+        """True for the input quantize / output dequantize kernels (``passes/edges.py``)."""
+        return catalog.kernel(self.kernel).edge
 
     @property
     def extern(self) -> tirx.Call:
@@ -100,3 +106,9 @@ def offload_calls(mod: tvm.IRModule) -> list[OffloadCall]:
         if isinstance(prim, tirx.PrimFunc) and prim.attrs is not None and "c7x_kernel" in prim.attrs:
             calls.append(OffloadCall(b.var.name, gv.name_hint, list(v.args[1].fields), prim))
     return calls
+
+
+def layer_calls(mod: tvm.IRModule) -> list[OffloadCall]:
+    """The offload calls of the model's layers: :func:`offload_calls` without the
+    input quantize and output dequantize kernels."""
+    return [c for c in offload_calls(mod) if not c.edge]

@@ -9,7 +9,9 @@ affine (an unfolded batch_norm) runs before relu/clip so it can take the relu
 that follows it; the activation tables after relu/clip, whose patterns are
 single clips that never contain an activation's chain; the squeeze-excitation
 multiply and the average pools (the reference's step 4 names an avgpool
-fusion) before the requantize. CanonicalizeBindings and DeadCodeElimination
+fusion) before the requantize. The model's edges (the input quantize, the
+output dequantize) come last, after the cleanups: only the Q/DQ that are left
+are real passes over a tensor. CanonicalizeBindings and DeadCodeElimination
 follow (the float weights' dequantize bindings die there).
 
 The requantize pass matches only ``q(dq(x))`` whose two dtypes differ, the
@@ -37,6 +39,7 @@ from .channel_mul import offload_channel_mul
 from .cleanup import eliminate_qdq_pairs, eliminate_qdq_transparent
 from .conv import offload_conv2d_i8, offload_conv2d_i16
 from .depthwise import offload_depthwise_conv2d_i8, offload_depthwise_conv2d_i16
+from .edges import offload_input_quantize, offload_output_dequantize
 from .fc import offload_fc_i8, offload_fc_i16
 from .log import OffloadLog
 from .pool import offload_max_pool2d_i8
@@ -50,7 +53,7 @@ PASS_ORDER = (
     offload_conv2d_i16, offload_fc_i16, offload_residual_add_i16, offload_depthwise_conv2d_i16,
     offload_max_pool2d_i8, offload_channel_affine, offload_relu_i8, offload_activation_lut_i8,
     offload_channel_mul, offload_global_avg_pool, offload_avg_pool2d, offload_requantize,
-    eliminate_qdq_transparent, eliminate_qdq_pairs,
+    eliminate_qdq_transparent, eliminate_qdq_pairs, offload_input_quantize, offload_output_dequantize,
 )
 
 
