@@ -60,6 +60,18 @@ SLOT_SHARES = (4, 8, 16)
 WORKSPACE_SHARE = 8
 
 
+class L2TooSmall(ValueError):
+    """The target's L2 cannot hold the smallest tile of a call: one output channel of
+    its weights in a weight slot (a slot is at most a quarter of L2, :data:`SLOT_SHARES`).
+    ``call``: the PrimFunc; ``tile_bytes``: one channel's weights; ``needs``: the smallest
+    L2 that holds it, bytes; ``l2``: the size given."""
+
+    def __init__(self, call: str, tile_bytes: int, needs: int, l2: int):
+        self.call, self.tile_bytes, self.needs, self.l2 = call, tile_bytes, needs, l2
+        super().__init__(f"L2 SRAM of {l2} bytes is too small for {call}: one output channel of its "
+                         f"weights is {tile_bytes} bytes, so L2 must be at least {needs} bytes")
+
+
 @dataclass(frozen=True)
 class Budget:
     """Sizes of the on-chip levels, bytes: ``l2`` (L2 SRAM of one C7x core) and
@@ -203,13 +215,32 @@ def _stage_weights(plan: Plan, slot_cap: int, tileable: dict[int, int]):
 def place(plan: Plan, budget: Budget, workspace_bytes: int,
           tileable: dict[int, tuple[int, str]] | None = None) -> Levels:
     """:func:`place_with` the slot share of :data:`SLOT_SHARES` whose plan reads the fewest
-    bytes from DDR in place (``traffic(plan)["ddr"]``; ties: the larger slot)."""
+    bytes from DDR in place (``traffic(plan)["ddr"]``; ties: the larger slot).
+
+    Raises :class:`L2TooSmall` when L2 is not empty but cannot hold the smallest tile of a
+    call whose weights must be tiled (:func:`check_smallest_tiles`); an L2 of 0 bytes places
+    everything in MSMC / DDR."""
+    check_smallest_tiles(plan, budget, tileable or {})
     best = min(SLOT_SHARES, key=lambda share: place_with(plan, budget, workspace_bytes, share,
                                                          tileable).in_place_ddr)
     levels = place_with(plan, budget, workspace_bytes, best, tileable)
     stage_reads(plan)
     tile_inputs(plan, tileable or {})
     return levels
+
+
+def check_smallest_tiles(plan: Plan, budget: Budget, tileable: dict[int, tuple[int, str]]) -> None:
+    """Raise :class:`L2TooSmall` for the first tileable call (weights streamed) whose one
+    output channel of weights exceeds the largest weight slot ``budget.l2 // SLOT_SHARES[0]``
+    (rounded down to :data:`ALIGN`); nothing when ``budget.l2`` is 0 (no L2: nothing staged)."""
+    if budget.l2 <= 0:
+        return
+    slot = budget.l2 // SLOT_SHARES[0] // ALIGN * ALIGN
+    for k, (c_out, streams) in sorted(tileable.items()):
+        w = plan.calls[k][1][1]
+        one = w.nbytes // c_out
+        if streams == "weights" and w.home == "weight" and one > slot:
+            raise L2TooSmall(plan.calls[k][0], one, SLOT_SHARES[0] * _align(one), budget.l2)
 
 
 def tile_inputs(plan: Plan, tileable: dict[int, tuple[int, str]]) -> None:

@@ -7,11 +7,13 @@ the baseline the verify stage compares against.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
 
 from ..config import ModelSpec
+from ..errors import ConfigError
 from ..fsutil import atomic_dir
 
 
@@ -37,6 +39,18 @@ def memory_budget(spec: ModelSpec):
     return Budget(l2=int(t.l2_sram_bytes), msmc=int(t.msmc_bytes))
 
 
+@contextlib.contextmanager
+def _l2_checked(spec: ModelSpec):
+    """Turn the memory plan's L2TooSmall into a one-line ConfigError naming the entry and the fix."""
+    from ..backend.levels import L2TooSmall
+
+    try:
+        yield
+    except L2TooSmall as e:
+        raise ConfigError(f"codegen {spec.name} ({spec.source}): {e}; raise [target] l2_sram_bytes to at "
+                          f"least {e.needs}, or set [codegen] memory = \"flat\"") from None
+
+
 def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[str, Path],
                   layers: Path | None = None) -> dict:
     """Compile ``relax/module.py`` + ``params.bin`` once per variant into ``out_dirs``,
@@ -44,7 +58,8 @@ def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[st
 
     ``layers``: ``relax/layers.json`` (binding -> PyTorch module path, source
     line, layer id) for the manifest. Returns {variant: compile summary}.
-    Each folder is replaced atomically.
+    Each folder is replaced atomically. Raises ConfigError (one line) when the
+    ``[target]`` L2 cannot hold the smallest tile of a layer (:class:`~pipeline.backend.levels.L2TooSmall`).
     """
     from ..backend.compile import compile_model
     from ..frontend.irmodule_io import load_irmodule
@@ -55,7 +70,7 @@ def codegen_model(spec: ModelSpec, script: Path, params: Path, out_dirs: dict[st
     _remove_other_variants(out_dirs)
     summaries = {}
     for variant, out in out_dirs.items():
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out) as tmp, _l2_checked(spec):
             summaries[variant] = compile_model(mod, spec.name, tmp, mmalib=(variant == "mmalib"),
                                                weights_format=spec.codegen.weights_format,
                                                preprocess=dataclasses.asdict(spec.preprocess),

@@ -17,7 +17,7 @@ from qflow import InvertedResidual, ResidualBlock, quantize, randomize_bn
 
 from pipeline.backend.compile import compile_model
 from pipeline.backend.host import build_host, parse_traffic, run_host, run_host_timed, traffic_flags
-from pipeline.backend.levels import ALIGN, GUARD, Budget, lifetimes, place_with
+from pipeline.backend.levels import ALIGN, GUARD, Budget, L2TooSmall, lifetimes, place_with
 from pipeline.backend.memory_plan import Plan, Tensor, level_of
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
@@ -256,3 +256,21 @@ def test_a_spilled_depthwise_input_streams_through_l2_and_reads_are_staged(tmp_p
     copy = next(r for c in manifest["calls"] for r in c["reads"] if r["tensor"] == mm["staged_reads"][0]["copy"])
     assert copy["level"] == "l2" and copy["dma"] == "serial"
     assert _counted(out, x) == mm["traffic"] and mm["peak"]["l2"] <= 60_000
+
+
+def test_an_l2_too_small_for_one_tile_names_the_call_and_the_size_needed(tmp_path):
+    """A slot is at most a quarter of L2 (128-byte aligned): 300 bytes leave no slot for the first
+    conv's one output channel (3x3x3 int8 = 27 bytes), 512 bytes do. No L2 at all places
+    everything in DDR (the 'none' budget above)."""
+    from qflow import ConvReluPool
+
+    torch.manual_seed(1)
+    f = quantize(randomize_bn(ConvReluPool(c=64, classes=80)), torch.randn(1, 3, 12, 12))
+    with pytest.raises(L2TooSmall) as e:
+        compile_model(f.mod, "crp", tmp_path / "small", mmalib=True, budget=Budget(300, 0))
+    assert (e.value.call, e.value.tile_bytes, e.value.needs, e.value.l2) == ("mmalib_conv2d_i8_0", 27, 512, 300)
+    assert str(e.value) == ("L2 SRAM of 300 bytes is too small for mmalib_conv2d_i8_0: one output channel of "
+                            "its weights is 27 bytes, so L2 must be at least 512 bytes")
+    if shutil.which("gcc"):
+        compile_and_compare(f.mod, "crp", tmp_path / "enough", inputs((1, 3, 12, 12)), mmalib=True,
+                            budget=Budget(512, 0))

@@ -79,6 +79,7 @@ def broken(tmp_path_factory):
     p.add_model("bad_jpeg", "corrupt")
     p.add_model("no_images", "emptyset")
     p.add_model("bad_dtype", "good", dtype="int4")
+    p.add_model("small_l2", "good", extra="[target]\nl2_sram_bytes = 256\n")  # no conv tile fits
     (p.root / "models" / "bad_builder.toml").write_text(
         (p.root / "models" / "healthy.toml").read_text().replace("tinynets:small_cnn", "tinynets:no_such_net"))
     (p.root / "models" / "no_weights.toml").write_text(
@@ -86,7 +87,7 @@ def broken(tmp_path_factory):
             "pretrained = false", 'file = "tiny-0123abcd.pth"'))
     (p.root / "models" / "crashy.toml").write_text(
         (p.root / "models" / "healthy.toml").read_text().replace("tinynets:small_cnn", "tinynets:crashing"))
-    run = p.doit("evaluate", env={"TORCH_HOME": str(p.root / "torch_home")})
+    run = p.doit("evaluate", "codegen:small_l2", env={"TORCH_HOME": str(p.root / "torch_home")})
     return p, run
 
 
@@ -109,6 +110,8 @@ def _failure_message(run, task):
     ("export:no_weights", ["model 'no_weights': weights not found", "tiny-0123abcd.pth", "weights.path"]),
     ("export:crashy", ["model 'crashy': unexpected RuntimeError: boom inside the builder",
                        "artifacts/crashy/logs/export.traceback.txt"]),
+    ("codegen:small_l2", ["small_l2.toml", "L2 SRAM of 256 bytes is too small for mmalib_conv2d_i8_0: one output "
+                          "channel of its weights is", "raise [target] l2_sram_bytes to at least 512"]),
 ])
 def test_each_bad_model_fails_with_one_clear_line(broken, task, needles):
     _, run = broken
@@ -127,6 +130,7 @@ def test_failures_leave_no_artifacts_and_healthy_model_builds(broken):
     assert not (art / "no_images" / "calibrated.pt").exists()
     assert not (art / "bad_builder" / "float.pt2").exists()
     assert not (art / "no_weights" / "float.pt2").exists()
+    assert not (art / "small_l2" / "c" / "mmalib").exists()
     assert "RuntimeError: boom" in (art / "crashy" / "logs" / "export.traceback.txt").read_text()
     leftovers = [f for f in art.rglob("*") if f.name.startswith(".tmp-")]
     assert leftovers == []
