@@ -56,7 +56,11 @@ def short_kernel(kernel: str) -> str:
     most 26 characters. The full name stays in the node's details.
     """
     name = re.sub(r"(^|_)tir_", r"\1", re.sub(r"^fused_", "", kernel))
-    name = "_".join(re.sub(r"\d+$", "", part) or part for part in name.split("_"))
+    return _clip("_".join(re.sub(r"\d+$", "", part) or part for part in name.split("_")))
+
+
+def _clip(name: str) -> str:
+    """``name`` cut to :data:`_MAX_LABEL` characters (an ellipsis marks the cut)."""
     return name if len(name) <= _MAX_LABEL else name[:_MAX_LABEL - 1] + "\u2026"
 
 
@@ -128,6 +132,8 @@ def build_graph(manifest: dict) -> dict:
         lay = by_id.get(c.get("layer"))
         if lay is not None and c["index"] in primary:
             title = _layer_title(lay) if mixed else lay["op"]
+        elif c["backend"] in ("mmalib", "c7x") and c.get("kernel"):  # a kernel's name: its digits are dtypes
+            title = _clip(c["kernel"])
         else:
             title = short_kernel(c.get("kernel") or c.get("func") or "?")
         nodes.append({"id": nid, "kind": c["backend"] if c["backend"] in COLOURS else "tvm",

@@ -131,6 +131,9 @@ def test_graph_has_a_node_per_call_and_an_edge_per_tensor(built):
     conv = next(n for n in mm["nodes"] if n["layer"] == "conv2d" and n["primary"])
     assert conv["label"] == ["conv2d", "1x16x32x32"] and conv["kind"] == "mmalib"
     assert not any(n["label"][0] == "clip" for n in mm["nodes"])  # the ReLU is the MMALIB conv's saturation range
+    # the model's edges are C7x kernels of no layer, labelled by their kernel's full name
+    assert [(n["label"][0], n["kind"]) for n in (mm["nodes"][1], mm["nodes"][-2])] == [
+        ("c7x_quantize_f32_i8", "c7x"), ("c7x_dequantize_i8_f32", "c7x")]
 
 
 def test_a_call_reading_a_tensor_nobody_wrote_is_an_error(built):
