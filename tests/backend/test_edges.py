@@ -117,9 +117,7 @@ def test_the_edges_become_kernels_and_no_scalar_call_is_left(net, tmp_path):
     assert n == 10 and n_in > n                # the slice of the padded FC output, read in place
     x = inputs((1, 3, 16, 16), n=3)
     summary, staged = compile_and_compare(flow.mod, "edges", tmp_path / "mmalib", x, mmalib=True)
-    # int8: nothing left to TVM; int16: only the max pool (no int16 max-pool kernel yet)
-    assert summary["tvm_kernels"] == ([] if dtype == "int8" else ["max_pool2d"]), summary["tvm_kernels"]
-    assert summary["calls_by_backend"]["tvm"] == len(summary["tvm_kernels"])
+    assert summary["tvm_kernels"] == [] and summary["calls_by_backend"]["tvm"] == 0, summary["tvm_kernels"]
     _, scalar = compile_and_compare(flow.mod, "edges", tmp_path / "scalar", x, mmalib=False)
     # Same numbers up to TVM's quantize (x / scale, not torch's x * (1 / scale)) and the kernels'
     # requantize: within a few output LSB of each other, and of torch's Q/DQ model.

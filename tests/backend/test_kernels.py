@@ -217,10 +217,10 @@ def test_header_is_clean_cpp(tmp_path):
 
 def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     assert set(KERNELS) == set(SIGS)
-    # the 13 of docs/reference.md, "Kernel ABI", our 3 requantize kernels, c7x_int8_lut, the
-    # two channel multiplies, the four average pools, the two channel affines and the four
-    # quantize / dequantize kernels of the model's edges
-    assert len(SIGS) == 29
+    # the 13 of docs/reference.md, "Kernel ABI", our 4 requantize kernels, c7x_int8_lut, the
+    # two channel multiplies, the four average pools, the two channel affines, the four
+    # quantize / dequantize kernels of the model's edges and the int16 max pool
+    assert len(SIGS) == 31
     for name, params in SIGS.items():
         py = list(inspect.signature(KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -430,14 +430,16 @@ POOL_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", ["c7x_int8_max_pool", "c7x_int8_max_pool_tidl"])
+@pytest.mark.parametrize("name", ["c7x_int8_max_pool", "c7x_int8_max_pool_tidl", "c7x_int16_max_pool"])
 @pytest.mark.parametrize("case", POOL_CASES.values(), ids=POOL_CASES.keys())
 def test_max_pool_c_equals_python(name, case):
     rng = np.random.default_rng(5)
     n, c, h, w, ho, wo = case[:6]
-    x = rand(rng, np.int8, (n, c, h, w), -128, -100)   # all-negative: padding as 0 would win
-    out = assert_same(name, [x, np.zeros((n, c, ho, wo), np.int8), *case], "half_up")
-    assert (out <= -100).all()
+    dtype = np.int16 if "int16" in name else np.int8
+    low = int(np.iinfo(dtype).min)
+    x = rand(rng, dtype, (n, c, h, w), low, low + 28)   # all near the minimum: padding as 0 would win
+    out = assert_same(name, [x, np.zeros((n, c, ho, wo), dtype), *case], "half_up")
+    assert (out <= low + 28).all()
 
 
 @pytest.mark.parametrize("zp", [-300, -128, -5, 0, 127, 200])
@@ -652,14 +654,16 @@ def test_residual_add_is_within_one_lsb_of_the_float_formula(dtype, has_relu):
 
 @pytest.mark.parametrize("ceil_mode", (False, True))
 @pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 1, 1), (3, 2, 0)])
-def test_max_pool_equals_torch_max_pool2d(k, s, p, ceil_mode):
+@pytest.mark.parametrize("dtype", [np.int8, np.int16])
+def test_max_pool_equals_torch_max_pool2d(k, s, p, ceil_mode, dtype):
     rng = np.random.default_rng(41)
-    x = rand(rng, np.int8, (2, 3, 7, 5))
+    x = rand(rng, dtype, (2, 3, 7, 5))
     expected = F.max_pool2d(torch.from_numpy(x.astype(np.float32)), k, s, p,
-                            ceil_mode=ceil_mode).numpy().astype(np.int8)
+                            ceil_mode=ceil_mode).numpy().astype(dtype)
     _, _, ho, wo = expected.shape
     args = [x, np.zeros_like(expected), 2, 3, 7, 5, ho, wo, k, k, s, s, p, p]
-    for name in ("c7x_int8_max_pool", "c7x_int8_max_pool_tidl"):
+    names = ("c7x_int16_max_pool",) if dtype == np.int16 else ("c7x_int8_max_pool", "c7x_int8_max_pool_tidl")
+    for name in names:
         _, out_c, _, out_py = run_both(name, args, "half_up")
         np.testing.assert_array_equal(out_c, expected)
         np.testing.assert_array_equal(out_py, expected)
@@ -684,7 +688,7 @@ def valid_args(name: str, rng) -> list:
         return [rand(rng, dtype, 10), rand(rng, dtype, 10),
                 residual_blob(20000, 10000, 15, 0, 0, 0), np.zeros(10, dtype), 10, 1]
     if "max_pool" in name:
-        return [rand(rng, np.int8, (1, 2, 5, 5)), np.zeros((1, 2, 3, 3), np.int8),
+        return [rand(rng, dtype, (1, 2, 5, 5)), np.zeros((1, 2, 3, 3), dtype),
                 1, 2, 5, 5, 3, 3, 3, 3, 2, 2, 1, 1]
     if name == "c7x_int8_relu":
         return [rand(rng, np.int8, 10), np.zeros(10, np.int8), 10, 0]
@@ -694,7 +698,7 @@ def valid_args(name: str, rng) -> list:
                 1, 0, 50.0]
     if name.startswith("c7x_requantize_"):                # tests/backend/test_requantize.py
         src, dst = {"i8_i16": (np.int8, np.int16), "i16_i8": (np.int16, np.int8),
-                    "i8_i8": (np.int8, np.int8)}[name.removeprefix("c7x_requantize_")]
+                    "i8_i8": (np.int8, np.int8), "i16_i16": (np.int16, np.int16)}[name.removeprefix("c7x_requantize_")]
         return [rand(rng, src, 10), np.zeros(10, dst), 10, 0, 0.01, 0, 50.0]
     if "channel_mul" in name:                            # tests/backend/test_channel_mul.py
         blob = np.frombuffer(struct.pack("<iiibbbx", 2**20, 24, 0, 0, 0, 0), np.uint8).copy()

@@ -86,8 +86,9 @@ def test_int16_declines_carry_reasons():
     flow, mod, log = _compile(ConvReluPool(), (1, 3, 16, 16), dtype="int16", fuse_activations=False)
     m = build_manifest(flow.mod, mod, log)
     reasons = {e["op"]: e.get("reason") for e in m["layers"] if e["backend"] == "scalar"}
-    assert reasons == {"relu": "only int8 relu has a kernel", "max_pool2d": "only int8 max pooling has a kernel",
-                       "clip": "only int8 clip has a kernel"}
+    assert reasons == {"relu": "only int8 relu has a kernel", "clip": "only int8 clip has a kernel"}
+    (pool,) = [e for e in m["layers"] if e["op"] == "max_pool2d"]      # int16 has its max-pool kernel
+    assert (pool["backend"], pool["kernel"], pool["dtype"]) == ("c7x", "c7x_int16_max_pool", "int16")
     assert all("widened" in e["note"] for e in m["layers"] if e["op"] in ("conv2d", "fc"))
 
 

@@ -213,16 +213,16 @@ def test_small_cnn_mixed_builds_are_bit_exact_and_offload_every_layer_in_its_dty
     assert np.abs(out - ref).max() <= lsb * 1.001  # integer convs, float epilogue as torch
 
 
-def test_int16_max_pool_stays_integer_on_the_scalar_path(tmp_path):
-    """An int16 stem makes its max pool int16, which has no kernel: it declines with a
-    reason and runs as an integer max on the scalar path (no float copy in between)."""
+def test_int16_max_pool_runs_on_its_kernel(tmp_path):
+    """An int16 stem makes its max pool int16: it runs on c7x_int16_max_pool, on the
+    integers (no float copy in between), bit-exact with the Python reference."""
     flow = small_cnn_flow({"conv2d"})
     x = inputs((1, 3, 32, 32), n=2)
     folder, manifest, _ = compile_both(flow, tmp_path, x, mmalib=True)
     (pool,) = [lay for lay in manifest["layers"] if lay["op"] == "max_pool2d"]
-    assert pool["dtype"] == "int16" and pool["backend"] == "scalar" and "int8" in pool["reason"]
+    assert (pool["dtype"], pool["backend"], pool["kernel"]) == ("int16", "c7x", "c7x_int16_max_pool")
     (call,) = [c for c in manifest["calls"] if c["layer"] == pool["id"]]
-    assert call["dtype"] == "int16"
+    assert call["dtype"] == "int16" and call["backend"] == "c7x"
     check_layers_on_their_kernels(flow, manifest)
 
 

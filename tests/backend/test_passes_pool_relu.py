@@ -1,4 +1,4 @@
-"""int8 max-pool and standalone ReLU / clip offload to the C7x element-wise kernels."""
+"""int8 / int16 max-pool and standalone ReLU / clip offload to the C7x element-wise kernels."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from pipeline.backend.passes.graph import Graph, const_array
 from pipeline.backend.passes.log import OffloadLog
 from pipeline.backend.passes.offload_calls import offload_calls
-from pipeline.backend.passes.pool import offload_max_pool2d_i8
+from pipeline.backend.passes.pool import offload_max_pool2d_i8, offload_max_pool2d_i16
 from pipeline.backend.passes.relu import offload_relu_i8
 
 
@@ -76,9 +76,20 @@ def _declined(pass_fn, mod):
     return decision.reason
 
 
-def test_maxpool_declines_int16():
-    reason = _declined(offload_max_pool2d_i8, _flow(ConvPool(), dtype="int16").mod)
-    assert "only int8" in reason
+#: dtype -> (pass, pool kernel, requantize kernel)
+POOL_PASS = {"int8": (offload_max_pool2d_i8, "c7x_int8_max_pool_tidl", "c7x_requantize_i8_i8"),
+             "int16": (offload_max_pool2d_i16, "c7x_int16_max_pool", "c7x_requantize_i16_i16")}
+
+
+def test_maxpool_i16_is_the_int16_pass_s_alone():
+    mod = _flow(ConvPool(), dtype="int16").mod
+    log = OffloadLog()
+    assert offload_calls(offload_max_pool2d_i8(mod, log)) == [] and log.decisions == []
+    (call,) = offload_calls(offload_max_pool2d_i16(mod, log))
+    assert (call.kernel, call.backend) == ("c7x_int16_max_pool", "c7x")
+    assert [str(p.dtype) for p in call.prim.params] == ["int16", "int16"]
+    assert call.scalars == [1, 8, 9, 9, 5, 5, 3, 3, 2, 2, 1, 1]
+    assert [(d.op, d.status, d.dtype) for d in log.decisions] == [("max_pool2d", "offloaded", "int16")]
 
 
 @mutator
@@ -109,25 +120,33 @@ class CatPool(nn.Module):
         return self.head(self.pool(torch.cat([torch.relu(self.a(x)), self.b(x)], 1)))
 
 
-def _requantized_pool_calls(mod):
+def _requantized_pool_calls(mod, dtype="int8"):
+    pass_fn, _, requantize = POOL_PASS[dtype]
     log = OffloadLog()
-    calls = offload_calls(offload_max_pool2d_i8(mod, log))
+    calls = offload_calls(pass_fn(mod, log))
     (decision,) = log.decisions
-    assert decision.status == "offloaded" and "c7x_requantize_i8_i8" in decision.note
+    assert decision.status == "offloaded" and requantize in decision.note
     return calls
 
 
-def test_maxpool_with_different_quantization_pools_then_requantizes():
-    """Input and output quantization differ: the pool on the input's integers,
-    then c7x_requantize_i8_i8 with torch's float32 scales and reciprocal."""
-    mod = _flow(ConvPool()).mod
+def _rescaled_pool_quantize(mod):
+    """``mod`` with the scale of its max pool's quantize doubled (a pool whose input and
+    output quantization differ), and that quantize's (original) call."""
     g = Graph(mod["main"])
-    q = [b.value for b in g.bindings if g.call(b.var, "relax.quantize") is not None][-1]
-    edited = tvm.IRModule({"main": _Rescale(mod, q.args[1]).visit_expr(mod["main"])})
+    (q,) = [b.value for b in g.bindings if g.call(b.var, "relax.quantize") is not None
+            and g.call(b.value.args[0], "relax.nn.max_pool2d") is not None]
+    return tvm.IRModule({"main": _Rescale(mod, q.args[1]).visit_expr(mod["main"])}), q
+
+
+@pytest.mark.parametrize("dtype", sorted(POOL_PASS))
+def test_maxpool_with_different_quantization_pools_then_requantizes(dtype):
+    """Input and output quantization differ: the pool on the input's integers,
+    then c7x_requantize_i8_i8 (i16_i16) with torch's float32 scales and reciprocal."""
+    edited, q = _rescaled_pool_quantize(_flow(ConvPool(), dtype=dtype).mod)
     dq = [b.value for b in Graph(edited["main"]).bindings if Graph(edited["main"]).call(b.var, "relax.dequantize")
           is not None][-1]
-    pool, req = _requantized_pool_calls(edited)
-    assert pool.kernel == "c7x_int8_max_pool_tidl" and req.kernel == "c7x_requantize_i8_i8"
+    pool, req = _requantized_pool_calls(edited, dtype)
+    assert (pool.kernel, req.kernel) == POOL_PASS[dtype][1:]
     s_in = float(const_array(dq.args[1]).reshape(-1)[0])
     s_out = float(const_array(q.args[1]).reshape(-1)[0]) * 2
     n, z_in, scale_in, z_out, inv = req.scalars
@@ -136,7 +155,8 @@ def test_maxpool_with_different_quantization_pools_then_requantizes():
     assert (z_in, z_out) == (int(const_array(dq.args[2]).reshape(-1)[0]), int(const_array(q.args[2]).reshape(-1)[0]))
 
 
-def test_maxpool_after_concat_is_offloaded_and_exact(tmp_path):
+@pytest.mark.parametrize("dtype", sorted(POOL_PASS))
+def test_maxpool_after_concat_is_offloaded_and_exact(tmp_path, dtype):
     """The GoogLeNet pattern through codegen and gcc: pool + requantize on the
     C7x kernels, host C == Python reference bit for bit (every output and every
     intermediate of the first image), and the requantized pool equals torch's
@@ -147,26 +167,32 @@ def test_maxpool_after_concat_is_offloaded_and_exact(tmp_path):
 
     from pipeline.backend.interp import Program
 
-    flow = _flow(CatPool(), shape=(1, 3, 12, 12))
-    pool, req = _requantized_pool_calls(flow.mod)
+    _, pool_kernel, requantize = POOL_PASS[dtype]
+    info = np.iinfo(dtype)
+    torch.manual_seed(0)    # the model's initial weights, whatever ran before
+    # Whether calibration gives the pool's output the concat's scale depends on the weights:
+    # double the output scale so the requantize is always exercised.
+    mod, _ = _rescaled_pool_quantize(_flow(CatPool(), shape=(1, 3, 12, 12), dtype=dtype).mod)
+    pool, req = _requantized_pool_calls(mod, dtype)
+    assert (pool.kernel, req.kernel) == (pool_kernel, requantize)
     n, z_in, s_in, z_out, inv = req.scalars
     x = inputs((1, 3, 12, 12), n=3)
-    compile_and_compare(flow.mod, "catpool", tmp_path / "c", x, mmalib=True)
+    compile_and_compare(mod, "catpool", tmp_path / "c", x, mmalib=True)
     seen = []
     Program(tmp_path / "c").run(x[:1], observer=lambda i, func, a: seen.append((func, a.copy())))
-    k = next(i for i, (func, _) in enumerate(seen) if func.startswith("c7x_int8_max_pool_tidl"))
-    assert seen[k + 1][0].startswith("c7x_requantize_i8_i8")
+    k = next(i for i, (func, _) in enumerate(seen) if func.startswith(pool_kernel))
+    assert seen[k + 1][0].startswith(requantize)
     pooled_in, result = seen[k - 1][1], seen[k + 1][1]
-    assert pooled_in.shape == (1, 13, 12, 12) and pooled_in.dtype == np.int8
-    qd = torch.ops.quantized_decomposed
-    d = qd.dequantize_per_tensor(torch.from_numpy(pooled_in), s_in, z_in, -128, 127, torch.int8)
+    assert pooled_in.shape == (1, 13, 12, 12) and pooled_in.dtype == dtype
+    qd, tdtype = torch.ops.quantized_decomposed, getattr(torch, dtype)
+    d = qd.dequantize_per_tensor(torch.from_numpy(pooled_in), s_in, z_in, int(info.min), int(info.max), tdtype)
     m = torch.nn.functional.max_pool2d(d, 3, 1, 1, ceil_mode=True)
-    g = Graph(flow.mod["main"])
+    g = Graph(mod["main"])
     (q,) = [b.value for b in g.bindings if g.call(b.var, "relax.quantize") is not None
             and g.call(b.value.args[0], "relax.nn.max_pool2d") is not None]
     s_out = float(const_array(q.args[1]).reshape(-1)[0])
     assert s_out != s_in and z_out == int(const_array(q.args[2]).reshape(-1)[0])  # the case: the scales differ
-    expect = qd.quantize_per_tensor(m, s_out, z_out, -128, 127, torch.int8)
+    expect = qd.quantize_per_tensor(m, s_out, z_out, int(info.min), int(info.max), tdtype)
     np.testing.assert_array_equal(result, expect.numpy())
 
 

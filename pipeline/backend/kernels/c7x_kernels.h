@@ -151,6 +151,10 @@ int32_t c7x_int8_max_pool(const int8_t* in, int8_t* out, int32_t N, int32_t C, i
 int32_t c7x_int8_max_pool_tidl(const int8_t* in, int8_t* out, int32_t N, int32_t C, int32_t H_in,
                                int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
                                int32_t sH, int32_t sW, int32_t pH, int32_t pW);
+/* The same on int16 (ours: TI's library names no int16 max pool). */
+int32_t c7x_int16_max_pool(const int16_t* in, int16_t* out, int32_t N, int32_t C, int32_t H_in,
+                           int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
+                           int32_t sH, int32_t sW, int32_t pH, int32_t pW);
 
 /* out[i] = saturate(max(in[i], zp)). */
 int32_t c7x_int8_relu(const int8_t* in, int8_t* out, int32_t n, int32_t zp);
@@ -195,10 +199,13 @@ int32_t c7x_requantize_i8_i16(const int8_t* in, int16_t* out, int32_t n, int32_t
                               float in_scale, int32_t out_zp, float out_inv_scale);
 int32_t c7x_requantize_i16_i8(const int16_t* in, int8_t* out, int32_t n, int32_t in_zp,
                               float in_scale, int32_t out_zp, float out_inv_scale);
-/* int8 -> int8, the same formula: after a max pool whose input and output quantization
- * differ (max commutes with the monotone requantize, docs/reference.md, "Max pool"). */
+/* int8 -> int8 and int16 -> int16, the same formula: after a max pool whose input and
+ * output quantization differ (max commutes with the monotone requantize,
+ * docs/reference.md, "Max pool"). */
 int32_t c7x_requantize_i8_i8(const int8_t* in, int8_t* out, int32_t n, int32_t in_zp,
                              float in_scale, int32_t out_zp, float out_inv_scale);
+int32_t c7x_requantize_i16_i16(const int16_t* in, int16_t* out, int32_t n, int32_t in_zp,
+                               float in_scale, int32_t out_zp, float out_inv_scale);
 
 /* Average pools (ours: TI names no such kernel; docs/reference.md, "Average pools").
  * What torch's Q/DQ model computes, quantize_per_tensor(pool(dequantize_per_tensor(in))),

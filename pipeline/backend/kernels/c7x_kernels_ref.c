@@ -710,30 +710,30 @@ static int pool_size_ok(int32_t size, int32_t k, int32_t stride, int32_t pad, in
     return out == floor_out || out == ceil_out;
 }
 
-/* Largest input pixel of the window at (oh, ow) of one [H_in, W_in] plane; the
- * window is clipped to the input, so padding never wins (and never is empty,
- * see pool_size_ok). */
-static int8_t pool_window_max(const int8_t* plane, int32_t H_in, int32_t W_in, int64_t h0,
-                              int64_t w0, int32_t kH, int32_t kW)
+/* Largest input pixel of the window at (oh, ow) of one [H_in, W_in] plane (element
+ * type t, planes indexed from `base`); the window is clipped to the input, so padding
+ * never wins (and never is empty, see pool_size_ok). */
+static int64_t pool_window_max(const void* in, int64_t base, int32_t H_in, int32_t W_in, int64_t h0,
+                               int64_t w0, int32_t kH, int32_t kW, elem_type t)
 {
     const int64_t h_lo = h0 < 0 ? 0 : h0;
     const int64_t w_lo = w0 < 0 ? 0 : w0;
     const int64_t h_hi = h0 + kH < H_in ? h0 + kH : H_in;
     const int64_t w_hi = w0 + kW < W_in ? w0 + kW : W_in;
-    int8_t best = INT8_MIN;
+    int64_t best = INT16_MIN - 1;
     int64_t h, w;
     for (h = h_lo; h < h_hi; ++h) {
-        const int8_t* row = plane + h * W_in;
         for (w = w_lo; w < w_hi; ++w) {
-            best = row[w] > best ? row[w] : best;
+            const int64_t v = load_elem(in, base + h * W_in + w, t);
+            best = v > best ? v : best;
         }
     }
     return best;
 }
 
-static int32_t max_pool_run(const int8_t* in, int8_t* out, int32_t N, int32_t C, int32_t H_in,
+static int32_t max_pool_run(const void* in, void* out, int32_t N, int32_t C, int32_t H_in,
                             int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
-                            int32_t sH, int32_t sW, int32_t pH, int32_t pW)
+                            int32_t sH, int32_t sW, int32_t pH, int32_t pW, elem_type t)
 {
     int64_t planes, p;
     int32_t oh, ow;
@@ -746,13 +746,13 @@ static int32_t max_pool_run(const int8_t* in, int8_t* out, int32_t N, int32_t C,
         return C7X_ERR_SHAPE;
     }
     for (p = 0; p < planes; ++p) {
-        const int8_t* plane = in + p * H_in * W_in;
-        int8_t* dst = out + p * H_out * W_out;
+        const int64_t src = p * H_in * W_in;
+        const int64_t dst = p * H_out * W_out;
         for (oh = 0; oh < H_out; ++oh) {
             for (ow = 0; ow < W_out; ++ow) {
-                dst[(int64_t)oh * W_out + ow] =
-                    pool_window_max(plane, H_in, W_in, (int64_t)oh * sH - pH,
-                                    (int64_t)ow * sW - pW, kH, kW);
+                store_saturated(out, dst + (int64_t)oh * W_out + ow,
+                                pool_window_max(in, src, H_in, W_in, (int64_t)oh * sH - pH,
+                                                (int64_t)ow * sW - pW, kH, kW, t), t);
             }
         }
     }
@@ -763,7 +763,7 @@ int32_t c7x_int8_max_pool(const int8_t* in, int8_t* out, int32_t N, int32_t C, i
                           int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
                           int32_t sH, int32_t sW, int32_t pH, int32_t pW)
 {
-    return max_pool_run(in, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW);
+    return max_pool_run(in, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW, ELEM_I8);
 }
 
 /* The TIDL-library variant computes the same function (docs/reference.md, "Max pool"). */
@@ -771,7 +771,15 @@ int32_t c7x_int8_max_pool_tidl(const int8_t* in, int8_t* out, int32_t N, int32_t
                                int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
                                int32_t sH, int32_t sW, int32_t pH, int32_t pW)
 {
-    return max_pool_run(in, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW);
+    return max_pool_run(in, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW, ELEM_I8);
+}
+
+/* int16 (ours: TI's library names no int16 max pool): the same function on int16. */
+int32_t c7x_int16_max_pool(const int16_t* in, int16_t* out, int32_t N, int32_t C, int32_t H_in,
+                           int32_t W_in, int32_t H_out, int32_t W_out, int32_t kH, int32_t kW,
+                           int32_t sH, int32_t sW, int32_t pH, int32_t pW)
+{
+    return max_pool_run(in, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW, ELEM_I16);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -973,6 +981,7 @@ static int32_t requantize_run(const void* in, void* out, int32_t n, int32_t in_z
 C7X_DEFINE_REQUANTIZE(i8_i16, int8_t, int16_t, ELEM_I8, ELEM_I16)
 C7X_DEFINE_REQUANTIZE(i16_i8, int16_t, int8_t, ELEM_I16, ELEM_I8)
 C7X_DEFINE_REQUANTIZE(i8_i8, int8_t, int8_t, ELEM_I8, ELEM_I8)
+C7X_DEFINE_REQUANTIZE(i16_i16, int16_t, int16_t, ELEM_I16, ELEM_I16)
 
 /* ------------------------------------------------------------------------- */
 /* Average pools (float32, as torch's Q/DQ)                                   */

@@ -49,8 +49,8 @@ SUM_LIMIT = 2**54
 _I8, _I16, _I32, _I64, _U8 = (np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64,
                                                      np.uint8))
 _BIAS_DTYPE = {_I8: _I32, _I16: _I64}   # bias is int32 for int8 kernels, int64 for int16
-# Below every int8 value: marks max-pool padding, which must never win.
-_POOL_PAD = -129
+# Below every int16 (and int8) value: marks max-pool padding, which must never win.
+_POOL_PAD = -32769
 
 
 # --------------------------------------------------------------------------
@@ -479,23 +479,23 @@ def _residual(x, skip, params, out, n, has_relu, dtype: np.dtype, rounding) -> i
     return C7X_OK
 
 
-def _max_pool(in_, out, g: PoolGeometry) -> int:
+def _max_pool(in_, out, g: PoolGeometry, dtype=_I8) -> int:
     """Windows clipped to the input: padding is filled with a value below every
-    int8, which never wins because no window is all padding (``g.status()``)."""
+    int16 (so every int8), which never wins because no window is all padding (``g.status()``)."""
     if in_ is None or out is None:
         return C7X_ERR_NULL
     if g.status() != C7X_OK:
         return g.status()
     sh = g.shapes()
-    x = _array("in", in_, sh["in"], _I8)
-    y = _array("out", out, sh["out"], _I8, output=True)
+    x = _array("in", in_, sh["in"], dtype)
+    y = _array("out", out, sh["out"], dtype, output=True)
     bottom = max(0, (g.H_out - 1) * g.sH + g.kH - g.pH - g.H_in)
     right = max(0, (g.W_out - 1) * g.sW + g.kW - g.pW - g.W_in)
-    padded = np.pad(x.astype(np.int16), ((0, 0), (0, 0), (g.pH, bottom), (g.pW, right)),
+    padded = np.pad(x.astype(np.int32), ((0, 0), (0, 0), (g.pH, bottom), (g.pW, right)),
                     constant_values=_POOL_PAD)
     windows = np.lib.stride_tricks.sliding_window_view(padded, (g.kH, g.kW), axis=(2, 3))
     windows = windows[:, :, ::g.sH, ::g.sW][:, :, :g.H_out, :g.W_out]
-    y[...] = windows.max(axis=(-2, -1)).astype(np.int8)
+    y[...] = windows.max(axis=(-2, -1)).astype(dtype)
     return C7X_OK
 
 
@@ -613,6 +613,13 @@ def c7x_int8_max_pool_tidl(in_, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH,
     """The TIDL-library name of :func:`c7x_int8_max_pool`; same function."""
     g = PoolGeometry(N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW)
     return _max_pool(in_, out, g)
+
+
+def c7x_int16_max_pool(in_, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,
+                       rounding=None) -> int:
+    """:func:`c7x_int8_max_pool` on int16 (ours: TI's library names no int16 max pool)."""
+    g = PoolGeometry(N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW)
+    return _max_pool(in_, out, g, _I16)
 
 
 def c7x_int8_relu(in_, out, n, zp, rounding=None) -> int:
@@ -762,6 +769,12 @@ def c7x_requantize_i8_i8(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, ro
     """int8 -> int8 requantize: as :func:`c7x_requantize_i8_i16` with in and out int8
     (after a max pool whose input and output quantization differ, ``passes/pool.py``)."""
     return _requantize(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, _I8, _I8)
+
+
+def c7x_requantize_i16_i16(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, rounding=None) -> int:
+    """int16 -> int16 requantize: as :func:`c7x_requantize_i8_i16` with in and out int16
+    (after an int16 max pool whose input and output quantization differ)."""
+    return _requantize(in_, out, n, in_zp, in_scale, out_zp, out_inv_scale, _I16, _I16)
 
 
 # --------------------------------------------------------------------------

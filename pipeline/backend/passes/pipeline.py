@@ -3,10 +3,10 @@
 The order is :data:`PASS_ORDER`, written once; why it is that order
 (``docs/reference.md``, "Pass order"): the reference's step 1 (int8 conv,
 depthwise, FC, residual add, then the int16 ones), then its max-pool / ReLU
-fusions, the int8 <-> int16 requantize and the Q/DQ cleanups. Our passes slot
-in where they cannot steal a binding from the reference's: the per-channel
-affine (an unfolded batch_norm) runs before relu/clip so it can take the relu
-that follows it; the activation tables after relu/clip, whose patterns are
+fusions (our int16 max pool right after the int8 one), the int8 <-> int16
+requantize and the Q/DQ cleanups. Our passes slot in where they cannot steal
+a binding from the reference's: the per-channel affine (an unfolded
+batch_norm) runs before relu/clip so it can take the relu that follows it; the activation tables after relu/clip, whose patterns are
 single clips that never contain an activation's chain; the squeeze-excitation
 multiply and the average pools (the reference's step 4 names an avgpool
 fusion) before the requantize. The model's edges (the input quantize, the
@@ -42,7 +42,7 @@ from .depthwise import offload_depthwise_conv2d_i8, offload_depthwise_conv2d_i16
 from .edges import offload_input_quantize, offload_output_dequantize
 from .fc import offload_fc_i8, offload_fc_i16
 from .log import OffloadLog
-from .pool import offload_max_pool2d_i8
+from .pool import offload_max_pool2d_i8, offload_max_pool2d_i16
 from .relu import offload_relu_i8
 from .requantize import offload_requantize
 from .residual import offload_residual_add_i8, offload_residual_add_i16
@@ -51,8 +51,8 @@ from .residual import offload_residual_add_i8, offload_residual_add_i16
 PASS_ORDER = (
     offload_conv2d_i8, offload_depthwise_conv2d_i8, offload_fc_i8, offload_residual_add_i8,
     offload_conv2d_i16, offload_fc_i16, offload_residual_add_i16, offload_depthwise_conv2d_i16,
-    offload_max_pool2d_i8, offload_channel_affine, offload_relu_i8, offload_activation_lut_i8,
-    offload_channel_mul, offload_global_avg_pool, offload_avg_pool2d, offload_requantize,
+    offload_max_pool2d_i8, offload_max_pool2d_i16, offload_channel_affine, offload_relu_i8,
+    offload_activation_lut_i8, offload_channel_mul, offload_global_avg_pool, offload_avg_pool2d, offload_requantize,
     eliminate_qdq_transparent, eliminate_qdq_pairs, offload_input_quantize, offload_output_dequantize,
 )
 

@@ -1,8 +1,9 @@
-"""Offload of int8 max pooling to the C7x max-pool kernel.
+"""Offload of int8 and int16 max pooling to the C7x max-pool kernels.
 
 Pattern (``docs/reference.md``, "Max pool")::
 
     q(max_pool2d(dq(x, s, zp)), s, zp)  ->  call_tir(c7x_int8_max_pool_tidl | c7x_int8_max_pool, x)
+                                            call_tir(c7x_int16_max_pool, x)          (int16, ours)
 
 Max commutes with a monotone dequantize/quantize pair of *equal* parameters,
 so the pool runs on the integers. Eligibility: int8, NCHW, static shapes,
@@ -34,7 +35,7 @@ from .primfunc import TensorArg, offload_primfunc
 from .requantize import requantize_scalars
 from .rewrite import Offload, run_pass
 
-REQUANTIZE = "c7x_requantize_i8_i8"
+REQUANTIZE = {"int8": "c7x_requantize_i8_i8", "int16": "c7x_requantize_i16_i16"}
 
 
 def pooled_sizes(size: int, k: int, s: int, p: int) -> tuple[int, int]:
@@ -70,12 +71,12 @@ def window_geometry(a, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) ->
     return [n, c, h, w, out_shape[2], out_shape[3], kh, kw, sh, sw, top, left]
 
 
-def _plan_pool(graph: Graph, pool, data: QDQ, out: QDQ, kernel: str) -> Offload:
-    """The :class:`Offload` of ``q(max_pool2d(dq(x)))`` (``pool``: the pool call,
-    ``data`` / ``out``: its dequantize / quantize); raises :class:`Declined`
+def _plan_pool(graph: Graph, pool, data: QDQ, out: QDQ, kernel: str, dtype: str) -> Offload:
+    """The :class:`Offload` of ``q(max_pool2d(dq(x)))`` in ``dtype`` (``pool``: the pool
+    call, ``data`` / ``out``: its dequantize / quantize); raises :class:`Declined`
     if it is not eligible."""
-    if str(data.data.ty.dtype) != "int8" or out.out_dtype != "int8":
-        raise Declined("only int8 max pooling has a kernel")
+    if str(data.data.ty.dtype) != dtype or out.out_dtype != dtype:
+        raise Declined(f"input {data.data.ty.dtype} and output {out.out_dtype}: this kernel pools {dtype}")
     requant = None if data.same_params(out) else requantize_scalars(data, out)
     in_shape, out_shape = static_shape(data.data), static_shape(out.data)
     if in_shape is None or out_shape is None or len(in_shape) != 4:
@@ -83,28 +84,28 @@ def _plan_pool(graph: Graph, pool, data: QDQ, out: QDQ, kernel: str) -> Offload:
     scalars = window_geometry(pool.attrs, in_shape, out_shape)
     if not graph.single_use(out.data):
         raise Declined(f"float intermediate {var_name(out.data)} has other users")
-    prim = offload_primfunc(kernel, [TensorArg("data", in_shape, "int8"),
-                                     TensorArg("out", out_shape, "int8")], scalars)
+    prim = offload_primfunc(kernel, [TensorArg("data", in_shape, dtype),
+                                     TensorArg("out", out_shape, dtype)], scalars)
 
     if requant is None:
         def build(ctx):
-            return ctx.call_offload(prim, [data.data], out_shape, "int8")
+            return ctx.call_offload(prim, [data.data], out_shape, dtype)
 
-        return Offload(var_name(out.data), "max_pool2d", "int8", kernel, build)
+        return Offload(var_name(out.data), "max_pool2d", dtype, kernel, build)
 
     n = math.prod(out_shape)
-    req = offload_primfunc(REQUANTIZE, [TensorArg("data", out_shape, "int8"), TensorArg("out", out_shape, "int8")],
-                           [n, *requant])
+    req = offload_primfunc(REQUANTIZE[dtype], [TensorArg("data", out_shape, dtype),
+                                               TensorArg("out", out_shape, dtype)], [n, *requant])
 
     def build_requantized(ctx):
-        pooled = ctx.emit(ctx.call_offload(prim, [data.data], out_shape, "int8"), var_name(out.data) + "_pooled")
-        return ctx.call_offload(req, [pooled], out_shape, "int8")
+        pooled = ctx.emit(ctx.call_offload(prim, [data.data], out_shape, dtype), var_name(out.data) + "_pooled")
+        return ctx.call_offload(req, [pooled], out_shape, dtype)
 
-    return Offload(var_name(out.data), "max_pool2d", "int8", kernel, build_requantized,
-                   note=f"pooled on the input's quantization, then {REQUANTIZE} to the output's")
+    return Offload(var_name(out.data), "max_pool2d", dtype, kernel, build_requantized,
+                   note=f"pooled on the input's quantization, then {REQUANTIZE[dtype]} to the output's")
 
 
-def _pool_planner(kernel: str):
+def _pool_planner(kernel: str, dtype: str):
     def planner(graph: Graph, binding):
         out = quantize_of(graph, binding.value)
         if out is None:
@@ -113,8 +114,10 @@ def _pool_planner(kernel: str):
         data = dequantize_of(graph, pool.args[0]) if pool is not None else None
         if data is None or not isinstance(out.data, relax.Var):
             return None
+        if dtype == "int8" and str(data.data.ty.dtype) == "int16":
+            return None  # the int16 pass's
         with declining(var_name(out.data), "max_pool2d", str(data.data.ty.dtype)):
-            return _plan_pool(graph, pool, data, out, kernel)
+            return _plan_pool(graph, pool, data, out, kernel, dtype)
 
     return planner
 
@@ -128,4 +131,11 @@ def offload_max_pool2d_i8(mod: tvm.IRModule, log: OffloadLog | None = None,
     W_out, kH, kW, sH, sW, pH, pW.
     """
     kernel = "c7x_int8_max_pool_tidl" if tidl_kernels else "c7x_int8_max_pool"
-    return run_pass(mod, log, "max_pool2d_i8", _pool_planner(kernel))
+    return run_pass(mod, log, "max_pool2d_i8", _pool_planner(kernel, "int8"))
+
+
+def offload_max_pool2d_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """int16 max_pool2d -> ``c7x_int16_max_pool`` (ours), the extern args of
+    :func:`offload_max_pool2d_i8` on int16 (then ``c7x_requantize_i16_i16`` when the
+    input and output quantization differ)."""
+    return run_pass(mod, log, "max_pool2d_i16", _pool_planner("c7x_int16_max_pool", "int16"))
