@@ -130,6 +130,15 @@ def mixed_summary(mixed: dict | None) -> dict | None:
                                   "budget", "method")}
 
 
+def _error(stats: dict) -> str:
+    """``max 12 (0.976), mean 1.73 (0.141)``: a verify comparison in LSB (or output units)
+    and, in brackets, in float output units (logits), when verify recorded them."""
+    def one(kind: str, fmt: str) -> str:
+        text = format(stats[f"{kind}_lsb"], fmt)
+        return text + (f" ({stats[f'{kind}_abs']:.3g})" if f"{kind}_abs" in stats else "")
+    return f"max {one('max', 'g')}, mean {one('mean', '.2f')}"
+
+
 def _mixed_line(mixed: dict, manifests: dict, siblings: dict[str, dict]) -> str:
     """int16 share of a mixed-precision model and its memory against the int8/int16 builds
     of the same network (``siblings``: dtype -> MMALIB manifest summary)."""
@@ -250,13 +259,12 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
             builds = {}
     if builds:
         noise = verify["pytorch_qdq"]["self_noise_1_thread_no_mkldnn"]
-        diffs = [f"{v} max {r['vs_pytorch_qdq']['max_lsb']:g}, mean {r['vs_pytorch_qdq']['mean_lsb']:.2f}"
-                 for v, r in builds.items()]
+        diffs = [f"{v} {_error(r['vs_pytorch_qdq'])}" for v, r in builds.items()]
         # a mixed model's output may be int16 (its classifier chosen int16): say "output LSB"
         unit = ((f"{report['dtype']} LSB" if not mixed else "output LSB") if verify.get("output_lsb")
                 else "output units")
-        lines.append(f"  vs Q/DQ ({unit}) " + " | ".join(diffs)
-                     + f" | PyTorch vs itself max {noise['max_lsb']:g}, mean {noise['mean_lsb']:.2f}")
+        lines.append(f"  vs Q/DQ        (in {unit}, and in logits) " + " | ".join(diffs)
+                     + f" | PyTorch vs itself {_error(noise)}")
     if layers and layers.get("layers"):
         lines.append(_worst_line(layers))
     if estimate:

@@ -77,15 +77,19 @@ class VerificationError(PipelineError):
 
 def lsb_stats(a: np.ndarray, b: np.ndarray, lsb: float | None) -> dict:
     """Differences of two [N, K] outputs: in integer steps of ``lsb`` when the
-    output is dequantized, else in output units (``"unit"`` says which).
+    output is dequantized, else in output units (``"unit"`` says which), and
+    always in output units (``max_abs``, ``mean_abs``: float logits for a
+    classifier, comparable across dtypes where an LSB is not).
 
     Dequantized outputs are (q - zp) * lsb in float32; rounding each back to
     its integer before subtracting counts steps exactly (a float quotient of
     the difference reads a 1-step int16 difference as 1.002)."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    d = np.abs(np.rint(a64 / lsb) - np.rint(b64 / lsb)) if lsb else np.abs(a64 - b64)
+    e = np.abs(a64 - b64)
+    d = np.abs(np.rint(a64 / lsb) - np.rint(b64 / lsb)) if lsb else e
     out = {"unit": "lsb" if lsb else "float", "max_lsb": round(float(d.max()), 6),
-           "mean_lsb": round(float(d.mean()), 6), "elements_off": int((d > (0.5 if lsb else 0)).sum()),
+           "mean_lsb": round(float(d.mean()), 6), "max_abs": round(float(e.max()), 6),
+           "mean_abs": round(float(e.mean()), 6), "elements_off": int((d > (0.5 if lsb else 0)).sum()),
            "elements": int(d.size)}
     if a.ndim == 2:  # [N, K] logits; a detection output [N, D, 6] has no top-1
         out["top1_agreement"] = int((a.argmax(1) == b.argmax(1)).sum())
@@ -187,7 +191,8 @@ def summary_line(r: dict, noise: dict) -> str:
     inter = ref["intermediates"]
     return (f"[{r['variant']}] C == Python integer reference on {ref['bit_exact_images']}/{n} images "
             f"(+ {inter['equal']}/{inter['tensors']} intermediate tensors of the first {inter['images']}); "
-            f"vs PyTorch Q/DQ: max {pt['max_lsb']:g}, mean {pt['mean_lsb']:g} {unit}, top-1 agreement "
+            f"vs PyTorch Q/DQ: max {pt['max_lsb']:g}, mean {pt['mean_lsb']:g} {unit} (max {pt['max_abs']:.3g}, "
+            f"mean {pt['mean_abs']:.3g} in logits), top-1 agreement "
             f"{pt['top1_agreement']}/{n} (PyTorch vs itself: max {noise['max_lsb']:g}, mean "
             f"{noise['mean_lsb']:g}); top-1 {acc['top1']}/{acc['labeled']}, agrees with float "
             f"{acc['top1_agreement_with_float']}/{n}, mean |logit error| vs float "

@@ -99,6 +99,10 @@ def test_summary_block_says_all_outputs_are_bit_exact(built):
     text = "\n".join(lines)
     assert f"note           {NOTE}" in text
     assert "bit-exact      host C == Python integer reference on every image (all 2 outputs): mmalib 4/4" in text
+    # the distance to Q/DQ in LSB and, in brackets, in logits (verify.json's max_abs / mean_abs)
+    pt = next(r for r in load(art, "verify.json")["variants"] if r["variant"] == "mmalib")["vs_pytorch_qdq"]
+    assert (f"vs Q/DQ        (in int8 LSB, and in logits) mmalib max {pt['max_lsb']:g} ({pt['max_abs']:.3g}), "
+            f"mean {pt['mean_lsb']:.2f} ({pt['mean_abs']:.3g})") in text
 
 
 # 15 s more; its C (an output read back by a later kernel) is proven in the default

@@ -11,6 +11,8 @@ def test_int16_steps_are_counted_exactly():
     a, b = q * lsb, (q + np.array([[0, 1, 0, 0, 0], [0, 0, 0, 0, 0]], np.float32)) * lsb
     s = lsb_stats(a, b, float(lsb))
     assert s["unit"] == "lsb" and s["max_lsb"] == 1 and s["elements_off"] == 1 and s["elements"] == 10
+    # the same in float output units (logits), comparable with an int8 build's
+    assert s["max_abs"] == round(float(lsb), 6) and s["mean_abs"] == round(float(lsb) / 10, 6)
 
 
 def test_float_outputs_are_compared_in_output_units():
