@@ -16,7 +16,9 @@ a body of, per tile t of ``tc`` output channels::
 
 after one ``c7x_dma_copy`` of tile 0. A depthwise conv whose *input* was
 spilled to DDR streams that input the same way (its channels are
-independent too), its small weights read in place. Output channels are independent, so
+independent too), its small weights read in place; so does an elementwise
+kernel (the requantize of a mixed-precision boundary), in runs of elements.
+Output channels (and elements) are independent, so
 the result equals the untiled call bit for bit: ``lowered.py`` (the Python
 reference) keeps the untiled call, and every host build compares the tiled C
 with it. ``c7x_dma_copy`` / ``c7x_dma_wait`` are in ``c7x_memory.h``
@@ -52,7 +54,7 @@ def channels(func: tirx.PrimFunc) -> tuple[int, str] | None:
     spec = TILEABLE.get(kernel)
     if spec is None:
         return None
-    scalars = _extern(func)[1][6:]
+    scalars = _extern(func)[1][spec.pointers:]
     if spec.rows is not None and int(scalars[spec.rows].value) != 1:
         return None
     return int(scalars[spec.c_out[0]].value), spec.streams
@@ -89,6 +91,8 @@ def tiled_primfunc(func: tirx.PrimFunc, tc: int, slot_elems: int) -> tirx.PrimFu
     tile does not fit a slot."""
     kernel, args = _extern(func)
     spec = TILEABLE[kernel]
+    if spec.kind == "elementwise":
+        return _tiled_elementwise(func, kernel, args, spec, tc, slot_elems)
     x, w, bias, scale, shift, out = func.params
     streamed = x if spec.streams == "input" else w
     per_channel = math.prod(int(d) for d in streamed.shape[1 if spec.streams == "weights" else 2:])
@@ -121,5 +125,39 @@ def tiled_primfunc(func: tirx.PrimFunc, tc: int, slot_elems: int) -> tirx.PrimFu
         operands = (slot, at(w, c0)) if spec.streams == "input" else (x.data, slot)
         stmts.append(tirx.Evaluate(tirx.call_extern(
             "int32", kernel, *operands, *(at(b, c0) for b in (bias, scale, shift)), at(out, c0), *tile_scalars)))
+    return tirx.PrimFunc([scratch, *func.params], tirx.SeqStmt(stmts)).with_attrs(
+        {"c7x_kernel": kernel, "c7x_offload_backend": backend_of(kernel), "c7x_tiles": len(tiles)})
+
+
+def _tiled_elementwise(func: tirx.PrimFunc, kernel: str, args: list, spec: Tileable, tc: int,
+                       slot_elems: int) -> tirx.PrimFunc:
+    """:func:`tiled_primfunc` of an elementwise kernel ``(in, out, n, ...)``: runs of ``tc``
+    elements of ``in`` copied into the slots, each call writing the same run of ``out``."""
+    x, out = func.params
+    if tc > slot_elems or tc < 1:
+        raise ValueError(f"{kernel}: a tile of {tc} elements does not fit {slot_elems} elements")
+    scalars = args[spec.pointers:]
+    n = int(scalars[spec.c_out[0]].value)
+    scratch = tirx.decl_buffer((2 * slot_elems,), x.dtype, "scratch")
+    itemsize = np.dtype(str(x.dtype)).itemsize
+    tiles = [(e0, min(tc, n - e0)) for e0 in range(0, n, tc)]
+
+    def at(buf, e0):
+        return _addr(buf, [int(i) for i in np.unravel_index(e0, [int(d) for d in buf.shape])])
+
+    def copy(t: int):
+        e0, m = tiles[t]
+        return tirx.Evaluate(tirx.call_extern("int32", DMA_COPY, _addr(scratch, [(t % 2) * slot_elems]),
+                                              at(x, e0), tirx.IntImm("int32", m * itemsize)))
+
+    stmts = [copy(0)]
+    for t, (e0, m) in enumerate(tiles):
+        stmts.append(tirx.Evaluate(tirx.call_extern("int32", DMA_WAIT)))
+        if t + 1 < len(tiles):
+            stmts.append(copy(t + 1))
+        tile_scalars = list(scalars)
+        tile_scalars[spec.c_out[0]] = tirx.IntImm("int32", m)
+        stmts.append(tirx.Evaluate(tirx.call_extern(
+            "int32", kernel, _addr(scratch, [(t % 2) * slot_elems]), at(out, e0), *tile_scalars)))
     return tirx.PrimFunc([scratch, *func.params], tirx.SeqStmt(stmts)).with_attrs(
         {"c7x_kernel": kernel, "c7x_offload_backend": backend_of(kernel), "c7x_tiles": len(tiles)})

@@ -258,6 +258,39 @@ def test_a_spilled_depthwise_input_streams_through_l2_and_reads_are_staged(tmp_p
     assert _counted(out, x) == mm["traffic"] and mm["peak"]["l2"] <= 60_000
 
 
+@needs_gcc
+def test_a_spilled_requantize_input_streams_through_l2_in_runs_of_elements(tmp_path):
+    """The block of the test above with its depthwise in int16 (mixed precision): the int16
+    expansion spills too, so both requantize kernels at the int16 boundary stream their
+    input through the slots in runs of elements, bit-exact and counted as planned."""
+    from test_mixed_precision_codegen import MixedFlow
+
+    torch.manual_seed(1)
+    shape = (1, 32, 24, 24)
+    gen = torch.Generator().manual_seed(1)
+    calib = [torch.randn(*shape, generator=gen) for _ in range(4)]
+    f = MixedFlow(randomize_bn(InvertedResidual(stride=1, cout=32)), torch.randn(*shape), {"conv2d_1"}, calib)
+    x = inputs(shape)
+    out, flat = tmp_path / "staged", tmp_path / "flat"
+    out.mkdir(), flat.mkdir()
+    _, c_staged = compile_and_compare(f.mod, "inv", out, x, mmalib=True, budget=Budget(60_000, 0))
+    _, c_flat = compile_and_compare(f.mod, "inv", flat, x, mmalib=True, memory="flat")
+    np.testing.assert_array_equal(c_staged.view(np.uint32), c_flat.view(np.uint32))
+    mm = json.loads((out / "memory_map.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    tiled = {manifest["calls"][t["call"]]["kernel"]: t for t in mm["tiled_calls"]}
+    assert {"c7x_requantize_i8_i16", "c7x_requantize_i16_i8"} <= set(tiled)
+    src = (out / "tvm_kernels.c").read_text()
+    for kernel in ("c7x_requantize_i8_i16", "c7x_requantize_i16_i8"):
+        t = tiled[kernel]
+        call = manifest["calls"][t["call"]]
+        assert t["streams"] == "input" and call["func"].startswith("tiled")
+        body = src.split(f"__tvm_ffi_inv_{call['func']}(")[2].split("\n}\n")[0]
+        runs = -(-int(np.prod(call["shape"])) // t["channels_per_tile"])
+        assert body.count(kernel + "(") == runs > 1 and body.count("c7x_dma_copy(") == runs
+    assert _counted(out, x) == mm["traffic"] and mm["peak"]["l2"] <= 60_000
+
+
 def test_an_l2_too_small_for_one_tile_names_the_call_and_the_size_needed(tmp_path):
     """A slot is at most a quarter of L2 (128-byte aligned): 300 bytes leave no slot for the first
     conv's one output channel (3x3x3 int8 = 27 bytes), 512 bytes do. No L2 at all places

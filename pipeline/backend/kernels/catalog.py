@@ -36,20 +36,23 @@ ENGINES = ("mma", "mma_depthwise", "vector")
 class Tileable:
     """How the memory plan tiles a kernel over output channels (``backend/tiling.py``).
 
-    ``c_out``: indices, among the scalars after the six pointer arguments (in, w, bias,
-    scale, shift, out), of the output-channel count (C_out / N, and a depthwise's
-    num_groups); ``kind``: "conv" (NCHW output), "fc" (``[..., N]`` output) or
-    "depthwise"; ``rows``: index of the scalar that must be 1 (FC: M), or None."""
+    ``c_out``: indices, among the scalars after the ``pointers`` pointer arguments (six:
+    in, w, bias, scale, shift, out; two for an elementwise kernel: in, out), of the
+    output-channel count (C_out / N, and a depthwise's num_groups; an elementwise
+    kernel's element count n); ``kind``: "conv" (NCHW output), "fc" (``[..., N]``
+    output), "depthwise" or "elementwise" (one element per "channel"); ``rows``: index
+    of the scalar that must be 1 (FC: M), or None."""
 
     c_out: tuple[int, ...]
     kind: str
     rows: int | None = None
+    pointers: int = 6
 
     @property
     def streams(self) -> str:
         """What a tile copies into L2: "input" for a depthwise conv (its channels are
-        independent, its weights small), "weights" otherwise."""
-        return "input" if self.kind == "depthwise" else "weights"
+        independent, its weights small) and an elementwise kernel, "weights" otherwise."""
+        return "input" if self.kind in ("depthwise", "elementwise") else "weights"
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ class Kernel:
 
 
 _CONV, _FC, _DW = Tileable((3,), "conv"), Tileable((2,), "fc", rows=0), Tileable((0, 11), "depthwise")
+#: (in, out, n, ...): streamed in runs of elements when its input spilled to DDR
+_ELEMENTWISE = Tileable((0,), "elementwise", pointers=2)
 
 
 def _records() -> tuple[Kernel, ...]:
@@ -119,13 +124,13 @@ def _records() -> tuple[Kernel, ...]:
         K("c7x_int8_lut", "activation.offload_activation_lut_i8", ref.c7x_int8_lut, ref.ElementwiseGeometry,
           "vector"),
         K("c7x_requantize_i8_i16", "requantize.offload_requantize", ref.c7x_requantize_i8_i16,
-          ref.ElementwiseGeometry, "vector"),
+          ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
         K("c7x_requantize_i16_i8", "requantize.offload_requantize", ref.c7x_requantize_i16_i8,
-          ref.ElementwiseGeometry, "vector"),
+          ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
         K("c7x_requantize_i8_i8", "pool.offload_max_pool2d_i8", ref.c7x_requantize_i8_i8,
-          ref.ElementwiseGeometry, "vector"),
+          ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
         K("c7x_requantize_i16_i16", "pool.offload_max_pool2d_i16", ref.c7x_requantize_i16_i16,
-          ref.ElementwiseGeometry, "vector"),
+          ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
         K("c7x_int8_global_avg_pool", "avg_pool.offload_global_avg_pool", ref.c7x_int8_global_avg_pool,
           ref.GlobalPoolGeometry, "vector"),
         K("c7x_int16_global_avg_pool", "avg_pool.offload_global_avg_pool", ref.c7x_int16_global_avg_pool,
