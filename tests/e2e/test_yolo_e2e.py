@@ -88,3 +88,27 @@ def test_random_variant_is_named_only(built):
     skipped = next(ln for ln in run.out.splitlines() if ln.startswith("export:yolo26n "))
     assert skipped  # (skipped only when no yolo26n_state_dict.pt is in $TORCH_HOME)
 
+
+
+@pytest.mark.slow
+def test_predict_prints_and_draws_the_detections_of_the_deployed_c(built):
+    """``python -m pipeline.predict`` on a detector: per image, COCO-named detections with
+    score and box (or "no detection": random weights may score nothing >= 0.25), and a
+    JPEG with the boxes drawn."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    image = sorted((built.root / "calib_data" / "imagenet20").glob("*.jpg"))[0]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(built.root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "pipeline.predict", "yolo26n_random", str(image),
+                           "--save", str(built.root / "shown")], cwd=built.root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("yolo26n_random [mmalib]: 1 image(s)") and lines[1] == f"{image}:"
+    rows = lines[2:-1]
+    assert rows == ["  no detection"] or all(
+        re.fullmatch(r"  [a-z ]+ [01]\.\d\d box \[-?\d+, -?\d+, -?\d+, -?\d+\]", r) for r in rows), rows
+    assert (built.root / "shown" / f"{image.stem}.jpg").read_bytes()[:3] == b"\xff\xd8\xff"
