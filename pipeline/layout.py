@@ -51,6 +51,8 @@ class Layout:
         self.board_profile = self.dir / "board_profile.txt"  # the user's C7x log (no stage writes it)
         self.offload_html = self.dir / "offload.html"
         self.cross = self.dir / "c7x"
+        self.bundle = self.dir / "bundle"   # bundle: what a firmware engineer takes away
+        self.bundle_tar = self.dir / f"{name}_bundle.tar.gz"
         self.detections = self.dir / "detections"   # verify, detection models: pictures + index.html
 
     def detection_pictures(self, spec: ModelSpec, images: list[Path]) -> list[Path]:

@@ -510,6 +510,21 @@ STAGES: tuple[Stage, ...] = (
         task_doc=lambda c: "offload.html: kernel-call graph, layer table, details on click (no network)",
     ),
     Stage(
+        # the deployed build (the first variant), its host executable for the example's
+        # expected output, and the first evaluation image as the example's input
+        name="bundle", doc="a self-contained folder + tarball to deploy: C, weights, example, Makefile",
+        func="pipeline.stages.bundle:bundle_model",
+        params=("preprocess", "task"),
+        extra=lambda c: {"image": c.evaluation_images[0].name},
+        deps=lambda c: _mmalib_files(c) + [c.layout.host_exe(variants(c.spec)[0]), c.evaluation_images[0]],
+        outs=lambda c: [c.layout.bundle / "main.c", c.layout.bundle_tar],
+        args=lambda c: {"spec": c.spec, "codegen_dir": c.layout.codegen_dir(variants(c.spec)[0]),
+                        "exe": c.layout.host_exe(variants(c.spec)[0]), "image": c.evaluation_images[0],
+                        "out": c.layout.bundle, "tarball": c.layout.bundle_tar},
+        task_doc=lambda c: f"bundle/ and {c.spec.name}_bundle.tar.gz: model.c/.h, weights.bin, kernels, "
+                           "main.c example, Makefile (gcc, cl7x)",
+    ),
+    Stage(
         name="cross_compile", doc="TI cl7x cross-compile (needs TI_CGT_C7000_PATH)",
         func="pipeline.stages.cross_compile:cross_compile_model",
         extra=lambda c: {"cgt": os.environ.get("TI_CGT_C7000_PATH", ""),

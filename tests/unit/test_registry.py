@@ -77,7 +77,7 @@ LAYERS = [
      "tvmscript_guard"},
     {"quant", "frontend", "backend", "data", "visualize", "models", "tools", "perf"},
     {"stages", "console", "executor"},
-    {"tasks"},
+    {"tasks", "predict"},
 ]
 
 
