@@ -139,7 +139,7 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
             shown = _unnormalized(img, spec.preprocess)
             target = save / f"{path.stem}.jpg"
             if detecting:
-                detections.draw(shown, out, target)
+                detections.draw(shown, out, target, names=names)
             else:
                 _draw_label(shown, f"{names[idx[0]]} {scores[0]:.2f}", target)
             lines.append(f"  saved {target}")

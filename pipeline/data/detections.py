@@ -108,14 +108,14 @@ def compare_all(ref: np.ndarray, cand: np.ndarray) -> dict:
 
 
 def draw(image: torch.Tensor, det: np.ndarray, out: Path, conf: float = CONF,
-         fallback_top: int = 10) -> int:
+         fallback_top: int = 10, names: list[str] | None = None) -> int:
     """Draw one image's detections on it and write a JPEG (atomically).
 
     ``image``: float32 ``[3, H, W]`` RGB in [0, 1] (the preprocessed input, so
     boxes in input pixels land where they belong). Draws the rows with score
     >= ``conf``, or the first ``fallback_top`` rows when none is that
-    confident (a random-weight model), labelled ``class:score``. Returns how
-    many boxes it drew.
+    confident (a random-weight model), labelled ``class:score`` (``name score``
+    with ``names``, the class names by index). Returns how many boxes it drew.
     """
     from torchvision.io import encode_jpeg
     from torchvision.utils import draw_bounding_boxes
@@ -130,7 +130,8 @@ def draw(image: torch.Tensor, det: np.ndarray, out: Path, conf: float = CONF,
                          boxes[:, 2].clamp(0, w - 1), boxes[:, 3].clamp(0, h - 1)], 1)
     boxes = torch.stack([torch.minimum(boxes[:, 0], boxes[:, 2]), torch.minimum(boxes[:, 1], boxes[:, 3]),
                          torch.maximum(boxes[:, 0], boxes[:, 2]), torch.maximum(boxes[:, 1], boxes[:, 3])], 1)
-    labels = [f"{int(c)}:{s:.2f}" for s, c in rows[:, 4:6]]
+    labels = [f"{names[int(c)]} {s:.2f}" if names and 0 <= int(c) < len(names) else f"{int(c)}:{s:.2f}"
+              for s, c in rows[:, 4:6]]
     img = (image.clamp(0, 1) * 255).round().to(torch.uint8)
     drawn = draw_bounding_boxes(img, boxes, labels=labels, colors="red", width=2) if len(rows) else img
     with atomic_path(out) as tmp:

@@ -145,3 +145,25 @@ def test_a_split_kernels_tensors_are_all_its_outputs_in_the_call_graph():
     assert {(e["from"], e["to"], e["tensor"]) for e in g["edges"]} == {
         ("input", "c0", "input"), ("c0", "c1", "t0"), ("c1", "c2", "t1"), ("c1", "c2", "t2"),
         ("c2", "output", "output")}
+
+
+def test_draw_labels_boxes_with_class_names_when_given(tmp_path, monkeypatch):
+    import torch
+    import torchvision.utils
+
+    from pipeline.data import detections
+
+    seen = []
+    real = torchvision.utils.draw_bounding_boxes
+
+    def spy(img, boxes, labels=None, **kw):
+        seen.append(labels)
+        return real(img, boxes, labels=labels, **kw)
+
+    monkeypatch.setattr(torchvision.utils, "draw_bounding_boxes", spy)
+    det = np.array([[2, 2, 20, 20, 0.9, 1], [5, 5, 9, 9, 0.5, 7], [0, 0, 1, 1, 0.1, 0]], np.float32)
+    image = torch.rand(3, 32, 32)
+    assert detections.draw(image, det, tmp_path / "a.jpg", names=["person", "bicycle"]) == 2
+    assert detections.draw(image, det, tmp_path / "b.jpg") == 2
+    assert seen == [["bicycle 0.90", "7:0.50"], ["1:0.90", "7:0.50"]]   # class 7 has no name in the list
+    assert (tmp_path / "a.jpg").read_bytes()[:3] == b"\xff\xd8\xff"
