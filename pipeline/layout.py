@@ -15,6 +15,11 @@ from .config import ModelSpec, check_model_name
 #: added with ``weights_format = "c_array"``).
 CODEGEN_FILES = ("model.c", "model.h", "tvm_kernels.c", "weights.bin", "manifest.json", "lowered.py",
                  "c7x_kernels.h", "c7x_tvm_shim.h", "c7x_memory.h", "c7x_memory.cmd", "memory_map.json")
+#: the codegen files a bundle carries (the deployed build's C, weights and headers)
+BUNDLED = ("model.c", "model.h", "tvm_kernels.c", "weights.bin", "weights_data.c", "c7x_kernels.h",
+           "c7x_tvm_shim.h", "c7x_memory.h", "c7x_memory.cmd")
+#: the files the bundle stage adds: the reference kernels, the example, its input and output, a Makefile, a README
+BUNDLE_OWN = ("c7x_kernels_ref.c", "main.c", "input.f32", "expected.txt", "Makefile", "README.md")
 
 
 def variants(spec: ModelSpec) -> list[str]:
@@ -89,6 +94,13 @@ class Layout:
         """Every file codegen writes, over all variants of ``spec``."""
         extra = ("weights_data.c",) if spec.codegen.weights_format == "c_array" else ()
         return [self.codegen_dir(v) / f for v in variants(spec) for f in CODEGEN_FILES + extra]
+
+    def bundle_files(self, spec: ModelSpec) -> list[Path]:
+        """Every file of the bundle folder: the deployed build's :data:`BUNDLED` codegen
+        files, then :data:`BUNDLE_OWN` (the bundle stage writes all of them)."""
+        first = self.codegen_dir(variants(spec)[0])
+        names = [f.name for f in self.codegen_files(spec) if f.parent == first and f.name in BUNDLED]
+        return [self.bundle / n for n in names + list(BUNDLE_OWN)]
 
     def builds(self, spec: ModelSpec) -> dict[str, tuple[Path, Path]]:
         """variant -> (codegen folder, host executable)."""

@@ -36,12 +36,11 @@ from ..backend.host import model_info, run_host
 from ..backend.kernels.hostlib import KERNEL_SOURCES
 from ..config import ModelSpec
 from ..data.images import load_image, make_transform
+from ..errors import CalibrationDataError
 from ..fsutil import atomic_dir, write_bytes
+from ..layout import BUNDLE_OWN, BUNDLED
 from ..toolchain import C_FLAGS, RELEASE_FLAGS
 
-#: files copied from the codegen folder when present
-CODEGEN_FILES = ("model.c", "model.h", "tvm_kernels.c", "weights.bin", "weights_data.c", "c7x_kernels.h",
-                 "c7x_tvm_shim.h", "c7x_memory.h", "c7x_memory.cmd")
 #: a detection row printed by the example (ultralytics' confidence threshold, data/detections.py)
 CONF = 0.25
 
@@ -185,12 +184,16 @@ def expected_lines(output: np.ndarray, detecting: bool) -> list[str]:
     return ["%d %.6g" % (j, out[j]) for j in order]
 
 
-def bundle_model(spec: ModelSpec, codegen_dir: Path, exe: Path, image: Path, out: Path, tarball: Path) -> dict:
+def bundle_model(spec: ModelSpec, codegen_dir: Path, exe: Path, image: Path | None, out: Path,
+                 tarball: Path) -> dict:
     """Write the bundle folder ``out`` and ``tarball`` (module docstring) for the build in
     ``codegen_dir`` whose host executable ``exe`` made the example's expected output on
     ``image`` (preprocessed as the entry says). Returns ``{"files": [...], "expected": [...]}``.
     Raises CalibrationDataError for an unreadable image, ToolchainError if the host
     executable fails."""
+    if image is None:
+        raise CalibrationDataError(f"model '{spec.name}': evaluation set '{spec.evaluation_set}' has no image "
+                                   f"for the bundle's example input; add .jpg/.jpeg/.png images there")
     info = model_info(codegen_dir)
     m, M = info.c_name, info.c_name.upper()
     x = load_image(image, make_transform(spec.preprocess)).numpy()[None].astype(np.float32)
@@ -204,10 +207,10 @@ def bundle_model(spec: ModelSpec, codegen_dir: Path, exe: Path, image: Path, out
         body, what = _TOP5.format(M=M), "the top 5 (index logit)"
     extra = " weights_data.c" if (codegen_dir / "weights_data.c").exists() else ""
     with atomic_dir(out) as tmp:
-        for name in CODEGEN_FILES:
+        for name in BUNDLED:
             if (codegen_dir / name).exists():
                 shutil.copy(codegen_dir / name, tmp / name)
-        for src in map(Path, KERNEL_SOURCES):
+        for src in map(Path, KERNEL_SOURCES):  # their names are layout.BUNDLE_OWN's first
             shutil.copy(src, tmp / src.name)
         (tmp / "main.c").write_text(_MAIN.format(m=m, M=M, what=what, body=body))
         (tmp / "input.f32").write_bytes(x.tobytes())
@@ -217,6 +220,7 @@ def bundle_model(spec: ModelSpec, codegen_dir: Path, exe: Path, image: Path, out
             m=m, M=M, dtype=spec.dtype, build=codegen_dir.name,
             output="detection rows [x1, y1, x2, y2, score, class]" if detecting else "one logit per class"))
         files = sorted(p.name for p in tmp.iterdir())
+        assert set(BUNDLE_OWN) <= set(files), "layout.BUNDLE_OWN names a file the stage did not write"
     write_bytes(tarball, _tar(out, f"{spec.name}_bundle"))
     return {"files": files, "expected": expected}
 
