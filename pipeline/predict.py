@@ -26,8 +26,6 @@ from types import SimpleNamespace
 
 from .errors import PipelineError
 
-#: the image files a folder argument contributes
-SUFFIXES = (".jpg", ".jpeg", ".png")
 #: the label font when Debian's fonts-dejavu-core is there
 FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 
@@ -57,12 +55,15 @@ def stale_stages(project, spec, last: str = "host_build") -> list[str]:
 
 
 def image_paths(args: list[str]) -> list[Path]:
-    """Files as given, folders expanded to their JPEG / PNG files (sorted). Raises
-    PipelineError for a path that does not exist or a folder without images."""
+    """Files as given, folders expanded to their JPEG / PNG files (sorted, as a calibration
+    set is listed: :func:`pipeline.config.list_images`). Raises PipelineError for a path
+    that does not exist or a folder without images."""
+    from .config import list_images
+
     out = []
     for a in map(Path, args):
         if a.is_dir():
-            found = sorted(p for p in a.iterdir() if p.suffix.lower() in SUFFIXES)
+            found = list_images(a, strict=True)
             if not found:
                 raise PipelineError(f"{a}: no .jpg/.jpeg/.png image in this folder")
             out += found

@@ -21,11 +21,12 @@ CGT_ENV = "TI_CGT_C7000_PATH"
 MMALIB_ENV = "MMALIB_PATH"
 
 
-def common_flags(cgt: Path) -> list[str]:
-    """Flags shared by every C7x compile (docs/reference.md, "TI toolchain": common flags)."""
+def common_flags(cgt: Path | None) -> list[str]:
+    """Flags shared by every C7x compile (docs/reference.md, "TI toolchain": common flags);
+    ``cgt`` None: without the CGT's include folder (a Makefile that adds its own)."""
+    include = [f"-I{cgt / 'include'}"] if cgt is not None else []
     return ["-mv7524", "--abi=eabi", "--endian=little", "--display_error_number",
-            "--diag_suppress=496,1311,303", f"-I{cgt / 'include'}", "--fp_mode=relaxed",
-            "-DNULL=0", "-DSOC_J722S"]
+            "--diag_suppress=496,1311,303", *include, "--fp_mode=relaxed", "-DNULL=0", "-DSOC_J722S"]
 
 
 RELEASE_FLAGS = ["-O3", "--auto_inline=500"]

@@ -91,73 +91,61 @@ def tiled_primfunc(func: tirx.PrimFunc, tc: int, slot_elems: int) -> tirx.PrimFu
     tile does not fit a slot."""
     kernel, args = _extern(func)
     spec = TILEABLE[kernel]
-    if spec.kind == "elementwise":
-        return _tiled_elementwise(func, kernel, args, spec, tc, slot_elems)
+    scalars = args[spec.pointers:]
+    count = int(scalars[spec.c_out[0]].value)
+
+    def tile_scalars(n: int) -> list:
+        return [tirx.IntImm("int32", n) if i in spec.c_out else a for i, a in enumerate(scalars)]
+
+    if spec.kind == "elementwise":  # (in, out, n, ...): runs of elements, in -> the slots
+        x, out = func.params
+
+        def at_element(buf, e0):
+            return _addr(buf, [int(i) for i in np.unravel_index(e0, [int(d) for d in buf.shape])])
+
+        return _double_buffered(func, kernel, x, count, tc, slot_elems, 1, at_element,
+                                lambda slot, e0, n: [slot, at_element(out, e0), *tile_scalars(n)])
     x, w, bias, scale, shift, out = func.params
     streamed = x if spec.streams == "input" else w
     per_channel = math.prod(int(d) for d in streamed.shape[1 if spec.streams == "weights" else 2:])
-    w_per_channel = math.prod(int(d) for d in w.shape) // int(args[6 + spec.c_out[0]].value)
-    if tc * per_channel > slot_elems or tc < 1:
-        raise ValueError(f"{kernel}: a tile of {tc} channels x {per_channel} does not fit {slot_elems} elements")
-    scratch = tirx.decl_buffer((2 * slot_elems,), streamed.dtype, "scratch")
-    itemsize = np.dtype(str(streamed.dtype)).itemsize
-    scalars = args[6:]
-    c_out = int(scalars[spec.c_out[0]].value)
-    tiles = [(c0, min(tc, c_out - c0)) for c0 in range(0, c_out, tc)]
+    w_per_channel = math.prod(int(d) for d in w.shape) // count
 
     def at(buf, c0):
         return _addr(buf, _at_channel(buf, c0, w_per_channel if buf is w else 1, spec.kind))
 
+    def operands(slot, c0, n):
+        first = (slot, at(w, c0)) if spec.streams == "input" else (x.data, slot)
+        return [*first, *(at(b, c0) for b in (bias, scale, shift)), at(out, c0), *tile_scalars(n)]
+
+    return _double_buffered(func, kernel, streamed, count, tc, slot_elems, per_channel, at, operands)
+
+
+def _double_buffered(func: tirx.PrimFunc, kernel: str, streamed, count: int, tc: int, slot_elems: int,
+                     unit: int, at, operands) -> tirx.PrimFunc:
+    """``func`` over tiles of ``tc`` of its ``count`` units (channels, or elements), each
+    ``unit`` elements of ``streamed``: tile t+1 is copied into slot (t+1) % 2 while the
+    kernel runs on tile t (module docstring). ``at(buf, c0)``: the address of unit ``c0`` of
+    ``buf``; ``operands(slot, c0, n)``: the kernel's arguments for the tile of ``n`` units at
+    ``c0``. Raises ValueError if a tile does not fit a slot."""
+    if tc * unit > slot_elems or tc < 1:
+        raise ValueError(f"{kernel}: a tile of {tc} x {unit} elements does not fit {slot_elems} elements")
+    scratch = tirx.decl_buffer((2 * slot_elems,), streamed.dtype, "scratch")
+    itemsize = np.dtype(str(streamed.dtype)).itemsize
+    tiles = [(c0, min(tc, count - c0)) for c0 in range(0, count, tc)]
+
+    def slot(t: int):
+        return _addr(scratch, [(t % 2) * slot_elems])
+
     def copy(t: int):
         c0, n = tiles[t]
-        return tirx.Evaluate(tirx.call_extern("int32", DMA_COPY, _addr(scratch, [(t % 2) * slot_elems]),
-                                              at(streamed, c0), tirx.IntImm("int32", n * per_channel * itemsize)))
+        return tirx.Evaluate(tirx.call_extern("int32", DMA_COPY, slot(t), at(streamed, c0),
+                                              tirx.IntImm("int32", n * unit * itemsize)))
 
     stmts = [copy(0)]
     for t, (c0, n) in enumerate(tiles):
         stmts.append(tirx.Evaluate(tirx.call_extern("int32", DMA_WAIT)))
         if t + 1 < len(tiles):
             stmts.append(copy(t + 1))
-        tile_scalars = list(scalars)
-        for i in spec.c_out:
-            tile_scalars[i] = tirx.IntImm("int32", n)
-        slot = _addr(scratch, [(t % 2) * slot_elems])
-        operands = (slot, at(w, c0)) if spec.streams == "input" else (x.data, slot)
-        stmts.append(tirx.Evaluate(tirx.call_extern(
-            "int32", kernel, *operands, *(at(b, c0) for b in (bias, scale, shift)), at(out, c0), *tile_scalars)))
-    return tirx.PrimFunc([scratch, *func.params], tirx.SeqStmt(stmts)).with_attrs(
-        {"c7x_kernel": kernel, "c7x_offload_backend": backend_of(kernel), "c7x_tiles": len(tiles)})
-
-
-def _tiled_elementwise(func: tirx.PrimFunc, kernel: str, args: list, spec: Tileable, tc: int,
-                       slot_elems: int) -> tirx.PrimFunc:
-    """:func:`tiled_primfunc` of an elementwise kernel ``(in, out, n, ...)``: runs of ``tc``
-    elements of ``in`` copied into the slots, each call writing the same run of ``out``."""
-    x, out = func.params
-    if tc > slot_elems or tc < 1:
-        raise ValueError(f"{kernel}: a tile of {tc} elements does not fit {slot_elems} elements")
-    scalars = args[spec.pointers:]
-    n = int(scalars[spec.c_out[0]].value)
-    scratch = tirx.decl_buffer((2 * slot_elems,), x.dtype, "scratch")
-    itemsize = np.dtype(str(x.dtype)).itemsize
-    tiles = [(e0, min(tc, n - e0)) for e0 in range(0, n, tc)]
-
-    def at(buf, e0):
-        return _addr(buf, [int(i) for i in np.unravel_index(e0, [int(d) for d in buf.shape])])
-
-    def copy(t: int):
-        e0, m = tiles[t]
-        return tirx.Evaluate(tirx.call_extern("int32", DMA_COPY, _addr(scratch, [(t % 2) * slot_elems]),
-                                              at(x, e0), tirx.IntImm("int32", m * itemsize)))
-
-    stmts = [copy(0)]
-    for t, (e0, m) in enumerate(tiles):
-        stmts.append(tirx.Evaluate(tirx.call_extern("int32", DMA_WAIT)))
-        if t + 1 < len(tiles):
-            stmts.append(copy(t + 1))
-        tile_scalars = list(scalars)
-        tile_scalars[spec.c_out[0]] = tirx.IntImm("int32", m)
-        stmts.append(tirx.Evaluate(tirx.call_extern(
-            "int32", kernel, _addr(scratch, [(t % 2) * slot_elems]), at(out, e0), *tile_scalars)))
+        stmts.append(tirx.Evaluate(tirx.call_extern("int32", kernel, *operands(slot(t), c0, n))))
     return tirx.PrimFunc([scratch, *func.params], tirx.SeqStmt(stmts)).with_attrs(
         {"c7x_kernel": kernel, "c7x_offload_backend": backend_of(kernel), "c7x_tiles": len(tiles)})

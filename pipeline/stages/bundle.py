@@ -39,7 +39,7 @@ from ..data.images import load_image, make_transform
 from ..errors import CalibrationDataError
 from ..fsutil import atomic_dir, write_bytes
 from ..layout import BUNDLE_OWN, BUNDLED
-from ..toolchain import C_FLAGS, RELEASE_FLAGS
+from ..toolchain import C_FLAGS, RELEASE_FLAGS, common_flags
 
 #: a detection row printed by the example (ultralytics' confidence threshold, data/detections.py)
 CONF = 0.25
@@ -167,9 +167,7 @@ model's L2 / MSMC / DDR sections; list it before your SDK's linker command file.
 
 def _flags_text() -> str:
     """The cl7x flags of :mod:`pipeline.toolchain` without the CGT include (the Makefile adds it)."""
-    from ..toolchain import common_flags
-
-    return " ".join(f for f in common_flags(Path("CGT")) + C_FLAGS + RELEASE_FLAGS if not f.startswith("-ICGT"))
+    return " ".join(common_flags(None) + C_FLAGS + RELEASE_FLAGS)
 
 
 def expected_lines(output: np.ndarray, detecting: bool) -> list[str]:

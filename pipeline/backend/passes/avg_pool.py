@@ -25,7 +25,6 @@ the window, the floor- or ceil-mode output size (the max pool's geometry,
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax
 
@@ -34,7 +33,7 @@ from .graph import QDQ, Graph, const_array, dequantize_of, quantize_of, static_s
 from .log import OffloadLog
 from .pool import window_geometry
 from .primfunc import TensorArg, offload_primfunc
-from .requantize import inverse_scale
+from .requantize import requantize_scalars
 from .rewrite import Offload, run_pass
 
 DTYPES = ("int8", "int16")
@@ -50,10 +49,7 @@ def _quant_scalars(data: QDQ, out: QDQ, dtype: str) -> list:
         raise Declined("scales and zero points are not constant scalars")
     if const_array(data.data) is not None:
         raise Declined("input is a compile-time constant")
-    s_in, s_out = np.float32(data.s), np.float32(out.s)
-    if not (np.isfinite(s_in) and np.isfinite(s_out) and s_in > 0 and s_out > 0):
-        raise Declined(f"scales {data.s}, {out.s} are not finite and positive")
-    return [data.z, float(s_in), out.z, inverse_scale(float(s_out))]
+    return requantize_scalars(data, out)
 
 
 def _common(graph: Graph, pool_var, data: QDQ, out: QDQ, dtype: str):
