@@ -9,7 +9,8 @@ which layer it finishes (the last layer whose main op precedes it), and a
 call whose output has no name there (the MMALIB call before its fused clip,
 a padded FC before its slice) belongs to the layer of the call that reads
 its output. The calls before the first layer (the input quantize) belong to
-none.
+none, and so does an unnamed call whose readers are in different layers (a
+detection head's tuple-output topk).
 
 This is what ``offload.html`` draws and what the per-layer profile names.
 """

@@ -69,6 +69,13 @@ def _call_row(call: dict, target: Target, k: Constants, modules: dict) -> dict:
             "reason": reason(call, est, target, k)}
 
 
+def no_layer_note(kernels: list[str]) -> str:
+    """The note of the row that gathers the calls tied to no layer (the input quantize, and
+    calls ``call_graph`` could not tie to one, e.g. a detection head's tuple-output topk):
+    ``kernels``, their kernel names in call order, once each."""
+    return f"(calls of no layer: {', '.join(dict.fromkeys(kernels))})"
+
+
 def _layers(calls: list[dict], total: float, op_of: dict) -> list[dict]:
     rows: dict = {}
     for c in calls:
@@ -86,7 +93,7 @@ def _layers(calls: list[dict], total: float, op_of: dict) -> list[dict]:
         worst = r.pop("_worst")
         r.update(share=round(r["cycles"] / (total or 1), 6), bound=worst["bound"], reason=worst["reason"])
         if r["layer"] is None:
-            r["note"] = "(before the first layer: the input quantize)"
+            r["note"] = no_layer_note([c["kernel"] for c in calls if c["layer"] is None])
     return out
 
 
@@ -119,8 +126,8 @@ def estimate_build(manifest: dict, target: Target, k: Constants | None = None) -
             "ddr_bytes": sum(c["bytes"]["ddr_read"] + c["bytes"]["ddr_write"] for c in calls),
             "dma_bytes": sum(c["bytes"]["dma_serial"] + c["bytes"]["dma_overlapped"] for c in calls),
             "calls": calls, "layers": layers,
-            "top": [{k2: r[k2] for k2 in ("layer", "module", "op", "cycles", "share", "bound", "reason")}
-                    for r in layers[:TOP]]}
+            "top": [{k2: r[k2] for k2 in ("layer", "module", "op", "cycles", "share", "bound", "reason", "note")
+                     if k2 in r} for r in layers[:TOP]]}
 
 
 def compare_board(build: dict, board: dict) -> dict:

@@ -37,9 +37,9 @@ from ..backend.profile_block import ProfileBlock, ProfileLogError, call_symbol, 
 from ..config import ModelSpec, list_images
 from ..errors import CalibrationDataError
 from ..fsutil import portable, write_json
+from ..perf.report import no_layer_note
 
 HOST_LABEL = "host x86 time of the reference kernels, not DSP cycles"
-NO_LAYER = "(before the first layer: the input quantize)"
 #: Images profiled (the first of the sorted evaluation set): kernel times hardly
 #: depend on the pixels, and each MobileNetV2 image costs ~0.5 s over two builds,
 #: which kept the default run over its time budget with all 20.
@@ -68,7 +68,7 @@ def _layer_table(calls: list[dict], times: list, first: list[int]) -> list[dict]
         r["time"], r["init_delta"] = _num(r["time"]), _num(r["init_delta"])
         r["share"] = round(r["time"] / total, 6)
         if r["layer"] is None:
-            r["note"] = NO_LAYER
+            r["note"] = no_layer_note([c["kernel"] for c in calls if c["layer"] is None])
     return out
 
 

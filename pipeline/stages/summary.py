@@ -169,7 +169,7 @@ def estimate_lines(estimate: dict) -> list[str]:
                  f"{b['compute_bound_cycles'] / 1e6:.2f}M; DDR {(b['ddr_bytes'] + b.get('dma_bytes', 0)) / 1e6:.1f} MB "
                  f"per inference)")
     for i, r in enumerate(b["top"], 1):
-        lines.append(f"    {i}. {r['module'] or r['layer'] or 'input'} ({r['op'] or 'input quantize'}) "
+        lines.append(f"    {i}. {r['module'] or r['layer'] or 'no layer'} ({r['op'] or r.get('note', '(calls of no layer)').strip('()')}) "
                      f"{100 * r['share']:.1f}%: {r['reason']}")
     lines += memory_lines(b, fig)
     board = b.get("board")

@@ -198,6 +198,9 @@ def test_every_call_of_a_real_build_has_an_estimate(built, tmp_path):
     assert "estimate tiny on am67a: mmalib" in report["summary_lines"][0]
     text = "\n".join(estimate_lines(report))
     assert "ESTIMATE" in text and "1. " in text
+    # the calls of no layer are one row that names them (here just the input quantize)
+    (row,) = [r for r in mm["layers"] if r["layer"] is None]
+    assert row["note"] == "(calls of no layer: c7x_quantize_f32_i8)"
 
 
 def test_changing_the_target_changes_the_estimate(built, tmp_path):
