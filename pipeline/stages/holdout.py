@@ -192,7 +192,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
         record["note"] = outputs_note(outputs)
     variant = variants(spec)[0]  # the deployed build, the one run_fold compiles
     if spec.task == "detection":
-        record.update(detection_scores(variant, float_logits, qdq, c_out))
+        record.update(detection_scores(variant, eval_images, float_logits, qdq, c_out))
     else:
         record.update(classification_scores(variant, eval_images, float_logits, qdq, c_out))
     record["seconds"] = round(time.perf_counter() - t0, 1)
@@ -200,12 +200,16 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     return record
 
 
-def detection_scores(variant: str, float_out: np.ndarray, qdq: np.ndarray, c_out: np.ndarray) -> dict:
+def detection_scores(variant: str, eval_images: list[Path], float_out: np.ndarray, qdq: np.ndarray,
+                     c_out: np.ndarray) -> dict:
     """Held-out detections ``[N, D, 6]`` of the Q/DQ model and the C build ``variant``, IoU-matched
-    to float's (:func:`pipeline.data.detections.compare_all`)."""
+    to float's (:func:`pipeline.data.detections.compare_all`), also image by image
+    (:func:`pipeline.data.detections.per_image`)."""
     from ..data import detections
     return {"qdq": {"detections_vs_float": detections.compare_all(float_out, qdq)},
-            "c": {"variant": variant, "detections_vs_float": detections.compare_all(float_out, c_out)}}
+            "c": {"variant": variant, "detections_vs_float": detections.compare_all(float_out, c_out)},
+            "per_image": detections.per_image([p.name for p in eval_images], float_out,
+                                              {"qdq": qdq, "c": c_out})}
 
 
 def classification_scores(variant: str, eval_images: list[Path], float_logits: np.ndarray,

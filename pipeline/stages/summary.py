@@ -98,13 +98,32 @@ def _accuracy_lines(report: dict, builds: dict, holdout: dict | None) -> list[st
 
 
 def _matched(d: dict) -> str:
-    """``12/20 (0.60) confident, 95/100 top`` of a :func:`pipeline.data.detections.compare_all`."""
+    """``12/20 (0.60) score >= 0.25, 95/100 top rows, mAP@0.5 0.81`` of a
+    :func:`pipeline.data.detections.compare_all`."""
     parts = []
     for key, label in (("confident", "score >= 0.25"), ("top", "top rows")):
         c = d[key]
         frac = "" if c["matched_fraction"] is None else f" ({c['matched_fraction']:.2f})"
         parts.append(f"{c['matched']}/{c['reference_detections']}{frac} {label}")
+    if d.get("map50") is not None:
+        parts.append(f"mAP@0.5 {d['map50']:.2f}")
     return ", ".join(parts)
+
+
+def per_image_line(rows: list[dict], kind: str, label: str) -> str | None:
+    """``per image ...``: the mean and lowest matched fraction of ``kind`` over the images
+    with float detections (held-out rows of :func:`pipeline.data.detections.per_image`),
+    and how many fall below TI's 0.40 pass bar. None when no image has a float detection."""
+    got = [(r[f"{kind}_fraction"], r["image"], r["float_detections"]) for r in rows
+           if r.get(f"{kind}_fraction") is not None]
+    if not got:
+        return None
+    low = min(got)
+    many = [f for f, _, n in got if n >= 3]
+    busy = f"; lowest with >= 3 detections {min(many):.2f}" if many else ""
+    return (f"  per image      {label} matched fraction: mean {sum(f for f, _, _ in got) / len(got):.2f} over "
+            f"{len(got)} images with float detections, lowest {low[0]:.2f} ({low[1]}, {low[2]} detections)"
+            f"{busy}; {sum(f < 0.40 for f, _, _ in got)} below TI's 0.40 bar")
 
 
 def _detection_lines(report: dict, builds: dict, holdout: dict | None) -> list[str]:
@@ -115,6 +134,8 @@ def _detection_lines(report: dict, builds: dict, holdout: dict | None) -> list[s
         lines.append(f"  held-out       {k}-fold on {holdout['evaluation_set']}, detections matched to float "
                      f"(IoU >= 0.5): Q/DQ {_matched(holdout['qdq']['detections_vs_float'])} | C {c['variant']} "
                      f"{_matched(c['detections_vs_float'])}")
+        line = per_image_line(holdout.get("per_image", []), "c", f"held-out C {c['variant']}")
+        lines += [line] if line else []
     lead = "  in-sample      " if lines else "  vs float       "
     acc = [f"Q/DQ {_matched(report['detections_qdq_vs_float'])}"]
     acc += [f"C {v} {_matched(r['accuracy']['detections_vs_float'])}" for v, r in builds.items()]

@@ -212,18 +212,31 @@ def _matched(d: dict) -> str:
 
 def draw_detections(x: torch.Tensor, paths: list[Path], outputs: dict[str, np.ndarray], folder: Path) -> dict:
     """Draw every output kind's detections on every image (``<stem>_<kind>.jpg``) and write
-    ``index.html``, a table with one row per image and one column per kind. Returns the counts drawn."""
+    ``index.html``, a table with one row per image (with its per-image match counts) and one
+    column per kind. Returns the counts drawn."""
     from ..fsutil import write_text
-    drawn = {k: [detections.draw(x[i], out[i], folder / f"{p.stem}_{k}.jpg") for i, p in enumerate(paths)]
-             for k, out in outputs.items()}
+    names = detections.coco80()  # as predict labels them; an index past 80 is drawn as a number
+    drawn = {k: [detections.draw(x[i], out[i], folder / f"{p.stem}_{k}.jpg", names=names)
+                 for i, p in enumerate(paths)] for k, out in outputs.items()}
     head = "".join(f"<th>{k}</th>" for k in outputs)
-    rows = "".join(f"<tr><td>{p.name}</td>" + "".join(
+    per = detections.per_image([p.name for p in paths], outputs["float"],
+                               {k: v for k, v in outputs.items() if k != "float"}) if "float" in outputs else []
+    rows = "".join(f"<tr><td>{p.name}{_counts(per[i]) if per else ''}</td>" + "".join(
         f'<td><a href="{p.stem}_{k}.jpg"><img src="{p.stem}_{k}.jpg" width="240"></a></td>' for k in outputs)
-        + "</tr>\n" for p in paths)
+        + "</tr>\n" for i, p in enumerate(paths))
     write_text(folder / "index.html", "<!doctype html><meta charset=utf-8><title>detections</title>\n"
                f"<p>Detections with score &ge; {detections.CONF} (else the first 10 rows), boxes in input "
-               f"pixels, label class:score.</p>\n<table><tr><th>image</th>{head}</tr>\n{rows}</table>\n")
+               f"pixels, labelled with the COCO class and score. Under each name: float's detections and how many of them "
+               f"each build matches at IoU &ge; {detections.IOU} (these images calibrated the build; the "
+               f"held-out numbers are in holdout.json).</p>\n<table><tr><th>image</th>{head}</tr>\n{rows}</table>\n")
     return {k: sum(v) for k, v in drawn.items()}
+
+
+def _counts(row: dict) -> str:
+    """``<br>float 7<br>qdq 7/7<br>...``: one image's row of :func:`detections.per_image`, as HTML."""
+    n = row["float_detections"]
+    kinds = [k.removesuffix("_matched") for k in row if k.endswith("_matched")]
+    return f"<br>float {n}" + "".join(f"<br>{k} {row[k + '_matched']}/{n}" for k in kinds)
 
 
 class _Build:

@@ -167,3 +167,45 @@ def test_draw_labels_boxes_with_class_names_when_given(tmp_path, monkeypatch):
     assert detections.draw(image, det, tmp_path / "b.jpg") == 2
     assert seen == [["bicycle 0.90", "7:0.50"], ["1:0.90", "7:0.50"]]   # class 7 has no name in the list
     assert (tmp_path / "a.jpg").read_bytes()[:3] == b"\xff\xd8\xff"
+
+
+def test_map50_is_one_for_float_against_itself_and_charges_a_false_positive():
+    """mAP@0.5 against float's confident rows: 1.0 for float itself (its confident rows rank
+    first); a confident detection float does not make, ranked above the true one, halves it
+    (COCO's 101-point AP: precision 0.5 at recall 1)."""
+    ref = _rows([0.9, 0.1])[None]  # one confident pseudo-label (score >= 0.25), one low row
+    assert detections.map50(ref, ref) == pytest.approx(1.0)
+    # (a last low row: a selection reaching the output's last row drops that row's tie group)
+    fp_first = np.array([[60, 60, 70, 70, 0.95, 0], [0, 0, 10, 10, 0.8, 0], [90, 0, 99, 9, 0.01, 0]],
+                        np.float32)[None]
+    assert detections.map50(ref, fp_first) == pytest.approx(0.5)
+    assert detections.map50(_rows([0.1, 0.05])[None], ref) is None  # no pseudo-label: undefined
+    assert detections.compare_all(ref, fp_first)["map50"] == pytest.approx(0.5)
+
+
+def test_per_image_rows_count_float_detections_and_each_builds_matches():
+    ref = np.stack([_rows([0.9, 0.8, 0.7, 0.01]), _rows([0.1, 0.05, 0.02, 0.01])])
+    half = ref.copy()
+    half[0, 1, 5] = 2  # one detection of the first image changes class: not matched
+    rows = detections.per_image(["a.jpg", "b.jpg"], ref, {"qdq": ref, "c": half})
+    assert rows[0] == {"image": "a.jpg", "float_detections": 3, "qdq_matched": 3, "qdq_fraction": 1.0,
+                       "c_matched": 2, "c_fraction": pytest.approx(0.6667)}
+    assert rows[1]["float_detections"] == 0 and rows[1]["c_fraction"] is None
+
+
+def test_summary_gives_the_held_out_per_image_fractions_and_map():
+    from pipeline.stages.summary import _matched, per_image_line
+    rows = [{"image": "a.jpg", "float_detections": 5, "c_fraction": 0.8},
+            {"image": "b.jpg", "float_detections": 1, "c_fraction": 0.0},
+            {"image": "c.jpg", "float_detections": 0, "c_fraction": None}]
+    line = per_image_line(rows, "c", "held-out C mmalib")
+    assert "mean 0.40 over 2 images with float detections, lowest 0.00 (b.jpg, 1 detections)" in line
+    assert "lowest with >= 3 detections 0.80; 1 below TI's 0.40 bar" in line
+    assert per_image_line(rows[2:], "c", "x") is None
+    ref = _rows([0.9, 0.8])[None]
+    assert _matched(detections.compare_all(ref, ref)).endswith("mAP@0.5 1.00")
+
+
+def test_coco80_names_are_yolos_class_order():
+    names = detections.coco80()
+    assert len(names) == 80 and names[:3] == ["person", "bicycle", "car"] and names[79] == "toothbrush"
