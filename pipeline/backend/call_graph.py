@@ -79,7 +79,9 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
     ``outputs``, ``output`` being the last), ``shape``, ``dtype`` (of ``output``), ``vars``
     (binding names of the output), ``layer`` (the layer ``id`` or None), and
     ``work`` / ``reads`` / ``writes`` (:func:`.call_work.call_work`: MACs or elements, and
-    bytes per tensor with its memory level, for the performance estimate).
+    bytes per tensor with its memory level, for the performance estimate). A conv the
+    staged plan fuses into the next call (:func:`.levels.fusable`) has
+    ``computed_in``: that call's index; the C makes no call of its own for it.
     """
     anchors = sorted((order[lay["name"]], lay["id"]) for lay in layers if lay["name"] in order)
     keys = [a for a, _ in anchors]
@@ -111,4 +113,6 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
             rec["layer"] = readers[0]["layer"] if len(readers) == 1 else rec["layer"]
     for rec, facts in zip(records, call_work(mod, plan, n_outs)):
         rec.update(facts)
+    for k, j in (plan.levels.fused if plan.levels is not None else {}).items():
+        records[j]["computed_in"] = k  # run tile by tile inside call k (.levels.fusable)
     return records

@@ -60,7 +60,7 @@ from .kernel_source import KERNELS_HEADER, kernel_source
 from .levels import ALIGN, Budget, place
 from .lower import is_offload
 from .memory_plan import LEVELS, Plan, Tensor, call_counts, plan_main
-from .tile_names import tiled_name
+from .tile_names import fused_name, tiled_name
 
 #: the named section of each memory level (c7x_memory.cmd maps them)
 SECTIONS = {"l2": ".l2sram", "msmc": ".msmc", "ddr": ".ddr"}
@@ -539,6 +539,14 @@ def _dma_lines(m: str, M: str, plan: Plan, k: int, entries: list, indent: str = 
             f"{t.nbytes}u); /* {t.name} -> slot {t.staged[0]} */" for t in plan.levels.staged[k]]
 
 
+def fused_args(plan: Plan, k: int) -> list[Tensor]:
+    """The arguments of fused call ``k`` (:func:`.tiling.fused_primfunc`): the slots, the
+    fused conv's inputs (all but its output, which lives in the slots), then call ``k``'s
+    own arguments after its slots and that input."""
+    args = plan.calls[k][1]
+    return [args[0], *plan.calls[plan.levels.fused[k]][1][:-1], *args[2:]]
+
+
 def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, prefix: str) -> list[str]:
     """<m>_run: checks, tensor data pointers, one packed call per kernel (and, in the
     staged plan, the weight DMA: the next staged call's copy starts before a staged call)."""
@@ -549,7 +557,8 @@ def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, pref
                "arena": lambda t: f"(void*)({_arena_name(m, t.level if staged else None)} + {t.offset})",
                "weight": lambda t: (f"(void*)({m}_wslot[{t.staged[0]}] + {t.staged[1]})" if t.staged else
                                     f"(void*)(weights + {entries[t.offset].offset})"),
-               "slot": lambda t: f"(void*){m}_wslot"}
+               "slot": lambda t: f"(void*){m}_wslot",
+               "tile": lambda t: f"(void*){m}_wslot"}  # computed tile by tile in the slots (.levels)
     out = ["", f"int {m}_run(const uint8_t* weights, const float* input, float* output) {{",
            f"  if (weights == NULL || input == NULL || output == NULL) return {M}_ERR_NULL;",
            f"  if (((uintptr_t)weights & 63u) != 0) return {M}_ERR_ALIGN;",
@@ -570,8 +579,18 @@ def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, pref
     if dma and is_staged(dma[0]):
         out += ["  /* weights of the first staged call; each staged call then starts the next one's copy */"]
         out += _dma_lines(m, M, plan, dma[0], entries)
+    fused = {j: k for k, j in lv.fused.items()} if lv else {}
     for k, (name, args) in enumerate(plan.calls):
         refs = ", ".join(f"&{m}_{t.name}" for t in args)
+        if k in fused:  # computed inside call fused[k]; its inputs copied in, counted as if it ran alone
+            out += [f"  {{ /* {k}: {name}, tile by tile inside call {fused[k]} */"]
+            for src, copy in lv.stage_in.get(k, []):
+                out.append(f"    {M}_DMA({m}_{copy.name}.data, {m}_{src.name}.data, {copy.nbytes}u); "
+                           f"/* {src.name} (DDR) -> L2 */")
+            out += (["    C7X_DMA_WAIT();"] if k in lv.stage_in else []) + [
+                f"    DLTensor* const a[{len(args)}] = {{{refs}}};",
+                f"    {M}_TRAFFIC_COUNT(a, {len(args)});", "    (void)a;", "  }"]
+            continue
         tiled = bool(lv) and k in lv.tiled
         what = "input" if tiled and k in lv.tiled_input else "weights"
         out += [f"  {{ /* {k}: {name}" + (f", {what} in tiles of {lv.tiled[k]} channels" if tiled else "") + " */"]
@@ -582,9 +601,15 @@ def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, pref
             out += ["    C7X_DMA_WAIT(); /* this call's weights / inputs are in L2 */"]
         if is_staged(k):
             out += _dma_lines(m, M, plan, after(k), entries, "    ") if after(k) is not None else []
-        out += [f"    DLTensor* const a[{len(args)}] = {{{refs}}};",
-                f"    {M}_PROFILE_START();",
-                f"    if ({m}_call(__tvm_ffi_{prefix}{name}, a, {len(args)}) != 0) return {m}_fail({k});",
+        out += [f"    DLTensor* const a[{len(args)}] = {{{refs}}};"]
+        call = ("a", len(args))
+        if lv and k in lv.fused:  # the fused PrimFunc: slots, the conv's inputs, this call's weights and output
+            real = fused_args(plan, k)
+            out += [f"    DLTensor* const f[{len(real)}] = {{{', '.join(f'&{m}_{t.name}' for t in real)}}};",
+                    "    (void)a; /* this call's own arguments, for the traffic count */"]
+            call = ("f", len(real))
+        out += [f"    {M}_PROFILE_START();",
+                f"    if ({m}_call(__tvm_ffi_{prefix}{name}, {call[0]}, {call[1]}) != 0) return {m}_fail({k});",
                 f"    {M}_PROFILE_STOP({k});",
                 (f"    {M}_TRAFFIC_COUNT_TILED(a, {len(args)}, {1 if k in lv.tiled_input else 2});" if tiled
                  else f"    {M}_TRAFFIC_COUNT(a, {len(args)});")]
@@ -604,7 +629,8 @@ def model_source(m: str, plan: Plan, entries: list, prefix: str) -> str:
     """Text of model.c for ``plan`` (kernels named ``__tvm_ffi_<prefix><name>``;
     ``entries``: the weights.bin table, :func:`weights_bin.pack`)."""
     M = m.upper()
-    max_args = max([len(a) for _, a in plan.calls] + [1])
+    fused = plan.levels.fused if plan.levels is not None else {}
+    max_args = max([len(a) for _, a in plan.calls] + [len(fused_args(plan, k)) for k in fused] + [1])
     kernels = sorted({name for name, _ in plan.calls})
     out = [f"/* model.c: static C entry of model {m}; generated by doit-c7x, do not edit. */",
            f"#if defined({M}_PROFILE_LAYERS) && !defined(__C7000__) && !defined(_POSIX_C_SOURCE)",
@@ -678,8 +704,13 @@ def tile_calls(mod: tvm.IRModule, plan: Plan) -> tvm.IRModule:
         elems = lv.slot_bytes // np.dtype(w.dtype).itemsize
         # its own name (a PrimFunc shared by calls may be tiled for one of them only), ending
         # in the untiled one's, which the reference (lowered.py) and the dumps match on
-        tiled = tiled_name(name, tc, "input" if k in lv.tiled_input else "weights")
-        funcs.setdefault(tiled, tiling.tiled_primfunc(mod[name], tc, elems))
+        if k in lv.fused:  # the conv before it computes its input tiles (levels.fusable)
+            producer = plan.calls[lv.fused[k]][0]
+            tiled = fused_name(producer, name, tc)
+            funcs.setdefault(tiled, tiling.fused_primfunc(mod[producer], mod[name], tc, elems))
+        else:
+            tiled = tiled_name(name, tc, "input" if k in lv.tiled_input else "weights")
+            funcs.setdefault(tiled, tiling.tiled_primfunc(mod[name], tc, elems))
         slots = Tensor(f"t{len(plan.tensors)}", (2 * elems,), w.dtype, "slot", 0, level="l2")
         plan.tensors.append(slots)
         plan.calls[k] = (tiled, [slots, *args])

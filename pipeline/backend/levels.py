@@ -38,9 +38,16 @@ reading DDR and 477K once its operands are staged in L2 SRAM (docs/estimate.md).
   output channels (:mod:`.tiling`): its weights stream through the two slots
   tile by tile, each copy overlapping the previous tile's call.
 
-Not done yet (docs/memory.md): tiling a layer whose *activations* exceed L2
-(they then live in DDR), and fusing layers so a spilled activation need not
-round-trip DDR. Works on the :class:`~.memory_plan.Plan` alone (no TVM IR).
+- **Fusion.** A conv whose output would spill to DDR only to be streamed back
+  by the depthwise conv reading it computes that output tile by tile into the
+  L2 slots instead, fused with the depthwise call (:func:`fusable`); the plan
+  is then placed again without that tensor, the conv's inputs live until the
+  fused call.
+
+Not done yet (docs/memory.md): row tiling of a layer whose *activations*
+exceed L2 (they then live in DDR) when no such fusion applies (a depthwise
+conv feeding a 1x1 conv needs all channels of a row band). Works on the
+:class:`~.memory_plan.Plan` alone (no TVM IR).
 """
 
 from __future__ import annotations
@@ -111,6 +118,7 @@ class Levels:
     tiled: dict[int, int] = field(default_factory=dict)  # call -> output channels per tile (.tiling)
     stage_in: dict[int, list] = field(default_factory=dict)  # call -> [(DDR tensor, its L2 copy)]
     tiled_input: set[int] = field(default_factory=set)  # tiled calls streaming their input (.tiling)
+    fused: dict[int, int] = field(default_factory=dict)  # tiled call -> the conv computing its input tiles
     l2_activations: int = 0  # bytes of L2 left for activations (after slots, guard, workspace)
     in_place_ddr: int = 0  # bytes the kernels read / write in DDR per inference (traffic()["ddr"])
 
@@ -132,6 +140,8 @@ class Levels:
         """Bytes copied DDR -> L2 by DMA for call ``k`` (its staged weights, or the
         weights of a tiled call, tile by tile)."""
         staged_in = sum(copy.nbytes for _, copy in self.stage_in.get(k, []))
+        if k in self.fused:  # its input tiles are computed in L2, not copied
+            return staged_in
         if k in self.tiled:
             return staged_in + self.streamed(k, plan).nbytes
         return staged_in + sum(t.nbytes for t in self.staged[k])
@@ -158,6 +168,10 @@ def lifetimes(plan: Plan) -> dict[str, tuple[int, int]]:
     for _, t in plan.copies():
         if t.home == "arena":
             spans.setdefault(_root(plan, t), [end, end])[1] = end
+    for k, j in plan.fused.items():  # a fused conv reads its inputs while call k runs
+        for t in plan.calls[j][1]:
+            if t.home == "arena" and _root(plan, t) in spans:
+                spans[_root(plan, t)][1] = max(spans[_root(plan, t)][1], k)
     return {name: (a, b) for name, (a, b) in spans.items()}
 
 
@@ -180,7 +194,7 @@ def _tile(plan: Plan, tileable: dict[int, int], wanted: list[int], slot: int) ->
     from .tiling import tile_channels
 
     out = {}
-    for k, (c_out, streams) in tileable.items():
+    for k, (c_out, streams, *_) in tileable.items():
         w = plan.calls[k][1][1]  # the kernels' argument order: in, w, bias, scale, shift, out
         if streams != "weights":
             continue
@@ -220,12 +234,37 @@ def place(plan: Plan, budget: Budget, workspace_bytes: int,
     Raises :class:`L2TooSmall` when L2 is not empty but cannot hold the smallest tile of a
     call whose weights must be tiled (:func:`check_smallest_tiles`); an L2 of 0 bytes places
     everything in MSMC / DDR."""
-    check_smallest_tiles(plan, budget, tileable or {})
+    tileable = tileable or {}
+    check_smallest_tiles(plan, budget, tileable)
+    plan.fused = {}
+    calls, n_tensors = list(plan.calls), len(plan.tensors)
     best = min(SLOT_SHARES, key=lambda share: place_with(plan, budget, workspace_bytes, share,
                                                          tileable).in_place_ddr)
-    levels = place_with(plan, budget, workspace_bytes, best, tileable)
+    levels = _place_share(plan, budget, workspace_bytes, best, tileable)
+    pairs = {k: j for k, j in fusable(plan, tileable).items()
+             if tile_fits(plan.calls[k][1][0], tileable[k][0], levels.slot_bytes)}
+    if pairs:  # again, with each fused tensor in the slots and its producer's inputs live longer
+        plan.calls, plan.tensors[n_tensors:] = calls, []
+        for k in pairs:
+            x = plan.calls[k][1][0]
+            x.home, x.level, x.offset = "tile", "l2", 0
+        plan.fused = pairs
+        levels = _place_share(plan, budget, workspace_bytes, best, tileable)
+        _fuse(plan, pairs, tileable)
+    return levels
+
+
+def tile_fits(x: Tensor, channels: int, slot_bytes: int) -> bool:
+    """One channel of activation ``x`` (``channels`` of them) fits an L2 slot."""
+    return 0 < x.nbytes // channels <= slot_bytes
+
+
+def _place_share(plan: Plan, budget: Budget, workspace_bytes: int, share: int,
+                 tileable: dict[int, tuple[int, str, str]]) -> Levels:
+    """:func:`place_with` one slot share, then :func:`stage_reads` and :func:`tile_inputs`."""
+    levels = place_with(plan, budget, workspace_bytes, share, tileable)
     stage_reads(plan)
-    tile_inputs(plan, tileable or {})
+    tile_inputs(plan, tileable)
     return levels
 
 
@@ -236,7 +275,7 @@ def check_smallest_tiles(plan: Plan, budget: Budget, tileable: dict[int, tuple[i
     if budget.l2 <= 0:
         return
     slot = budget.l2 // SLOT_SHARES[0] // ALIGN * ALIGN
-    for k, (c_out, streams) in sorted(tileable.items()):
+    for k, (c_out, streams, *_) in sorted(tileable.items()):
         w = plan.calls[k][1][1]
         one = w.nbytes // c_out
         if streams == "weights" and w.home == "weight" and one > slot:
@@ -252,7 +291,7 @@ def tile_inputs(plan: Plan, tileable: dict[int, tuple[int, str]]) -> None:
 
     lv = plan.levels
     spans = lifetimes(plan)
-    for k, (c_out, streams) in sorted(tileable.items()):
+    for k, (c_out, streams, *_) in sorted(tileable.items()):
         x = plan.calls[k][1][0]
         if streams != "input" or not lv.slot_bytes or not _reads_ddr(plan, x, spans, k):
             continue
@@ -264,6 +303,54 @@ def tile_inputs(plan: Plan, tileable: dict[int, tuple[int, str]]) -> None:
         lv.staged[k] = []
         lv.tiled[k] = tc
         lv.tiled_input.add(k)
+
+
+def fusable(plan: Plan, tileable: dict[int, tuple[int, str, str]]) -> dict[int, int]:
+    """Consumer call -> producer call of the pairs :func:`place` fuses: a conv whose output
+    spilled to DDR only to be streamed back, channel tile by channel tile, by the depthwise
+    conv that reads it (:func:`tile_inputs`). Fused, the conv computes each tile of output
+    channels straight into an L2 slot, where the depthwise conv reads it
+    (:func:`.tiling.fused_primfunc`): the tensor never exists whole. A conv's output
+    channels are independent (one row of weights each), and so are a depthwise conv's, so
+    the result is the same bit for bit. MobileNetV2's 1.2 MB expansion at 112x112 is such
+    a tensor.
+
+    A pair qualifies when call ``k`` streams its input ``x`` from DDR, ``x`` (no view of
+    it) is written by call ``k - 1`` alone and read by call ``k`` alone, and call ``k - 1``
+    is a conv (``tileable`` kind "conv") over the same channels whose weights are not
+    tiled."""
+    lv = plan.levels
+    spans = lifetimes(plan)
+    viewed = set(plan.views.values())
+    out = {}
+    for k in sorted(lv.tiled_input):
+        x, j = plan.calls[k][1][0], k - 1
+        producer = tileable.get(j)
+        if (producer is not None and producer[2] == "conv" and producer[0] == tileable[k][0]
+                and j not in lv.tiled and plan.calls[j][1][-1] is x and x.home == "arena"
+                and not x.view and x.name not in viewed and spans.get(x.name) == (j, k)):
+            out[k] = j
+    return out
+
+
+def _fuse(plan: Plan, pairs: dict[int, int], tileable: dict[int, tuple[int, str, str]]) -> None:
+    """Record the fused ``pairs`` on the placed plan: each consumer streams its input tiles
+    from the slots (``tiled``, ``tiled_input``, ``fused``); the weights of both calls are
+    read in place (the slots hold the tiles). A pair whose tile does not fit a slot is
+    dropped (its tensor goes back to the arena on the next placement)."""
+    from .tiling import tile_channels
+
+    lv = plan.levels
+    for k, j in sorted(pairs.items()):
+        x = plan.calls[k][1][0]
+        tc = tile_channels(tileable[k][0], x.nbytes // tileable[k][0], lv.slot_bytes)
+        for c in (j, k):
+            for t in lv.staged[c]:
+                t.staged = None
+            lv.staged[c] = []
+        lv.tiled[k], lv.fused[k] = tc, j
+        lv.tiled_input.add(k)
+    lv.in_place_ddr = traffic(plan)["ddr"]
 
 
 def stage_reads(plan: Plan) -> None:
@@ -278,17 +365,19 @@ def stage_reads(plan: Plan) -> None:
     capacity = lv.l2_activations
     placed = [(t.offset, _align(t.nbytes), *spans[t.name]) for t in plan.tensors
               if t.home == "arena" and not t.view and t.level == "l2" and t.name in spans]
+    until = {j: k for k, j in plan.fused.items()}  # a fused conv runs inside call k
     for k, (name, args) in enumerate(plan.calls):
         reads = {id(a): a for a in args[:-1] if _reads_ddr(plan, a, spans, k)}  # each tensor once
         for src in reads.values():
             size = _align(src.nbytes)
-            offset = _first_fit(size, (k, k), placed, capacity)
+            span = (k, until.get(k, k))
+            offset = _first_fit(size, span, placed, capacity)
             if offset is None:
                 continue
             copy = Tensor(f"t{len(plan.tensors)}", src.shape, src.dtype, "arena", offset, level="l2",
                           copy_of=src.name)
             plan.tensors.append(copy)
-            placed.append((offset, size, k, k))
+            placed.append((offset, size, *span))
             args = [copy if a is src else a for a in args]
             lv.stage_in.setdefault(k, []).append((src, copy))
         plan.calls[k] = (name, args)
@@ -391,5 +480,7 @@ def memory_map(plan: Plan) -> dict:
                              for src, copy in pairs],
                tiled_calls=[{"call": k, "channels_per_tile": tc, "streams": "input" if k in lv.tiled_input
                              else "weights", "tensor": lv.streamed(k, plan).name,
-                             "bytes": lv.streamed(k, plan).nbytes} for k, tc in sorted(lv.tiled.items())])
+                             "bytes": lv.streamed(k, plan).nbytes,
+                             **({"computed_by_call": lv.fused[k]} if k in lv.fused else {})}
+                            for k, tc in sorted(lv.tiled.items())])
     return out

@@ -88,6 +88,9 @@ class Plan:
     # The placement on the C7x's memory levels (:func:`.levels.place`); None = flat
     # (everything in DDR, one arena laid out by TVM).
     levels: "object | None" = None
+    # consumer call -> the conv fused into it (:func:`.levels.place`): that conv runs tile by
+    # tile inside the consumer call, so its inputs live until then
+    fused: dict[int, int] = field(default_factory=dict)
 
     def copies(self) -> list[tuple[int, Tensor]]:
         """``(i, tensor)`` of the outputs not written in place: their slot is filled by a

@@ -21,7 +21,9 @@ kernel (the requantize of a mixed-precision boundary), in runs of elements.
 Output channels (and elements) are independent, so
 the result equals the untiled call bit for bit: ``lowered.py`` (the Python
 reference) keeps the untiled call, and every host build compares the tiled C
-with it. ``c7x_dma_copy`` / ``c7x_dma_wait`` are in ``c7x_memory.h``
+with it. :func:`fused_primfunc` goes one step further for a conv whose output
+such a depthwise conv streams: the conv writes each tile straight into a slot
+(no DMA, the tensor never exists whole). ``c7x_dma_copy`` / ``c7x_dma_wait`` are in ``c7x_memory.h``
 (memcpy on the host; the SoC's DMA through the hook macros there).
 """
 
@@ -46,10 +48,10 @@ def _extern(func: tirx.PrimFunc):
     return str(call.args[0].value), list(call.args[1:])
 
 
-def channels(func: tirx.PrimFunc) -> tuple[int, str] | None:
-    """``(output channels, what the tiles stream: "weights" / "input")`` of a tileable
-    offload PrimFunc, or None when its kernel is not in :data:`TILEABLE` (or an FC with
-    more than one row)."""
+def channels(func: tirx.PrimFunc) -> tuple[int, str, str] | None:
+    """``(output channels, what the tiles stream: "weights" / "input", the kernel's
+    :class:`Tileable` kind)`` of a tileable offload PrimFunc, or None when its kernel is not
+    in :data:`TILEABLE` (or an FC with more than one row)."""
     kernel = str(func.attrs["c7x_kernel"]) if func.attrs and "c7x_kernel" in func.attrs else None
     spec = TILEABLE.get(kernel)
     if spec is None:
@@ -57,7 +59,7 @@ def channels(func: tirx.PrimFunc) -> tuple[int, str] | None:
     scalars = _extern(func)[1][spec.pointers:]
     if spec.rows is not None and int(scalars[spec.rows].value) != 1:
         return None
-    return int(scalars[spec.c_out[0]].value), spec.streams
+    return int(scalars[spec.c_out[0]].value), spec.streams, spec.kind
 
 
 def tile_channels(c_out: int, per_channel_bytes: int, slot_bytes: int) -> int:
@@ -149,3 +151,54 @@ def _double_buffered(func: tirx.PrimFunc, kernel: str, streamed, count: int, tc:
         stmts.append(tirx.Evaluate(tirx.call_extern("int32", kernel, *operands(slot(t), c0, n))))
     return tirx.PrimFunc([scratch, *func.params], tirx.SeqStmt(stmts)).with_attrs(
         {"c7x_kernel": kernel, "c7x_offload_backend": backend_of(kernel), "c7x_tiles": len(tiles)})
+
+
+def fused_primfunc(producer: tirx.PrimFunc, consumer: tirx.PrimFunc, tc: int, slot_elems: int) -> tirx.PrimFunc:
+    """A conv ``producer`` fused into the depthwise ``consumer`` that reads its output
+    (:func:`.levels.fusable`): per tile t of ``tc`` channels, the producer computes
+    output channels ``[c0, c0 + n)`` straight into L2 slot ``t % 2`` (its weights, bias,
+    scale and shift at channel ``c0``, ``C_out = n``) and the consumer reads that slot as
+    its input (``C = n``). No DMA: the tensor between them never leaves L2.
+
+    Parameters: ``scratch`` (the two slots, ``2 * slot_elems`` elements of the tensor's
+    dtype), the producer's ``x, w, bias, scale, shift``, then the consumer's ``w, bias,
+    scale, shift, out``. Raises ValueError if a tile does not fit a slot."""
+    a_kernel, a_args = _extern(producer)
+    b_kernel, b_args = _extern(consumer)
+    a_spec, b_spec = TILEABLE[a_kernel], TILEABLE[b_kernel]
+    a_scalars, b_scalars = a_args[a_spec.pointers:], b_args[b_spec.pointers:]
+    count = int(b_scalars[b_spec.c_out[0]].value)
+    ax, aw, abias, ascale, ashift, aout = (_renamed(b, "p_" + b.name) for b in producer.params)
+    _, bw, bbias, bscale, bshift, bout = consumer.params
+    per_channel = math.prod(int(d) for d in aout.shape[2:])
+    if tc * per_channel > slot_elems or tc < 1:
+        raise ValueError(f"{a_kernel} -> {b_kernel}: a tile of {tc} x {per_channel} elements does not "
+                         f"fit {slot_elems} elements")
+    scratch = tirx.decl_buffer((2 * slot_elems,), aout.dtype, "scratch")
+    aw_per = math.prod(int(d) for d in aw.shape) // count
+    bw_per = math.prod(int(d) for d in bw.shape) // count
+
+    def n_scalars(spec, scalars, n):
+        return [tirx.IntImm("int32", n) if i in spec.c_out else a for i, a in enumerate(scalars)]
+
+    stmts = []
+    for t, c0 in enumerate(range(0, count, tc)):
+        n = min(tc, count - c0)
+        slot = _addr(scratch, [(t % 2) * slot_elems])
+        stmts.append(tirx.Evaluate(tirx.call_extern(
+            "int32", a_kernel, ax.data, _addr(aw, _at_channel(aw, c0, aw_per, "conv")),
+            *(_addr(b, _at_channel(b, c0, 1, "conv")) for b in (abias, ascale, ashift)), slot, *n_scalars(a_spec, a_scalars, n))))
+        stmts.append(tirx.Evaluate(tirx.call_extern(
+            "int32", b_kernel, slot, _addr(bw, _at_channel(bw, c0, bw_per, b_spec.kind)),
+            *(_addr(b, _at_channel(b, c0, 1, b_spec.kind)) for b in (bbias, bscale, bshift)), _addr(bout, _at_channel(bout, c0, 1, b_spec.kind)),
+            *n_scalars(b_spec, b_scalars, n))))
+    params = [scratch, ax, aw, abias, ascale, ashift, bw, bbias, bscale, bshift, bout]
+    return tirx.PrimFunc(params, tirx.SeqStmt(stmts)).with_attrs(
+        {"c7x_kernel": b_kernel, "c7x_offload_backend": backend_of(b_kernel),
+         "c7x_fused_producer": a_kernel, "c7x_tiles": len(range(0, count, tc))})
+
+
+def _renamed(buf, name: str):
+    """A buffer like ``buf`` (shape, dtype) named ``name``: the fused PrimFunc's two sets of
+    parameters must not share C names."""
+    return tirx.decl_buffer(buf.shape, buf.dtype, name)

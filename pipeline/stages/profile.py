@@ -63,6 +63,8 @@ def _layer_table(calls: list[dict], times: list, first: list[int]) -> list[dict]
             row["backends"].append(call["backend"])
         row["time"] += t
         row["init_delta"] += f - t
+        if "computed_in" in call:  # a conv fused into the next call (levels.fusable): timed there
+            row["note"] = f"fused into call {call['computed_in']}: its time is counted with that call's layer"
     out = sorted(rows.values(), key=lambda r: (-r["time"], r["calls"][0]))
     for r in out:
         r["time"], r["init_delta"] = _num(r["time"]), _num(r["init_delta"])
@@ -98,7 +100,8 @@ def measurement(calls: list[dict], runs: list[ProfileBlock], *, source: str, uni
         out_calls.append({"index": call["index"], "func": call["func"], "symbol": call["symbol"],
                           "kernel": call["kernel"], "backend": call["backend"], "layer": call["layer"],
                           "module": call.get("module"), "time": v, "share": round(v / (total or 1), 6),
-                          "first": f, "init_delta": _num(f - v)})
+                          "first": f, "init_delta": _num(f - v),
+                          **({"timed_in": call["computed_in"]} if "computed_in" in call else {})})
     return {"source": source, "unit": unit, "label": label, "statistic": statistic, "runs": len(runs),
             "total": _num(total), "total_first": sum(first),
             "calls": out_calls, "layers": _layer_table(calls, values, first)}

@@ -148,24 +148,31 @@ def compare_intermediates(ref_calls: list[tuple[str, np.ndarray]], dump: list[tu
     symbol ``__tvm_ffi_<prefix><name>``, bytes), in call order over ``images``
     image(s). ``manifest_calls``: manifest.json ``calls`` (the call's layer).
     ``all_equal`` is False at the first call whose function or bytes differ,
-    or when the counts differ; ``first_difference`` then names it."""
+    or when the counts differ; ``first_difference`` then names it. A conv the
+    staged plan fused into the next call (manifest ``computed_in``) has no tensor
+    of its own in the C: its reference record is skipped (``tensors`` counts the
+    compared ones); the fused call's dump is the next call's output."""
     per_image = max(len(manifest_calls), 1)
+    # a conv fused into the next call (manifest "computed_in") writes no tensor of its own in C
+    kept = [(i, f, a) for i, (f, a) in enumerate(ref_calls)
+            if not (manifest_calls and "computed_in" in manifest_calls[i % per_image])]
     first = None
-    for k, ((func, a), (symbol, raw)) in enumerate(zip(ref_calls, dump)):
+    for k, ((_, func, a), (symbol, raw)) in enumerate(zip(kept, dump)):
         if not symbol.endswith("_" + func) or a.tobytes() != raw:
             first = k
             break
-    if first is None and len(ref_calls) != len(dump):
-        first = min(len(ref_calls), len(dump))
-    equal = len(ref_calls) if first is None else first
-    out = {"images": images, "tensors": len(ref_calls), "host_tensors": len(dump), "equal": equal,
+    if first is None and len(kept) != len(dump):
+        first = min(len(kept), len(dump))
+    equal = len(kept) if first is None else first
+    out = {"images": images, "tensors": len(kept), "host_tensors": len(dump), "equal": equal,
            "all_equal": first is None}
     if first is not None:
-        call = manifest_calls[first % per_image] if manifest_calls else {}
-        diff = {"image": first // per_image, "call": first % per_image, "func": call.get("func"),
+        index = kept[first][0] if first < len(kept) else len(ref_calls)
+        call = manifest_calls[index % per_image] if manifest_calls else {}
+        diff = {"image": index // per_image, "call": index % per_image, "func": call.get("func"),
                 "layer": call.get("layer")}
-        if first < min(len(ref_calls), len(dump)):
-            a, raw = ref_calls[first][1], dump[first][1]
+        if first < min(len(kept), len(dump)):
+            a, raw = kept[first][2], dump[first][1]
             diff["host_symbol"] = dump[first][0]
             if len(raw) == a.nbytes:
                 diff["elements_off"] = int((np.frombuffer(raw, a.dtype) != a.ravel()).sum())

@@ -230,11 +230,17 @@ def test_tiled_weights_are_bit_exact_and_counted(dtype, tmp_path):
 
 
 @needs_gcc
-def test_a_spilled_depthwise_input_streams_through_l2_and_reads_are_staged(tmp_path):
-    """MobileNetV2's block with a 73 KB expanded activation and 60 KB of L2: the
-    activation spills to DDR, so the depthwise streams it in channel tiles through the
-    slots (its weights read in place), and a DDR read that fits L2 whole (the block's
-    input, read by the residual add) is copied into L2 just before its call."""
+@pytest.mark.parametrize("fuse", [True, False])
+def test_a_spilled_expansion_is_computed_in_l2_tiles_or_streamed(fuse, tmp_path, monkeypatch):
+    """MobileNetV2's block with a 73 KB expanded activation and 60 KB of L2: the expansion
+    does not fit, so the 1x1 conv is fused into the depthwise conv reading it, computing
+    each tile of channels straight into an L2 slot (no DDR round trip, no DMA). Without
+    the fusion (``levels.fusable`` switched off) it spills to DDR and the depthwise
+    streams it back in channel tiles. Either way bit-exact, counted = plan; and a DDR read
+    that fits L2 whole (the block's input) is copied into L2 just before its call."""
+    from pipeline.backend import levels
+    if not fuse:
+        monkeypatch.setattr(levels, "fusable", lambda plan, tileable: {})
     torch.manual_seed(1)
     shape = (1, 32, 24, 24)
     f = quantize(randomize_bn(InvertedResidual(stride=1, cout=32)), torch.randn(*shape), dtype="int8")
@@ -251,14 +257,31 @@ def test_a_spilled_depthwise_input_streams_through_l2_and_reads_are_staged(tmp_p
     assert set(tiled) == {"mmalib_depthwise_conv2d_i8", "c7x_quantize_f32_i8"}
     tile = tiled["mmalib_depthwise_conv2d_i8"]
     call = manifest["calls"][tile["call"]]
+    conv = manifest["calls"][tile["call"] - 1]
     assert tile["streams"] == "input" == tiled["c7x_quantize_f32_i8"]["streams"]
-    assert call["func"].startswith("tiled") and call["func"].endswith(call["func"].split("_", 1)[1])
     streamed = next(r for r in call["reads"] if r["tensor"] == tile["tensor"])
-    assert streamed["level"] == "l2" and streamed["staged_from"] == "ddr" and streamed["bytes"] == tile["bytes"]
+    assert streamed["level"] == "l2" and streamed["bytes"] == tile["bytes"] == 32 * 4 * 24 * 24
+    assert conv["kernel"] == "mmalib_conv2d_i8" and conv["output"] == tile["tensor"]
+    if fuse:
+        assert call["func"] == f"fused{tile['channels_per_tile']}_{conv['func']}_then_" + call["func"].split(
+            "_then_")[1] and tile["computed_by_call"] == conv["index"] and conv["computed_in"] == call["index"]
+        assert "staged_from" not in streamed  # computed in L2, not copied there
+        assert tile["tensor"] not in {t["tensor"] for t in mm["tensors"]}  # in no arena: only in the slots
+        head = call["func"] + "(void* self_handle, void* args, int32_t num_args, void* result) {"
+        body = (out / "tvm_kernels.c").read_text().split(head)[1].split("\n}")[0]
+        tiles = 128 // tile["channels_per_tile"]
+        assert body.count("mmalib_conv2d_i8(") == body.count("mmalib_depthwise_conv2d_i8(") == tiles > 1
+        assert "c7x_dma_copy(" not in body
+    else:
+        assert call["func"].startswith("tiled") and "computed_in" not in conv
+        assert streamed["staged_from"] == "ddr"
+        assert next(t for t in mm["tensors"] if t["tensor"] == tile["tensor"])["level"] == "ddr"
     assert mm["staged_reads"], "the block input should be copied into L2 before a read"
     copy = next(r for c in manifest["calls"] for r in c["reads"] if r["tensor"] == mm["staged_reads"][0]["copy"])
     assert copy["level"] == "l2" and copy["dma"] == "serial"
     assert _counted(out, x) == mm["traffic"] and mm["peak"]["l2"] <= 60_000
+    ddr = mm["traffic"]["ddr"] + mm["traffic"]["dma"]
+    assert (ddr < 400_000) if fuse else (ddr > 500_000)  # the 73 KB round trip, written and read back
 
 
 @needs_gcc

@@ -143,3 +143,29 @@ def test_a_truncated_dump_is_an_error(compiled, tmp_path):
     path.write_bytes(path.read_bytes()[:-3])
     with pytest.raises(ValueError, match="truncated dump record"):
         read_dump(path)
+
+
+def test_a_conv_fused_into_the_next_call_is_skipped_and_later_calls_keep_their_index(tmp_path):
+    """With 60 KB of L2 the block's 73 KB expansion is computed tile by tile inside the
+    depthwise call (levels.fusable): the C dumps no tensor for the conv, the reference
+    does; the compare skips it, and a difference after it still names its own call."""
+    from pipeline.backend.levels import Budget
+    torch.manual_seed(1)
+    shape = (1, 32, 24, 24)
+    flow = quantize(randomize_bn(InvertedResidual(stride=1, cout=32)), torch.randn(*shape), dtype="int8")
+    out = tmp_path / "fused"
+    compile_model(flow.mod, "inv", out, mmalib=True, budget=Budget(60_000, 0))
+    build_host(out, out / "model.exe")
+    x = _images(shape, 1)
+    _, dump = _dump(out / "model.exe", out, x, tmp_path)
+    _, ref_calls = Program(out).run_recording(x)
+    calls = json.loads((out / "manifest.json").read_text())["calls"]
+    fused = [c["index"] for c in calls if "computed_in" in c]
+    assert len(fused) == 1 and len(dump) == len(ref_calls) - 1 == len(calls) - 1
+    r = verify.compare_intermediates(ref_calls, dump, calls)
+    assert r["all_equal"] and r["tensors"] == r["host_tensors"] == len(calls) - 1
+    k = fused[0] + 2  # the call after the fused one, one record earlier in the dump
+    symbol, raw = dump[k - 1]
+    dump[k - 1] = (symbol, bytes([raw[0] ^ 1]) + raw[1:])
+    d = verify.compare_intermediates(ref_calls, dump, calls)["first_difference"]
+    assert (d["call"], d["func"]) == (k, calls[k]["func"])
