@@ -108,7 +108,8 @@
     const p = prof();
     if (profileShown() && n.call !== null) {
       const t = p.calls[String(n.call)];
-      if (t && t.median !== null) lines.push(fmtTime(t.median, p.unit) + (t.share !== null ? " \u00b7 " + fmtShare(t.share) : ""));
+      if (t && t.timed_in !== undefined) lines.push("timed in call " + t.timed_in + " (fused)");
+      else if (t && t.median !== null) lines.push(fmtTime(t.median, p.unit) + (t.share !== null ? " \u00b7 " + fmtShare(t.share) : ""));
     }
     const e = est();
     const c = e && n.call !== null ? e.calls[String(n.call)] : null;
@@ -349,7 +350,8 @@
         ["DDR bytes", call.reads ? fmtBytes(ddrBytes(call)) : null],
         ["Shape", fmtShape(call.shape)],
         ["dtype", call.dtype],
-        ["Time", t ? fmtTime(t.median, p.unit) + (t.share !== null ? " (" + fmtShare(t.share) + ")" : "") : null],
+        ["Time", t && t.timed_in !== undefined ? "computed tile by tile inside call " + t.timed_in +
+          " (fused): timed there" : t ? fmtTime(t.median, p.unit) + (t.share !== null ? " (" + fmtShare(t.share) + ")" : "") : null],
         ["Estimated", ce ? fmtTime(ce.cycles, "cycles") + " (" + fmtShare(ce.share) + "), " + ce.reason : null],
         ["Measured", ce && ce.measured_cycles !== null && ce.measured_cycles !== undefined
           ? fmtTime(ce.measured_cycles, "cycles") + ", " + fmtRatio(ce.ratio) + " the estimate" : null],

@@ -59,6 +59,8 @@ def _timings(rows, keys: tuple[str, ...], total) -> dict:
         if share is None and median is not None and total:
             share = median / total
         out[str(key)] = {"median": median, "share": share}
+        if isinstance(row, dict) and row.get("timed_in") is not None:  # a conv fused into a later call
+            out[str(key)]["timed_in"] = row["timed_in"]
     shares = [t["share"] for t in out.values() if t["share"] is not None]
     if shares and max(shares) > 1.0:  # percent, not a fraction
         for t in out.values():

@@ -207,8 +207,10 @@ def test_readers_tolerate_missing_files_and_key_variants(tmp_path):
     f.write_text(json.dumps({"builds": {"mmalib": {"unit": "cycles", "label": "C7x cycles (board log)",
                                                    "total": 200, "layers": [{"id": "a", "median_cycles": 150},
                                                                             {"id": "b", "median": 50}],
-                                                   "calls": [{"index": 0, "median": 10, "share": 5.0}]}}}))
+                                                   "calls": [{"index": 0, "median": 10, "share": 5.0},
+                                                             {"index": 1, "median": 0, "timed_in": 2}]}}}))
     p = read_profile(f)["mmalib"]
+    assert p["calls"]["1"]["timed_in"] == 2 and "timed_in" not in p["calls"]["0"]  # a fused conv's call
     assert p["layers"] == {"a": {"median": 150, "share": 0.75}, "b": {"median": 50, "share": 0.25}}
     assert p["calls"]["0"]["share"] == pytest.approx(0.05)  # percent scaled to a fraction
     f.write_text(json.dumps({"layers": [{"id": "a", "c_vs_qdq": {"sqnr_db": 3}},
