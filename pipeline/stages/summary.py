@@ -122,7 +122,8 @@ def per_image_line(rows: list[dict], kind: str, label: str) -> str | None:
     many = [f for f, _, n in got if n >= 3]
     busy = f"; lowest with >= 3 detections {min(many):.2f}" if many else ""
     return (f"  per image      {label} matched fraction: mean {sum(f for f, _, _ in got) / len(got):.2f} over "
-            f"{len(got)} images with float detections, lowest {low[0]:.2f} ({low[1]}, {low[2]} detections)"
+            f"{len(got)} images with float detections, lowest {low[0]:.2f} ({low[1]}, {low[2]} detection"
+            f"{'s' if low[2] != 1 else ''})"
             f"{busy}; {sum(f < 0.40 for f, _, _ in got)} below TI's 0.40 bar")
 
 

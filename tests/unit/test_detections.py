@@ -199,7 +199,7 @@ def test_summary_gives_the_held_out_per_image_fractions_and_map():
             {"image": "b.jpg", "float_detections": 1, "c_fraction": 0.0},
             {"image": "c.jpg", "float_detections": 0, "c_fraction": None}]
     line = per_image_line(rows, "c", "held-out C mmalib")
-    assert "mean 0.40 over 2 images with float detections, lowest 0.00 (b.jpg, 1 detections)" in line
+    assert "mean 0.40 over 2 images with float detections, lowest 0.00 (b.jpg, 1 detection)" in line
     assert "lowest with >= 3 detections 0.80; 1 below TI's 0.40 bar" in line
     assert per_image_line(rows[2:], "c", "x") is None
     ref = _rows([0.9, 0.8])[None]
