@@ -113,6 +113,6 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
             rec["layer"] = readers[0]["layer"] if len(readers) == 1 else rec["layer"]
     for rec, facts in zip(records, call_work(mod, plan, n_outs)):
         rec.update(facts)
-    for k, j in (plan.levels.fused if plan.levels is not None else {}).items():
+    for k, j in plan.fused.items():
         records[j]["computed_in"] = k  # run tile by tile inside call k (.levels.fusable)
     return records

@@ -109,7 +109,7 @@ def call_work(mod, plan: Plan, n_outputs: list[int]) -> list[dict]:
     lv = plan.levels
     for k, ((name, args), n_out) in enumerate(zip(plan.calls, n_outputs)):
         # a fused call's input tiles are computed in L2 (.levels.fusable), not copied
-        streamed = lv.streamed(k, plan) if lv is not None and k in lv.tiled and k not in lv.fused else None
+        streamed = lv.streamed(k, plan) if lv is not None and k in lv.tiled and k not in plan.fused else None
         func = mod[name]
         ins, outs = args[:-n_out], args[-n_out:]
         if is_offload(func):

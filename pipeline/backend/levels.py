@@ -118,7 +118,6 @@ class Levels:
     tiled: dict[int, int] = field(default_factory=dict)  # call -> output channels per tile (.tiling)
     stage_in: dict[int, list] = field(default_factory=dict)  # call -> [(DDR tensor, its L2 copy)]
     tiled_input: set[int] = field(default_factory=set)  # tiled calls streaming their input (.tiling)
-    fused: dict[int, int] = field(default_factory=dict)  # tiled call -> the conv computing its input tiles
     l2_activations: int = 0  # bytes of L2 left for activations (after slots, guard, workspace)
     in_place_ddr: int = 0  # bytes the kernels read / write in DDR per inference (traffic()["ddr"])
 
@@ -140,7 +139,7 @@ class Levels:
         """Bytes copied DDR -> L2 by DMA for call ``k`` (its staged weights, or the
         weights of a tiled call, tile by tile)."""
         staged_in = sum(copy.nbytes for _, copy in self.stage_in.get(k, []))
-        if k in self.fused:  # its input tiles are computed in L2, not copied
+        if k in plan.fused:  # its input tiles are computed in L2, not copied
             return staged_in
         if k in self.tiled:
             return staged_in + self.streamed(k, plan).nbytes
@@ -241,8 +240,10 @@ def place(plan: Plan, budget: Budget, workspace_bytes: int,
     best = min(SLOT_SHARES, key=lambda share: place_with(plan, budget, workspace_bytes, share,
                                                          tileable).in_place_ddr)
     levels = _place_share(plan, budget, workspace_bytes, best, tileable)
-    pairs = {k: j for k, j in fusable(plan, tileable).items()
-             if tile_fits(plan.calls[k][1][0], tileable[k][0], levels.slot_bytes)}
+    from .tiling import tile_channels
+
+    pairs = {k: j for k, j in fusable(plan, tileable).items()  # one channel tile must fit a slot
+             if tile_channels(tileable[k][0], plan.calls[k][1][0].nbytes // tileable[k][0], levels.slot_bytes)}
     if pairs:  # again, with each fused tensor in the slots and its producer's inputs live longer
         plan.calls, plan.tensors[n_tensors:] = calls, []
         for k in pairs:
@@ -252,11 +253,6 @@ def place(plan: Plan, budget: Budget, workspace_bytes: int,
         levels = _place_share(plan, budget, workspace_bytes, best, tileable)
         _fuse(plan, pairs, tileable)
     return levels
-
-
-def tile_fits(x: Tensor, channels: int, slot_bytes: int) -> bool:
-    """One channel of activation ``x`` (``channels`` of them) fits an L2 slot."""
-    return 0 < x.nbytes // channels <= slot_bytes
 
 
 def _place_share(plan: Plan, budget: Budget, workspace_bytes: int, share: int,
@@ -334,10 +330,9 @@ def fusable(plan: Plan, tileable: dict[int, tuple[int, str, str]]) -> dict[int, 
 
 
 def _fuse(plan: Plan, pairs: dict[int, int], tileable: dict[int, tuple[int, str, str]]) -> None:
-    """Record the fused ``pairs`` on the placed plan: each consumer streams its input tiles
-    from the slots (``tiled``, ``tiled_input``, ``fused``); the weights of both calls are
-    read in place (the slots hold the tiles). A pair whose tile does not fit a slot is
-    dropped (its tensor goes back to the arena on the next placement)."""
+    """Record the fused ``pairs`` (``plan.fused``) on the placed plan: each consumer reads
+    its input tiles from the slots (``tiled``, ``tiled_input``); the weights of both calls
+    are read in place (the slots hold the tiles)."""
     from .tiling import tile_channels
 
     lv = plan.levels
@@ -348,7 +343,7 @@ def _fuse(plan: Plan, pairs: dict[int, int], tileable: dict[int, tuple[int, str,
             for t in lv.staged[c]:
                 t.staged = None
             lv.staged[c] = []
-        lv.tiled[k], lv.fused[k] = tc, j
+        lv.tiled[k] = tc
         lv.tiled_input.add(k)
     lv.in_place_ddr = traffic(plan)["ddr"]
 
@@ -481,6 +476,6 @@ def memory_map(plan: Plan) -> dict:
                tiled_calls=[{"call": k, "channels_per_tile": tc, "streams": "input" if k in lv.tiled_input
                              else "weights", "tensor": lv.streamed(k, plan).name,
                              "bytes": lv.streamed(k, plan).nbytes,
-                             **({"computed_by_call": lv.fused[k]} if k in lv.fused else {})}
+                             **({"computed_by_call": plan.fused[k]} if k in plan.fused else {})}
                             for k, tc in sorted(lv.tiled.items())])
     return out

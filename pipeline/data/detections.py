@@ -148,18 +148,19 @@ def compare_all(ref: np.ndarray, cand: np.ndarray) -> dict:
             "map50": map50(ref, cand)}
 
 
-def per_image(names: list[str], ref: np.ndarray, cands: dict[str, np.ndarray]) -> list[dict]:
-    """One row per image: its confident ``ref`` detections and, per candidate ``kind``
+def per_image(names: list[str], matched: dict[str, dict]) -> list[dict]:
+    """One row per image: the reference's confident detections and, per candidate ``kind``
     (e.g. ``qdq``, ``c``), how many of them it matches and the fraction (None without any).
 
-    ``ref`` and each candidate: float32 ``[N, D, 6]``; ``names``: the N image file names.
-    TI's pass bar for a detector is a matched fraction of at least 0.40 (see
-    ``docs/yolo.md``).
+    ``matched``: kind -> the candidate's :func:`compare` against one reference at
+    :data:`CONF` (or its :func:`compare_all`, whose ``confident`` part is used), at least
+    one; ``names``: the N image file names. TI's pass bar for a detector is a matched
+    fraction of at least 0.40 (see ``docs/yolo.md``).
     """
-    per = {k: compare(ref, c, conf=CONF)["per_image"] for k, c in cands.items()}
+    per = {k: m.get("confident", m)["per_image"] for k, m in matched.items()}
     rows = []
     for i, name in enumerate(names):
-        n = per[next(iter(per))][i][0] if per else len(select(ref[i]))
+        n = next(iter(per.values()))[i][0]  # the same reference for every candidate
         row = {"image": name, "float_detections": n}
         for k, counts in per.items():
             row[f"{k}_matched"] = counts[i][1]

@@ -206,10 +206,10 @@ def detection_scores(variant: str, eval_images: list[Path], float_out: np.ndarra
     to float's (:func:`pipeline.data.detections.compare_all`), also image by image
     (:func:`pipeline.data.detections.per_image`)."""
     from ..data import detections
-    return {"qdq": {"detections_vs_float": detections.compare_all(float_out, qdq)},
-            "c": {"variant": variant, "detections_vs_float": detections.compare_all(float_out, c_out)},
-            "per_image": detections.per_image([p.name for p in eval_images], float_out,
-                                              {"qdq": qdq, "c": c_out})}
+    matched = {"qdq": detections.compare_all(float_out, qdq), "c": detections.compare_all(float_out, c_out)}
+    return {"qdq": {"detections_vs_float": matched["qdq"]},
+            "c": {"variant": variant, "detections_vs_float": matched["c"]},
+            "per_image": detections.per_image([p.name for p in eval_images], matched)}
 
 
 def classification_scores(variant: str, eval_images: list[Path], float_logits: np.ndarray,

@@ -217,17 +217,18 @@ def _matched(d: dict) -> str:
     return "; ".join(parts)
 
 
-def draw_detections(x: torch.Tensor, paths: list[Path], outputs: dict[str, np.ndarray], folder: Path) -> dict:
+def draw_detections(x: torch.Tensor, paths: list[Path], outputs: dict[str, np.ndarray], folder: Path,
+                    matched: dict[str, dict] | None = None) -> dict:
     """Draw every output kind's detections on every image (``<stem>_<kind>.jpg``) and write
-    ``index.html``, a table with one row per image (with its per-image match counts) and one
-    column per kind. Returns the counts drawn."""
+    ``index.html``, a table with one row per image and one column per kind; ``matched``
+    (kind -> its :func:`detections.compare_all` against float) adds each image's match
+    counts. Returns the counts drawn."""
     from ..fsutil import write_text
     names = detections.coco80()  # as predict labels them; an index past 80 is drawn as a number
     drawn = {k: [detections.draw(x[i], out[i], folder / f"{p.stem}_{k}.jpg", names=names)
                  for i, p in enumerate(paths)] for k, out in outputs.items()}
     head = "".join(f"<th>{k}</th>" for k in outputs)
-    per = detections.per_image([p.name for p in paths], outputs["float"],
-                               {k: v for k, v in outputs.items() if k != "float"}) if "float" in outputs else []
+    per = detections.per_image([p.name for p in paths], matched) if matched else []
     rows = "".join(f"<tr><td>{p.name}{_counts(per[i]) if per else ''}</td>" + "".join(
         f'<td><a href="{p.stem}_{k}.jpg"><img src="{p.stem}_{k}.jpg" width="240"></a></td>' for k in outputs)
         + "</tr>\n" for i, p in enumerate(paths))
@@ -362,8 +363,10 @@ def verify_model(spec: ModelSpec, torch_outputs: Path, images_dir: Path,
         report["notes"] = [outputs_note(len(torch_outs))]
         report["summary_lines"].append(outputs_note(len(torch_outs)))
     if detecting:
+        matched = {"qdq": qdq_acc["detections_vs_float"],
+                   **{f"c_{r['variant']}": r["accuracy"]["detections_vs_float"] for r in results}}
         report["detections_drawn"] = draw_detections(
-            x, paths, {"float": float_out, "qdq": torch_out, **host_outputs}, out.parent / "detections")
+            x, paths, {"float": float_out, "qdq": torch_out, **host_outputs}, out.parent / "detections", matched)
     write_json(out, report)
     _raise_if_inexact(spec, results, len(paths), out)
     return report

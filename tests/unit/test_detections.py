@@ -187,7 +187,8 @@ def test_per_image_rows_count_float_detections_and_each_builds_matches():
     ref = np.stack([_rows([0.9, 0.8, 0.7, 0.01]), _rows([0.1, 0.05, 0.02, 0.01])])
     half = ref.copy()
     half[0, 1, 5] = 2  # one detection of the first image changes class: not matched
-    rows = detections.per_image(["a.jpg", "b.jpg"], ref, {"qdq": ref, "c": half})
+    rows = detections.per_image(["a.jpg", "b.jpg"], {"qdq": detections.compare_all(ref, ref),
+                                                     "c": detections.compare(ref, half)})
     assert rows[0] == {"image": "a.jpg", "float_detections": 3, "qdq_matched": 3, "qdq_fraction": 1.0,
                        "c_matched": 2, "c_fraction": pytest.approx(0.6667)}
     assert rows[1]["float_detections"] == 0 and rows[1]["c_fraction"] is None
