@@ -10,7 +10,8 @@ call whose output has no name there (the MMALIB call before its fused clip,
 a padded FC before its slice) belongs to the layer of the call that reads
 its output. The calls before the first layer (the input quantize) belong to
 none, and so does an unnamed call whose readers are in different layers (a
-detection head's tuple-output topk).
+detection head's tuple-output topk), and a concat / split kernel (data
+movement between layers, :mod:`.passes.concat`).
 
 This is what ``offload.html`` draws and what the per-layer profile names.
 """
@@ -22,6 +23,7 @@ import bisect
 import tvm
 
 from .call_work import call_work
+from .kernels import catalog
 from .lower import is_offload
 from .memory_plan import Plan
 
@@ -32,6 +34,12 @@ def _backend(mod: tvm.IRModule, name: str) -> tuple[str, str]:
     if is_offload(func):
         return str(func.attrs["c7x_offload_backend"]), str(func.attrs["c7x_kernel"])
     return "tvm", name
+
+
+def _moves_data(kernel: str) -> bool:
+    """A data-movement kernel (concat, split: ``catalog.Kernel.layer`` False, not an edge)."""
+    rec = catalog.kernel(kernel)
+    return not (rec.layer or rec.edge)
 
 
 def _root(plan: Plan, tensor) -> str:
@@ -111,6 +119,9 @@ def call_records(mod: tvm.IRModule, plan: Plan, order: dict[str, int], layers: l
         if not rec.pop("_named"):
             readers = [r for r in records if rec["output"] in r["inputs"]]
             rec["layer"] = readers[0]["layer"] if len(readers) == 1 else rec["layer"]
+    for rec in records:  # concat / split kernels move data between layers, finishing none
+        if rec["backend"] != "tvm" and _moves_data(rec["kernel"]):
+            rec["layer"] = None
     for rec, facts in zip(records, call_work(mod, plan, n_outs)):
         rec.update(facts)
     for k, j in plan.fused.items():

@@ -352,6 +352,12 @@ def _not_layer_output(call: dict | None, relax_layers: dict) -> str | None:
 _MAIN_OP = {"conv2d": "conv2d", "depthwise_conv2d": "conv2d", "fc": "matmul"}
 
 
+def _named(call: dict, relax_layers: dict) -> bool:
+    """``call`` is a kernel (not TVM) whose output binding is named in ``relax/layers.json``:
+    the layer's tensor, before a TVM function that moves it (a channel shuffle)."""
+    return call["backend"] != "tvm" and any(relax_layers.get(v, {}).get("id") for v in call["vars"])
+
+
 def _whole_layer(call: dict, op: str) -> bool:
     """``call`` is one TVM function computing a layer of kind ``op`` from its
     input to its output quantize (TVM's scalar path: ``fused_conv2d2_cast1_
@@ -371,7 +377,8 @@ def layer_calls(manifest: dict, relax_layers: dict) -> tuple[dict[str, dict], di
     call_graph`), unless :func:`_not_layer_output` says its output is something
     else; then an earlier call of the layer that computes the whole layer
     (:func:`_whole_layer`: the scalar build's conv whose clip TVM did not fuse
-    into the next concat) if there is one. An MMALIB kernel's output before its
+    into the next concat; :func:`_named`: a kernel whose output is the layer's
+    binding, before TVM's channel shuffle) if there is one. An MMALIB kernel's output before its
     fused clip is not the layer's tensor (negative values a ReLU clips), so
     there the layer is not comparable."""
     by_layer: dict[str, list[dict]] = {}
@@ -383,7 +390,8 @@ def layer_calls(manifest: dict, relax_layers: dict) -> tuple[dict[str, dict], di
         lid, calls = lay["id"], by_layer.get(lay["id"], [])
         reason = _not_layer_output(calls[-1] if calls else None, relax_layers)
         pick = calls[-1] if reason is None else next((c for c in reversed(calls[:-1])
-                                                       if _whole_layer(c, lay["op"])), None)
+                                                       if _whole_layer(c, lay["op"]) or _named(c, relax_layers)),
+                                                      None)
         if pick is not None:
             chosen[lid] = pick
         else:

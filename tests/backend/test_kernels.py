@@ -35,8 +35,10 @@ SIGS = hostlib.kernel_signatures()
 OPTIONAL = {"bias", "scale", "shift"}        # NULL allowed: defaults 0 / 1 / 0
 # Scalars that are sizes / strides / group counts: 0 is invalid for each.
 SIZE_SCALARS = {"planes", "hw", "n_in", "C_in", "H_in", "W_in", "C_out", "KH", "KW", "stride_h", "stride_w", "groups",
-                "C", "num_groups", "M", "K", "N", "n", "H_out", "W_out", "kH", "kW", "sH", "sW"}
-PAD_SCALARS = {"pad_top", "pad_bottom", "pad_left", "pad_right", "pH", "pW"}
+                "C", "num_groups", "M", "K", "N", "n", "H_out", "W_out", "kH", "kW", "sH", "sW", "outer",
+                *(f"{s}{j}" for s in ("size", "n") for j in range(ref.MAX_SEGMENTS))}
+PAD_SCALARS = {"pad_top", "pad_bottom", "pad_left", "pad_right", "pH", "pW",
+               *(f"offset{j}" for j in range(ref.MAX_SEGMENTS))}  # -1 is invalid too
 
 
 # --------------------------------------------------------------------------
@@ -219,8 +221,9 @@ def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     assert set(KERNELS) == set(SIGS)
     # the 13 of docs/reference.md, "Kernel ABI", our 4 requantize kernels, c7x_int8_lut, the
     # two channel multiplies, the four average pools, the two channel affines, the four
-    # quantize / dequantize kernels of the model's edges and the int16 max pool
-    assert len(SIGS) == 31
+    # quantize / dequantize kernels of the model's edges, the int16 max pool and the eight
+    # concat / split kernels (1 to 4 segments, int8 and int16)
+    assert len(SIGS) == 39
     for name, params in SIGS.items():
         py = list(inspect.signature(KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -714,6 +717,11 @@ def valid_args(name: str, rng) -> list:
         return [rand(rng, dtype, 12), np.zeros(10, np.float32), 12, 10, -3, 0.05]
     if name == "c7x_int8_lut":                            # tests/backend/test_activation_lut.py
         return [rand(rng, np.int8, 10), rand(rng, np.int8, 256), np.zeros(10, np.int8), 10]
+    if name.startswith("c7x_concat"):                     # tests/backend/test_concat.py
+        k = int(name[len("c7x_concat")])
+        segs = [[6, 1, 4, -2, 0.03 + 0.01 * j] for j in range(k)]
+        return ([rand(rng, dtype, 12) for _ in range(k)] + [np.zeros(2 * 4 * k, dtype), 2]
+                + [v for s in segs for v in s] + [1, 25.0])
     assert name == "c7x_int8_clamp"
     return [rand(rng, np.int8, 10), np.zeros(10, np.int8), 10, -5, 6]
 

@@ -62,3 +62,36 @@ def test_topk_primfunc_orders_ties_by_index():
     assert i.numpy().tolist() == [[4, 1, 2, 6], [0, 1, 2, 3]]
     tv, _ = torch.from_numpy(x).topk(4, dim=1)
     assert np.array_equal(tv.numpy(), v.numpy())
+
+
+def _ranked(f, x: np.ndarray, k: int):
+    import tvm
+    ex = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target="llvm")
+    v, i = tvm.runtime.tensor(np.zeros((len(x), k), "float32")), tvm.runtime.tensor(np.zeros((len(x), k), "int64"))
+    ex["main"](tvm.runtime.tensor(x), v, i)
+    return v.numpy(), i.numpy()
+
+
+@pytest.mark.parametrize("values", ["ties", "normal", "integers"])
+def test_radix_select_gives_value_descending_index_ascending(values):
+    """The 300-of-24000 pass of YOLO26n ranks by radix select: same order as a stable sort
+    (value descending, index ascending), +0 and -0 equal, infinities included."""
+    from pipeline.backend.call_work import stmt_work
+    from pipeline.backend.passes.topk import topk_primfunc, uses_radix_select
+    rows, n, k = 2, 24000, 300
+    assert uses_radix_select(n, k, "float32") and not uses_radix_select(80, 1, "float32")
+    assert not uses_radix_select(n, k, "int8")
+    rng = np.random.default_rng(7)
+    if values == "ties":
+        x = rng.choice(np.float32([0, -0.0, 1, 2, 0.5, -3, np.inf, -np.inf, 7.25]), (rows, n))
+    else:
+        x = (rng.standard_normal((rows, n)) * 100).astype("float32")
+        x = np.round(x) if values == "integers" else x
+    f = topk_primfunc(rows, n, k, "float32", "int64")
+    v, i = _ranked(f, x.astype("float32"), k)
+    for r in range(rows):
+        order = np.lexsort((np.arange(n), -x[r].astype(np.float64)))[:k]
+        np.testing.assert_array_equal(i[r], order)
+        np.testing.assert_array_equal(v[r], x[r][order])
+    steps, _ = stmt_work(f.body)
+    assert steps < 0.05 * rows * k * n, steps  # the selection would take k * n per row

@@ -301,6 +301,59 @@ int32_t c7x_dequantize_i8_f32(const int8_t* in, float* out, int32_t n_in, int32_
 int32_t c7x_dequantize_i16_f32(const int16_t* in, float* out, int32_t n_in, int32_t n,
                                int32_t in_zp, float in_scale);
 
+/* Concatenate and slice with requantize (ours: the reference leaves concat and split to
+ * TVM's scalar code; docs/reference.md, "Concat and split"). c7x_concat<K>_<t> writes
+ * the concatenation of K segments, each requantized from its own quantization to the
+ * output's by torch's dequantize + quantize in float32, as c7x_requantize_*:
+ *   for o < outer, for each segment j in order, for i < n<j>:
+ *     out[o * N + pos<j> + i] = saturate(round_half_even(
+ *         (float)(in<j>[o * size<j> + offset<j> + i] - zp<j>) * scale<j> * out_inv_scale) + out_zp)
+ * with N = n0 + ... + n<K-1> and pos<j> = n0 + ... + n<j-1> (both products rounded to
+ * float32). in<j> holds outer * size<j> elements and out outer * N. A concat along axis a
+ * of NCHW tensors has outer = the product of the dims before a; a split piece is the
+ * segment [offset, offset + n) of every block of size elements; K = 1 is a slice
+ * (one piece of a split) requantized on its own. Statuses: NULL; outer, size or n <= 0,
+ * offset < 0, offset + n > size, or a buffer above C7X_MAX_ELEMS (shape); a zero point
+ * outside the type or a scale that is not a finite float32 > 0 (param). */
+int32_t c7x_concat1_i8(const int8_t* in0, int8_t* out, int32_t outer, int32_t size0,
+                       int32_t offset0, int32_t n0, int32_t zp0, float scale0, int32_t out_zp,
+                       float out_inv_scale);
+int32_t c7x_concat1_i16(const int16_t* in0, int16_t* out, int32_t outer, int32_t size0,
+                        int32_t offset0, int32_t n0, int32_t zp0, float scale0, int32_t out_zp,
+                        float out_inv_scale);
+int32_t c7x_concat2_i8(const int8_t* in0, const int8_t* in1, int8_t* out, int32_t outer,
+                       int32_t size0, int32_t offset0, int32_t n0, int32_t zp0, float scale0,
+                       int32_t size1, int32_t offset1, int32_t n1, int32_t zp1, float scale1,
+                       int32_t out_zp, float out_inv_scale);
+int32_t c7x_concat2_i16(const int16_t* in0, const int16_t* in1, int16_t* out, int32_t outer,
+                        int32_t size0, int32_t offset0, int32_t n0, int32_t zp0, float scale0,
+                        int32_t size1, int32_t offset1, int32_t n1, int32_t zp1, float scale1,
+                        int32_t out_zp, float out_inv_scale);
+int32_t c7x_concat3_i8(const int8_t* in0, const int8_t* in1, const int8_t* in2, int8_t* out,
+                       int32_t outer, int32_t size0, int32_t offset0, int32_t n0, int32_t zp0,
+                       float scale0, int32_t size1, int32_t offset1, int32_t n1, int32_t zp1,
+                       float scale1, int32_t size2, int32_t offset2, int32_t n2, int32_t zp2,
+                       float scale2, int32_t out_zp, float out_inv_scale);
+int32_t c7x_concat3_i16(const int16_t* in0, const int16_t* in1, const int16_t* in2,
+                        int16_t* out, int32_t outer, int32_t size0, int32_t offset0, int32_t n0,
+                        int32_t zp0, float scale0, int32_t size1, int32_t offset1, int32_t n1,
+                        int32_t zp1, float scale1, int32_t size2, int32_t offset2, int32_t n2,
+                        int32_t zp2, float scale2, int32_t out_zp, float out_inv_scale);
+int32_t c7x_concat4_i8(const int8_t* in0, const int8_t* in1, const int8_t* in2,
+                       const int8_t* in3, int8_t* out, int32_t outer, int32_t size0,
+                       int32_t offset0, int32_t n0, int32_t zp0, float scale0, int32_t size1,
+                       int32_t offset1, int32_t n1, int32_t zp1, float scale1, int32_t size2,
+                       int32_t offset2, int32_t n2, int32_t zp2, float scale2, int32_t size3,
+                       int32_t offset3, int32_t n3, int32_t zp3, float scale3, int32_t out_zp,
+                       float out_inv_scale);
+int32_t c7x_concat4_i16(const int16_t* in0, const int16_t* in1, const int16_t* in2,
+                        const int16_t* in3, int16_t* out, int32_t outer, int32_t size0,
+                        int32_t offset0, int32_t n0, int32_t zp0, float scale0, int32_t size1,
+                        int32_t offset1, int32_t n1, int32_t zp1, float scale1, int32_t size2,
+                        int32_t offset2, int32_t n2, int32_t zp2, float scale2, int32_t size3,
+                        int32_t offset3, int32_t n3, int32_t zp3, float scale3, int32_t out_zp,
+                        float out_inv_scale);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1437,3 +1437,108 @@ static int32_t dequantize_run(const void* in, float* out, int32_t n_in, int32_t 
 
 C7X_DEFINE_QUANTIZE(i8, int8_t, ELEM_I8)
 C7X_DEFINE_QUANTIZE(i16, int16_t, ELEM_I16)
+
+/* ------------------------------------------------------------------------- */
+/* Concatenate / slice with requantize (float32, as torch's Q/DQ)             */
+/* ------------------------------------------------------------------------- */
+
+typedef struct {
+    const void* in;
+    int32_t size, offset, n, zp;
+    float scale;
+} concat_segment;
+
+/* Statuses of c7x_concat<K>_<t> (c7x_kernels.h), in the order the header lists them. */
+static int32_t concat_check(const concat_segment* seg, int32_t k, const void* out, int32_t outer,
+                            int32_t out_zp, float out_inv_scale, elem_type t)
+{
+    int64_t total = 0;
+    int32_t j;
+    if (out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    for (j = 0; j < k; ++j) {
+        if (seg[j].in == NULL) {
+            return C7X_ERR_NULL;
+        }
+    }
+    for (j = 0; j < k; ++j) {
+        if (seg[j].n <= 0 || seg[j].offset < 0 || (int64_t)seg[j].offset + seg[j].n > seg[j].size ||
+            elem_count(outer, seg[j].size, 1, 1) < 0) {
+            return C7X_ERR_SHAPE;
+        }
+        total += seg[j].n;
+    }
+    if (total > INT32_MAX || elem_count(outer, (int32_t)total, 1, 1) < 0) {
+        return C7X_ERR_SHAPE;
+    }
+    for (j = 0; j < k; ++j) {
+        if (!zp_fits(seg[j].zp, t) || !positive_finite(seg[j].scale)) {
+            return C7X_ERR_PARAM;
+        }
+    }
+    if (!zp_fits(out_zp, t) || !positive_finite(out_inv_scale)) {
+        return C7X_ERR_PARAM;
+    }
+    return C7X_OK;
+}
+
+static int32_t concat_run(const concat_segment* seg, int32_t k, void* out, int32_t outer,
+                          int32_t out_zp, float out_inv_scale, elem_type t)
+{
+    const int32_t status = concat_check(seg, k, out, outer, out_zp, out_inv_scale, t);
+    int64_t o, i, pos = 0;
+    int32_t j;
+    if (status != C7X_OK) {
+        return status;
+    }
+    for (o = 0; o < outer; ++o) {
+        for (j = 0; j < k; ++j) {
+            const int64_t base = o * seg[j].size + seg[j].offset;
+            for (i = 0; i < seg[j].n; ++i) {
+                const float d = (float)(load_elem(seg[j].in, base + i, t) - seg[j].zp) * seg[j].scale;
+                const float v = d * out_inv_scale;
+                store_saturated(out, pos++, round_half_even(v) + out_zp, t);
+            }
+        }
+    }
+    return C7X_OK;
+}
+
+/* One segment's parameters and its initialiser, for the wrappers below. */
+#define C7X_SEG_PARAMS(j) int32_t size##j, int32_t offset##j, int32_t n##j, int32_t zp##j, float scale##j
+#define C7X_SEG(j) {in##j, size##j, offset##j, n##j, zp##j, scale##j}
+
+/* c7x_concat<K>_<t>: one body (concat_run). SUF: i8 / i16; T: element type; ET: elem_type. */
+#define C7X_DEFINE_CONCAT(SUF, T, ET)                                                              \
+    int32_t c7x_concat1_##SUF(const T* in0, T* out, int32_t outer, C7X_SEG_PARAMS(0),              \
+                              int32_t out_zp, float out_inv_scale)                                 \
+    {                                                                                              \
+        const concat_segment s[1] = {C7X_SEG(0)};                                                  \
+        return concat_run(s, 1, out, outer, out_zp, out_inv_scale, ET);                            \
+    }                                                                                              \
+    int32_t c7x_concat2_##SUF(const T* in0, const T* in1, T* out, int32_t outer,                   \
+                              C7X_SEG_PARAMS(0), C7X_SEG_PARAMS(1), int32_t out_zp,                \
+                              float out_inv_scale)                                                 \
+    {                                                                                              \
+        const concat_segment s[2] = {C7X_SEG(0), C7X_SEG(1)};                                      \
+        return concat_run(s, 2, out, outer, out_zp, out_inv_scale, ET);                            \
+    }                                                                                              \
+    int32_t c7x_concat3_##SUF(const T* in0, const T* in1, const T* in2, T* out, int32_t outer,     \
+                              C7X_SEG_PARAMS(0), C7X_SEG_PARAMS(1), C7X_SEG_PARAMS(2),             \
+                              int32_t out_zp, float out_inv_scale)                                 \
+    {                                                                                              \
+        const concat_segment s[3] = {C7X_SEG(0), C7X_SEG(1), C7X_SEG(2)};                          \
+        return concat_run(s, 3, out, outer, out_zp, out_inv_scale, ET);                            \
+    }                                                                                              \
+    int32_t c7x_concat4_##SUF(const T* in0, const T* in1, const T* in2, const T* in3, T* out,      \
+                              int32_t outer, C7X_SEG_PARAMS(0), C7X_SEG_PARAMS(1),                 \
+                              C7X_SEG_PARAMS(2), C7X_SEG_PARAMS(3), int32_t out_zp,                \
+                              float out_inv_scale)                                                 \
+    {                                                                                              \
+        const concat_segment s[4] = {C7X_SEG(0), C7X_SEG(1), C7X_SEG(2), C7X_SEG(3)};              \
+        return concat_run(s, 4, out, outer, out_zp, out_inv_scale, ET);                            \
+    }
+
+C7X_DEFINE_CONCAT(i8, int8_t, ELEM_I8)
+C7X_DEFINE_CONCAT(i16, int16_t, ELEM_I16)

@@ -82,6 +82,12 @@ class Kernel:
         return self.offload.startswith("edges.")
 
     @property
+    def layer(self) -> bool:
+        """False for the edges and for data movement (concat, split): kernels that compute
+        no layer of the model (``backend/manifest.py``)."""
+        return not (self.edge or self.offload.startswith("concat."))
+
+    @property
     def macs(self) -> bool:
         """True for a multiply-accumulate kernel (its work is counted in MACs)."""
         return self.engine != "vector"
@@ -150,6 +156,8 @@ def _records() -> tuple[Kernel, ...]:
           ref.DequantizeGeometry, "vector"),
         K("c7x_dequantize_i16_f32", "edges.offload_output_dequantize", ref.c7x_dequantize_i16_f32,
           ref.DequantizeGeometry, "vector"),
+        *(K(f"c7x_concat{k}_{t}", "concat.offload_concat", getattr(ref, f"c7x_concat{k}_{t}"), ref.ConcatGeometry,
+            "vector") for k in range(1, ref.MAX_SEGMENTS + 1) for t in ("i8", "i16")),
     )
 
 

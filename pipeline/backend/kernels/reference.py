@@ -27,6 +27,7 @@ float32 operations in the C's order, each rounded like the C's.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -1238,3 +1239,115 @@ def c7x_dequantize_i8_f32(in_, out, n_in, n, in_zp, in_scale, rounding=None) -> 
 def c7x_dequantize_i16_f32(in_, out, n_in, n, in_zp, in_scale, rounding=None) -> int:
     """As :func:`c7x_dequantize_i8_f32` from int16."""
     return _dequantize_edge(in_, out, n_in, n, in_zp, in_scale, _I16)
+
+
+# --------------------------------------------------------------------------
+# Concatenate / slice with requantize (float32, as torch's Q/DQ)
+# --------------------------------------------------------------------------
+
+#: most segments of one c7x_concat<K> call (c7x_kernels.h declares K = 1..4)
+MAX_SEGMENTS = 4
+
+
+@dataclass(frozen=True)
+class ConcatGeometry(_Geometry):
+    """c7x_concat<K>: ``outer`` blocks; segment j reads ``[offset<j>, offset<j> + n<j>)`` of
+    every ``size<j>``-element block of in<j> (in<j>: outer * size<j> elements); out holds
+    outer * (n0 + ... + n<K-1>). Segments 1..3 are absent (None) in a call with fewer."""
+
+    outer: int
+    size0: int
+    offset0: int
+    n0: int
+    size1: int | None = None
+    offset1: int | None = None
+    n1: int | None = None
+    size2: int | None = None
+    offset2: int | None = None
+    n2: int | None = None
+    size3: int | None = None
+    offset3: int | None = None
+    n3: int | None = None
+
+    def __post_init__(self):
+        for f in fields(self):
+            if getattr(self, f.name) is not None:
+                object.__setattr__(self, f.name, _int32(f.name, getattr(self, f.name)))
+
+    def segments(self) -> list[tuple[int, int, int]]:
+        """``(size, offset, n)`` of each segment, in order."""
+        return [(getattr(self, f"size{j}"), getattr(self, f"offset{j}"), getattr(self, f"n{j}"))
+                for j in range(MAX_SEGMENTS) if getattr(self, f"size{j}") is not None]
+
+    def status(self) -> int:
+        total = 0
+        for size, offset, n in self.segments():
+            if n <= 0 or offset < 0 or offset + n > size or _elem_count(self.outer, size) < 0:
+                return C7X_ERR_SHAPE
+            total += n
+        return C7X_OK if _elem_count(self.outer, total) > 0 else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        segs = self.segments()
+        out = {f"in{j}": (self.outer * size,) for j, (size, _, _) in enumerate(segs)}
+        out["out"] = (self.outer * sum(n for _, _, n in segs),)
+        return out
+
+
+def _concat(k: int, dtype: np.dtype, a: dict) -> int:
+    """c7x_concat<k> on the bound arguments ``a`` (C names); statuses in the C's order."""
+    outer, out_zp = _int32("outer", a["outer"]), _int32("out_zp", a["out_zp"])
+    out_inv_scale = _float32("out_inv_scale", a["out_inv_scale"])
+    zps = [_int32(f"zp{j}", a[f"zp{j}"]) for j in range(k)]
+    scales = [_float32(f"scale{j}", a[f"scale{j}"]) for j in range(k)]
+    if a["out"] is None or any(a[f"in{j}"] is None for j in range(k)):
+        return C7X_ERR_NULL
+    geo = ConcatGeometry(outer, **{f"{f}{j}": a[f"{f}{j}"] for j in range(k) for f in ("size", "offset", "n")})
+    status = geo.status()
+    if status != C7X_OK:
+        return status
+    if not (all(_zp_scale_ok(z, s, dtype) for z, s in zip(zps, scales)) and _zp_scale_ok(out_zp, out_inv_scale, dtype)):
+        return C7X_ERR_PARAM
+    sh = geo.shapes()
+    parts = []
+    for j, (size, offset, n) in enumerate(geo.segments()):
+        x = _array(f"in{j}", a[f"in{j}"], sh[f"in{j}"], dtype).reshape(outer, size)[:, offset:offset + n]
+        with np.errstate(over="ignore"):  # as _requantize: inf saturates as in C
+            parts.append((x.astype(np.float32) - np.float32(zps[j])) * scales[j] * out_inv_scale)
+    y = _array("out", a["out"], sh["out"], dtype, output=True)
+    v = np.concatenate(parts, axis=1).reshape(-1)
+    y[...] = saturate(np.clip(np.rint(v), -2.0**24, 2.0**24).astype(np.int64) + out_zp, dtype)
+    return C7X_OK
+
+
+def _concat_twin(k: int, dtype: np.dtype):
+    """The twin of ``c7x_concat<k>_<i8|i16>``: the C argument list (pointers in0..in<k-1>,
+    out; outer; size, offset, n, zp, scale of each segment; out_zp, out_inv_scale), plus
+    ``rounding`` (unused: the rounding is torch's)."""
+    names = [f"in{j}" for j in range(k)] + ["out", "outer"]
+    names += [f"{f}{j}" for j in range(k) for f in ("size", "offset", "n", "zp", "scale")]
+    names += ["out_zp", "out_inv_scale"]
+    P = inspect.Parameter
+    sig = inspect.Signature([P(n, P.POSITIONAL_OR_KEYWORD) for n in names]
+                            + [P("rounding", P.POSITIONAL_OR_KEYWORD, default=None)])
+    suffix = "i8" if dtype == _I8 else "i16"
+
+    def twin(*args, **kwargs) -> int:
+        bound = sig.bind(*args, **kwargs)
+        return _concat(k, dtype, bound.arguments)
+
+    twin.__name__ = twin.__qualname__ = f"c7x_concat{k}_{suffix}"
+    twin.__signature__ = sig
+    twin.__doc__ = (f"Concatenation of {k} requantized segment(s) in {suffix} (ours; docs/reference.md, "
+                    f"\"Concat and split\"): out[o, pos_j + i] = saturate(rint(float32(in_j[o * size_j + "
+                    f"offset_j + i] - zp_j) * scale_j * out_inv_scale) + out_zp), both products rounded to "
+                    f"float32 (torch's dequantize + quantize), o < outer. Statuses as the C: NULL; a "
+                    f"segment outside its block or an empty one (shape); a zero point outside {suffix} or a "
+                    f"scale that is not a finite float32 > 0 (param). ``rounding`` is unused.")
+    return twin
+
+
+c7x_concat1_i8, c7x_concat1_i16 = _concat_twin(1, _I8), _concat_twin(1, _I16)
+c7x_concat2_i8, c7x_concat2_i16 = _concat_twin(2, _I8), _concat_twin(2, _I16)
+c7x_concat3_i8, c7x_concat3_i16 = _concat_twin(3, _I8), _concat_twin(3, _I16)
+c7x_concat4_i8, c7x_concat4_i16 = _concat_twin(4, _I8), _concat_twin(4, _I16)

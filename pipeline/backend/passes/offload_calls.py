@@ -110,5 +110,5 @@ def offload_calls(mod: tvm.IRModule) -> list[OffloadCall]:
 
 def layer_calls(mod: tvm.IRModule) -> list[OffloadCall]:
     """The offload calls of the model's layers: :func:`offload_calls` without the
-    input quantize and output dequantize kernels."""
-    return [c for c in offload_calls(mod) if not c.edge]
+    input quantize, output dequantize and data-movement (concat, split) kernels."""
+    return [c for c in offload_calls(mod) if catalog.kernel(c.kernel).layer]

@@ -9,7 +9,9 @@ a binding from the reference's: the per-channel affine (an unfolded
 batch_norm) runs before relu/clip so it can take the relu that follows it; the activation tables after relu/clip, whose patterns are
 single clips that never contain an activation's chain; the squeeze-excitation
 multiply and the average pools (the reference's step 4 names an avgpool
-fusion) before the requantize. The model's edges (the input quantize, the
+fusion), then concat and split (data movement between layers: their patterns
+start at a quantize of a concat or of a split piece, which no layer pass
+claims) before the requantize. The model's edges (the input quantize, the
 output dequantize) come last, after the cleanups: only the Q/DQ that are left
 are real passes over a tensor. CanonicalizeBindings and DeadCodeElimination
 follow (the float weights' dequantize bindings die there).
@@ -37,6 +39,7 @@ from .avg_pool import offload_avg_pool2d, offload_global_avg_pool
 from .channel_affine import offload_channel_affine
 from .channel_mul import offload_channel_mul
 from .cleanup import eliminate_qdq_pairs, eliminate_qdq_transparent
+from .concat import offload_concat
 from .conv import offload_conv2d_i8, offload_conv2d_i16
 from .depthwise import offload_depthwise_conv2d_i8, offload_depthwise_conv2d_i16
 from .edges import offload_input_quantize, offload_output_dequantize
@@ -52,7 +55,8 @@ PASS_ORDER = (
     offload_conv2d_i8, offload_depthwise_conv2d_i8, offload_fc_i8, offload_residual_add_i8,
     offload_conv2d_i16, offload_fc_i16, offload_residual_add_i16, offload_depthwise_conv2d_i16,
     offload_max_pool2d_i8, offload_max_pool2d_i16, offload_channel_affine, offload_relu_i8,
-    offload_activation_lut_i8, offload_channel_mul, offload_global_avg_pool, offload_avg_pool2d, offload_requantize,
+    offload_activation_lut_i8, offload_channel_mul, offload_global_avg_pool, offload_avg_pool2d, offload_concat,
+    offload_requantize,
     eliminate_qdq_transparent, eliminate_qdq_pairs, offload_input_quantize, offload_output_dequantize,
 )
 
