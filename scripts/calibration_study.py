@@ -1,6 +1,15 @@
 """Compare calibration methods on a real model with held-out images (k-fold): prints a table.
 
     .venv/bin/python scripts/calibration_study.py [--model mobilenet_v2] [--folds 5] [--methods NAME,...]
+    .venv/bin/python scripts/calibration_study.py --deployed [--second-set scenes]
+
+``--deployed`` scores the deployed C too (issue 30): each fold runs the
+holdout stage's own fold flow (:func:`pipeline.stages.holdout.run_fold`:
+calibrate, convert, relax import, codegen, gcc host build), and a second set
+of real photos that no calibration sees (default ``calib_data/scenes``, the
+YOLO scenes: no labels needed, agreement is with float) is scored with the
+model calibrated on every image. Its rows are the kernel-aware methods
+(channel equalization, kernel-exact requantize) with the default observer.
 
 For every method (activation observer, percentile, bias correction, symmetric
 or affine int8) and every fold, the stage functions calibrate on the other
@@ -53,10 +62,13 @@ class Method:
     percentile: float = 99.99
     bias_correction: bool = False
     symmetric: bool = True
+    equalize: bool = False
+    exact_requantize: bool = False
 
     def apply(self, spec: ModelSpec) -> ModelSpec:
         cal = dataclasses.replace(spec.calibration, observer=self.observer, percentile=self.percentile,
-                                  bias_correction=self.bias_correction, num_images=0)
+                                  bias_correction=self.bias_correction, num_images=0, equalize=self.equalize,
+                                  exact_requantize=self.exact_requantize)
         q = dataclasses.replace(spec.quantizer, symmetric_activations=self.symmetric)
         return dataclasses.replace(spec, calibration=cal, quantizer=q)
 
@@ -72,6 +84,54 @@ def methods() -> list[Method]:
     rows += [Method("minmax, affine int8", "minmax", symmetric=False),
              Method("minmax, affine int8 + BC", "minmax", symmetric=False, bias_correction=True)]
     return rows
+
+
+def deployed_methods() -> list[Method]:
+    """The rows of ``--deployed``: the default observer with the kernel-aware options."""
+    p = Method("percentile 99.99", "percentile")
+    return [p, dataclasses.replace(p, name="+ exact requantize", exact_requantize=True),
+            dataclasses.replace(p, name="+ equalization", equalize=True),
+            dataclasses.replace(p, name="+ equalization + exact requantize", equalize=True, exact_requantize=True),
+            dataclasses.replace(p, name="+ bias correction + exact requantize", bias_correction=True,
+                                exact_requantize=True),
+            Method("percentile 99.999 + exact requantize", "percentile", percentile=99.999, exact_requantize=True)]
+
+
+def run_deployed(m: Method, spec: ModelSpec, work: Path, float_pt2: Path, prepared: dict,
+                 folds: list[list[int]], images: list[Path], x: torch.Tensor, second: torch.Tensor) -> dict:
+    """Q/DQ and C logits of ``m`` on every image held out (k-fold) and on ``second``
+    (calibrated on all ``images``), with the holdout stage's fold flow."""
+    from pipeline.stages.holdout import run_fold
+    mspec = m.apply(spec)
+    classes = None
+    out = {}
+    t0 = time.perf_counter()
+    for f, test in enumerate(folds):
+        train = [images[i] for i in range(len(images)) if i not in test]
+        got = run_fold(mspec, float_pt2, prepared[m.symmetric], train, x[test], work / f"{id(m)}_{f}", None)
+        classes = classes or got["qdq"].shape[1]
+        for k in ("qdq", "c"):
+            out.setdefault(k, torch.zeros(len(images), classes))[test] = torch.from_numpy(got[k])
+    got = run_fold(mspec, float_pt2, prepared[m.symmetric], images, second, work / f"{id(m)}_all", None)
+    out.update({"qdq2": torch.from_numpy(got["qdq"]), "c2": torch.from_numpy(got["c"]),
+                "seconds": (time.perf_counter() - t0) / (len(folds) + 1)})
+    return out
+
+
+def deployed_table(spec, rows_in, args, n, ref, ref2) -> None:
+    """Print the ``--deployed`` table (markdown)."""
+    n2 = len(ref2)
+    print(f"\n{spec.name} int8: {args.folds}-fold held-out on calib_data/{spec.calibration.set} ({n} images) "
+          f"and calib_data/{args.second_set} ({n2} photos no calibration sees); agreement with float top-1, "
+          f"mean |logit - float logit|\n")
+    print("| method | Q/DQ k-fold | C k-fold | Q/DQ second set | C second set | build s / fold |")
+    print("|---|---|---|---|---|---|")
+    agree = lambda a, r: int((a.argmax(1) == r.argmax(1)).sum())
+    err = lambda a, r: float((a - r).abs().mean())
+    for name, r in rows_in:
+        print(f"| {name} | {agree(r['qdq'], ref)}/{n}, {err(r['qdq'], ref):.3f} | {agree(r['c'], ref)}/{n}, "
+              f"{err(r['c'], ref):.3f} | {agree(r['qdq2'], ref2)}/{n2}, {err(r['qdq2'], ref2):.3f} | "
+              f"{agree(r['c2'], ref2)}/{n2}, {err(r['c2'], ref2):.3f} | {r['seconds']:.0f} |")
 
 
 def fold_dir(images: list[Path], folder: Path) -> Path:
@@ -119,6 +179,8 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--methods", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--deployed", action="store_true", help="score the deployed C too (kernel-aware rows)")
+    ap.add_argument("--second-set", default="scenes", help="with --deployed: photos no calibration sees")
     args = ap.parse_args()
     spec = next(s for s in load_models(REPO / "models") if getattr(s, "name", None) == args.model)
     if spec.dtype != "int8" or spec.quantizer.mixed:
@@ -128,7 +190,8 @@ def main() -> None:
     if len(images) < args.folds:
         sys.exit(f"{calib}: {len(images)} images cannot make {args.folds} folds; run scripts/setup.sh")
     folds = [list(range(f, len(images), args.folds)) for f in range(args.folds)]
-    wanted = [m for m in methods() if not args.methods or m.name in args.methods.split(",")]
+    rows_of = deployed_methods() if args.deployed else methods()
+    wanted = [m for m in rows_of if not args.methods or m.name in args.methods.split(",")]
     labels = [label_of(p) for p in images]
     with tempfile.TemporaryDirectory(prefix="calibration_study-") as tmp:
         work = Path(tmp)
@@ -141,6 +204,16 @@ def main() -> None:
             prepare_model(mspec, float_pt2, *prepared[sym])
         x = load_images(images, spec.preprocess, desc="images", model=spec.name)
         ref = run_program(float_pt2, x, spec.name)
+        if args.deployed:
+            second = load_images(list_images(REPO / "calib_data" / args.second_set), spec.preprocess,
+                                 desc="second set", model=spec.name)
+            ref2 = run_program(float_pt2, second, spec.name)
+            done = []
+            for m in wanted:
+                done.append((m.name, run_deployed(m, spec, work, float_pt2, prepared, folds, images, x, second)))
+                print(f"{m.name}: done", file=sys.stderr, flush=True)
+            deployed_table(spec, done, args, len(images), ref, ref2)
+            return
         f1 = ref.argmax(1)
         float_top1 = sum(int(f1[i]) == y for i, y in enumerate(labels) if y is not None)
         rows = []

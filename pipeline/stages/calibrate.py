@@ -37,6 +37,14 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     set. The record gains ``shards`` {requested, used, images per shard,
     merge method per observer class}; with shards = 1 it is unchanged.
 
+    With ``[calibration] equalize`` the channels of the rescalable tensors are
+    equalized on the images before any observer runs
+    (:mod:`pipeline.quant.equalize`; record ``equalization``, whose ``scales``
+    the layers stage replays on its float reference); with ``exact_requantize``
+    the int8 layers' weight scales are then snapped to kernel multipliers
+    (:mod:`pipeline.quant.exact_rescale`; record ``exact_requantize``), before
+    bias correction.
+
     Raises :class:`CalibrationDataError` for a missing/empty folder or an
     unreadable image (nothing is written then). ``int16_selection``:
     ``int16_layers.json`` of a mixed-precision model. Raises ConfigError for
@@ -49,6 +57,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     check_prepared(gm, prepared_state, prepared_table)
     total = len(images) if images else (cal.num_images or 8)
     slices = _shard_slices(spec, gm, images)
+    equalized = _equalize(spec, gm, images) if cal.equalize else None
     merge = None
     t0 = time.perf_counter()
     # disable=None: a live img/s bar on a terminal, nothing in logs (the line below stays)
@@ -68,6 +77,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     seconds = time.perf_counter() - t0
     if merge is not None and cal.bias_correction:  # the whole set, as one process sees it
         seen = list(calibration_batches(spec, images))
+    snapped = _snap(gm) if cal.exact_requantize else None
     bias = _correct_biases(gm, seen) if cal.bias_correction else None
     torchenv.save_tensors(gm.state_dict(), out_state)
     info = {
@@ -79,6 +89,8 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
         "observer": cal.observer,
         "observer_options": observer_kwargs(spec, cal.observer),
         "bias_correction": bias or False,
+        "equalization": equalized or False,
+        "exact_requantize": snapped or False,
         "batch_size": cal.batch_size,
         "order": cal.order,
         "for_deployment": cal.source == "images",
@@ -110,6 +122,27 @@ def _shard_slices(spec: ModelSpec, gm: torch.fx.GraphModule, images: list[Path])
     except NotMergeable as e:
         raise ConfigError(f"{spec.source} (model {spec.name!r}): calibration.shards = {cal.shards}: {e}") from None
     return split_images(images, cal.batch_size, cal.shards)
+
+
+def _equalize(spec: ModelSpec, gm: torch.fx.GraphModule, images: list[Path]) -> dict:
+    """Channel equalization of the prepared ``gm`` (in place) on the calibration
+    images (or the random batches); the ``equalization`` record of calibration.json."""
+    from ..quant.equalize import REFERENCE, equalize
+    t0 = time.perf_counter()
+    per_image = [b[i:i + 1] for b in calibration_batches(spec, images) for i in range(len(b))]
+    groups = equalize(gm, per_image, spec.calibration.equalize_alpha)
+    return {"method": "smoothquant", "reference": REFERENCE, "alpha": spec.calibration.equalize_alpha,
+            "seconds": round(time.perf_counter() - t0, 2), "groups": groups}
+
+
+def _snap(gm: torch.fx.GraphModule) -> dict:
+    """Kernel-exact weight scales of the calibrated ``gm`` (in place); the
+    ``exact_requantize`` record of calibration.json."""
+    from ..quant.exact_rescale import snap_weight_scales
+    layers = snap_weight_scales(gm)
+    return {"layers": len(layers),
+            "max_raise": round(max((r["max_raise"] for r in layers), default=0.0), 6),
+            "mean_raise": round(sum(r["mean_raise"] for r in layers) / max(len(layers), 1), 6)}
 
 
 def _correct_biases(gm: torch.fx.GraphModule, batches: list[torch.Tensor]) -> dict:

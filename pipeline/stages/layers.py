@@ -450,10 +450,32 @@ class _Models:
             lg.stats.clear()
 
 
+def _equalization(calibration_info: Path | None) -> list[dict]:
+    """The equalized groups recorded in ``calibration.json`` (none without the file or the option)."""
+    if calibration_info is None or not Path(calibration_info).exists():
+        return []
+    eq = json.loads(Path(calibration_info).read_text()).get("equalization") or {}
+    return eq.get("groups", [])
+
+
+def replay_equalization(ref: torch.fx.GraphModule, groups: list[dict]) -> None:
+    """Apply the recorded channel scales of ``groups`` (calibration.json) to the float
+    reference ``ref`` in place. Raises RuntimeError when a recorded group is not in ``ref``."""
+    from ..quant.equalize import apply_scales, find_groups
+    found = {(g.producers, g.consumers): g for g in find_groups(ref)}
+    for rec in groups:
+        g = found.get((tuple(rec["producers"]), tuple(rec["consumers"])))
+        if g is None:
+            raise RuntimeError(f"equalized group {rec['producers']} -> {rec['consumers']} of calibration.json "
+                               f"is not in the float program; re-run calibrate")
+        apply_scales(ref, g, torch.tensor(rec["scales"], dtype=torch.float64))
+
+
 def _debug_models(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, int16_selection: Path | None,
-                  layers: list[dict], named: dict[str, str]) -> _Models:
+                  layers: list[dict], named: dict[str, str], equalized: list[dict] = ()) -> _Models:
     """Float and Q/DQ models from ONE in-memory program (the debugger matches nodes by
-    ``from_node``), instrumented only at the layers' output points."""
+    ``from_node``), instrumented only at the layers' output points. ``equalized``: the
+    groups whose channel scales the float reference replays (:func:`replay_equalization`)."""
     from torchao.quantization.pt2e._numeric_debugger import prepare_for_propagation_comparison
 
     ep = load_program(float_pt2)
@@ -461,7 +483,9 @@ def _debug_models(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, int1
     requantize = {lay["id"]: lay["out_dtype"] for lay in layers if lay["op"] == "requantize"}
     points = output_points(q, [lay["id"] for lay in layers], named, requantize)
     keep = {p.node for p in points.values()}
-    ref_model = keep_loggers(prepare_for_propagation_comparison(out_of_place(float_reference(ep))), keep)
+    ref = float_reference(ep)
+    replay_equalization(ref, list(equalized))
+    ref_model = keep_loggers(prepare_for_propagation_comparison(out_of_place(ref)), keep)
     qdq_model = prepare_for_propagation_comparison(out_of_place(q))
     # a requantize's Q/DQ nodes log under their own debug name (no float node of their own)
     read = {p.q for p in points.values()} | {d for p in points.values() for d in p.dq}
@@ -546,9 +570,12 @@ def _layer_entry(lay: dict, p: Point | None, variants: list[str], last: dict, ta
 
 def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax_layers: Path,
                  builds: dict[str, Path], images_dir: Path, out: Path,
-                 int16_selection: Path | None = None) -> dict:
+                 int16_selection: Path | None = None, calibration_info: Path | None = None) -> dict:
     """Per-layer numerics on the evaluation images; write ``layers.json``.
     ``int16_selection``: ``int16_layers.json`` of a mixed-precision model.
+    ``calibration_info``: the calibrate stage's ``calibration.json``; when it records
+    a channel equalization, the float reference replays it (the same function, in the
+    equalized channel units the Q/DQ model has).
 
     ``builds``: variant -> codegen folder, the deployed build first (its
     manifest gives the layers; another build adds ``c_vs_qdq_<variant>``).
@@ -570,7 +597,7 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
     for v in variants:
         last[v], fused[v] = layer_calls(manifests[v], relax_names)
     models = _debug_models(spec, float_pt2, calibrated_state, int16_selection, layers,
-                           _named_points(last[variants[0]], relax_names))
+                           _named_points(last[variants[0]], relax_names), _equalization(calibration_info))
     points = models.points
     programs = {v: Program(d) for v, d in builds.items()}
     wanted = {v: {last[v][lid]["index"]: lid for lid in points if lid in last[v]} for v in variants}

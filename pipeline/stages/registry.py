@@ -481,8 +481,8 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.layers:layers_model",
         params=QUANT_OPTS + ("calibration.observer", "preprocess", "evaluation_set"), versions=("torchao",),
         extra=lambda c: {"images": [p.name for p in c.evaluation_images]},  # layers.json records the set
-        deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, c.layout.relax_layers, *_selection_deps(c),
-                        *[c.layout.codegen_dir(variants(c.spec)[0]) / f
+        deps=lambda c: [c.layout.float_pt2, c.layout.calibrated, c.layout.calibration_json, c.layout.relax_layers,
+                        *_selection_deps(c), *[c.layout.codegen_dir(variants(c.spec)[0]) / f
                           for f in ("manifest.json", "lowered.py", "weights.bin")],
                         *c.evaluation_images],
         outs=lambda c: [c.layout.layers_json],
@@ -490,7 +490,7 @@ STAGES: tuple[Stage, ...] = (
                         "relax_layers": c.layout.relax_layers,
                         "builds": {variants(c.spec)[0]: c.layout.codegen_dir(variants(c.spec)[0])},
                         "images_dir": c.calib_root / c.spec.evaluation_set, "out": c.layout.layers_json,
-                        "int16_selection": _selection(c)},
+                        "int16_selection": _selection(c), "calibration_info": c.layout.calibration_json},
         task_doc=lambda c: f"SQNR, cosine, max error per layer on calib_data/{c.spec.evaluation_set} "
                            f"({variants(c.spec)[0]} build)",
     ),

@@ -57,11 +57,14 @@ def test_no_row_shows_a_false_error_and_fused_rows_say_why(shuffled):
     assert all(r["c_vs_qdq"] is not None for r in rows.values()), rows
     for lid, row in rows.items():  # a number or a reason, never neither
         assert row["c_vs_qdq_scalar"] is not None or any(n.startswith("scalar: not") for n in row.get("notes", [])), lid
-    # scalar: TVM's own integer lowering of the Q/DQ program, bit-exact (0 LSB measured,
-    # 1 allowed) at every layer, the fused ones included (compared at the call computing
-    # the whole conv); the old bug showed 372-1103 LSB there
+    # scalar: TVM's own integer lowering of the Q/DQ program, within 2 LSB at every layer,
+    # the fused ones included (compared at the call computing the whole conv); the old bug
+    # showed 372-1103 LSB there. (0 LSB was measured before kernel-exact requantize; its
+    # multipliers are m / 2^k, so a Q/DQ product can land on a rounding midpoint, which
+    # torch and TVM's fixed-point lowering may round apart: 2 LSB measured at one layer.)
     scalar = {lid: r["c_vs_qdq_scalar"] for lid, r in rows.items()}
-    assert all(s is not None and s["max_lsb"] <= 1 for s in scalar.values()), scalar
+    bad = {lid: s for lid, s in scalar.items() if s is None or s["max_lsb"] > 2}
+    assert not bad, bad
     # MMALIB (7-bit multiplier) stays a few LSB from Q/DQ at each layer it is compared
     assert all(r["c_vs_qdq"]["max_lsb"] <= 8 for r in rows.values() if r["c_vs_qdq"] is not None), rows
 
