@@ -3,6 +3,7 @@
 Referenced from test projects' model entries as ``builder = "tinynets:<name>"``.
 """
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -124,3 +125,36 @@ class ShuffleCNN(nn.Module):
 def shuffle_cnn(classes: int = 10) -> nn.Module:
     """Builder: :class:`ShuffleCNN` (random init)."""
     return ShuffleCNN(classes)
+
+
+class ResidualNet(nn.Module):
+    """stem conv (ReLU) -> 1x1 projection (no act) -> two residual blocks
+    (1x1 ReLU6 expand, 3x3 depthwise ReLU6, 1x1 project, add) -> 1x1 head (ReLU) -> GAP -> fc.
+    The projections and adds form one rescalable stream; the stream channels get
+    deliberately uneven ranges (outlier channels, as MobileNetV2's)."""
+
+    def __init__(self, c=8, e=16, classes=10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 12, 3, padding=1)
+        self.proj0 = nn.Conv2d(12, c, 1)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(c, e, 1), nn.ReLU6(), nn.Conv2d(e, e, 3, padding=1, groups=e),
+                                                  nn.ReLU6(), nn.Conv2d(e, c, 1)) for _ in range(2))
+        self.head = nn.Conv2d(c, 16, 1)
+        self.fc = nn.Linear(16, classes)
+        with torch.no_grad():
+            gain = torch.ones(c)
+            gain[:2] = 20.0   # two outlier channels of the stream
+            self.proj0.weight.mul_(gain.view(-1, 1, 1, 1))
+            self.proj0.bias.mul_(gain)
+
+    def forward(self, x):
+        y = self.proj0(torch.relu(self.stem(x)))
+        for b in self.blocks:
+            y = y + b(y)
+        return self.fc(torch.relu(self.head(y)).mean((2, 3)))
+
+
+def residual_net(classes: int = 10) -> nn.Module:
+    """A seeded :class:`ResidualNet` (16x16 input; tests/quant/test_equalize.py)."""
+    torch.manual_seed(0)
+    return ResidualNet(classes=classes).eval()

@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from torch import nn
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
 from pipeline import torchenv  # noqa: F401  (torch settings before torchao)
@@ -17,33 +16,7 @@ from pipeline.quant.bias_correction import weighted_nodes
 from pipeline.quant.equalize import apply_scales, equalize, find_groups
 from pipeline.quant.exact_rescale import next_multiplier, snap_weight_scales
 from quant_graph import prepare
-
-
-class ResidualNet(nn.Module):
-    """stem conv (ReLU) -> 1x1 projection (no act) -> two residual blocks
-    (1x1 ReLU6 expand, 3x3 depthwise ReLU6, 1x1 project, add) -> 1x1 head (ReLU) -> GAP -> fc.
-    The projections and adds form one rescalable stream; the stream channels get
-    deliberately uneven ranges (outlier channels, as MobileNetV2's)."""
-
-    def __init__(self, c=8, e=16):
-        super().__init__()
-        self.stem = nn.Conv2d(3, 12, 3, padding=1)
-        self.proj0 = nn.Conv2d(12, c, 1)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(c, e, 1), nn.ReLU6(), nn.Conv2d(e, e, 3, padding=1, groups=e),
-                                                  nn.ReLU6(), nn.Conv2d(e, c, 1)) for _ in range(2))
-        self.head = nn.Conv2d(c, 16, 1)
-        self.fc = nn.Linear(16, 10)
-        with torch.no_grad():
-            gain = torch.ones(c)
-            gain[:2] = 20.0   # two outlier channels of the stream
-            self.proj0.weight.mul_(gain.view(-1, 1, 1, 1))
-            self.proj0.bias.mul_(gain)
-
-    def forward(self, x):
-        y = self.proj0(torch.relu(self.stem(x)))
-        for b in self.blocks:
-            y = y + b(y)
-        return self.fc(torch.relu(self.head(y)).mean((2, 3)))
+from tinynets import ResidualNet
 
 
 def _images(n=8, seed=0):
@@ -208,3 +181,42 @@ def test_snapped_scales_make_every_rescale_exact(prepared):
     test = _images(4, seed=3)
     err = lambda q: sum(float((q(x) - _float(gm, x)).abs().mean()) for x in test)
     assert err(after) < 1.5 * err(before)
+
+
+def test_calibrate_stage_records_both_and_convert_loads_them(tmp_path):
+    """Through the stage functions: calibration.json records the groups and the snapped
+    layers; the converted Q/DQ model has kernel multipliers and float-equal behaviour."""
+    import json
+
+    from doitproj import write_jpeg
+    from pipeline.config import CalibrationSpec, ModelSpec, PreprocessSpec, WeightsSpec
+    from pipeline.stages.calibrate import calibrate_model
+    from pipeline.stages.convert import load_converted
+    from pipeline.stages.export import export_model
+    from pipeline.stages.prepare import prepare_model
+    from pathlib import Path
+    (tmp_path / "s").mkdir()
+    for i in range(4):
+        write_jpeg(tmp_path / "s" / f"im_{i}_{i}.jpg", seed=i)
+    spec = ModelSpec(name="res", source=tmp_path / "res.toml", builder="tinynets:residual_net",
+                     input_shape=(1, 3, 16, 16), weights=WeightsSpec(pretrained=False),
+                     preprocess=PreprocessSpec(resize=18, crop=16),
+                     calibration=CalibrationSpec(set="s", equalize=True), evaluation_set="s")
+    d = tmp_path
+    export_model(spec, None, d / "float.pt2", Path(__file__).resolve().parent.parent)
+    prepare_model(spec, d / "float.pt2", d / "p.pt", d / "p.txt")
+    info = calibrate_model(spec, d / "float.pt2", d / "p.pt", d / "p.txt", d / "s", d / "c.pt", d / "c.json")
+    rec = json.loads((d / "c.json").read_text())
+    assert rec["equalization"]["alpha"] == 0.5 and len(rec["equalization"]["groups"]) == 1
+    assert rec["exact_requantize"]["layers"] == 10 and 0 < rec["exact_requantize"]["max_raise"] <= 1 / 63
+    assert info["equalization"] == rec["equalization"]
+    q = load_converted(spec, d / "float.pt2", d / "c.pt")
+    for node in weighted_nodes(q):
+        users = list(node.users)
+        while users and users[0].target != torch.ops.quantized_decomposed.quantize_per_tensor.default:
+            users = list(users[0].users)
+        owner, _, name = node.args[1].args[1].target.rpartition(".")
+        for s_w in getattr(q.get_submodule(owner) if owner else q, name).double().tolist():
+            r = float(node.args[0].args[1]) * s_w / float(users[0].args[1])
+            m, k = float_to_scale_shift(r)
+            assert abs(m / 2**k - r) / r < 1e-6

@@ -34,6 +34,7 @@ def test_defaults_and_roundtrip(tmp_path):
     (spec,) = load_models(write(tmp_path, "m", BASE))
     assert spec.calibration.set == "imagenet20" and spec.calibration.observer == "percentile"
     assert spec.preprocess.crop == 224 and spec.codegen.mmalib
+    assert spec.calibration.exact_requantize and not spec.calibration.equalize
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -54,6 +55,9 @@ def test_defaults_and_roundtrip(tmp_path):
     (BASE + "[evaluation]\nset = 5\n", "evaluation.set must be a folder name"),
     (BASE + '[codegen]\nmemory = "l2"\n', "codegen.memory 'l2' is not supported; use one of staged, flat"),
     ("description = 5\n" + BASE, "'description' must be a string, got 5"),
+    (BASE + "[calibration]\nequalize_alpha = 1.5\n", "calibration.equalize_alpha must be in [0, 1]"),
+    (BASE + "[calibration]\nequalize = true\nshards = 2\n", "cannot be used with equalize = true"),
+    (BASE + "[calibration]\nexact_requantize = 1\n", "calibration.exact_requantize must be bool, got 1"),
 ])
 def test_invalid_entry_names_file_and_fix(tmp_path, text, needle):
     (entry,) = load_models(write(tmp_path, "bad", text))
