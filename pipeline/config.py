@@ -156,7 +156,15 @@ class CalibrationSpec:
     only convs/linears produce and read (residual streams included) by
     SmoothQuant's ``max|x|^alpha / max|w|^(1 - alpha)`` with ``alpha =
     equalize_alpha`` in [0, 1] (:mod:`pipeline.quant.equalize`; exact in float).
-    ``exact_requantize``: after observing, raise each int8 layer's per-channel
+    ``range_search`` (percentile observer): after observing, choose each int8
+    activation's percentile among :data:`pipeline.quant.range_search.CANDIDATES`
+    by the error it causes at the outputs of the layers reading it
+    (:mod:`pipeline.quant.range_search`).
+    ``adaround_iterations`` > 0: after ``exact_requantize``, learn each int8
+    weight's rounding (up or down) for that many steps per layer so the layer's
+    output on the calibration images is closest to float (AdaRound,
+    :mod:`pipeline.quant.adaround`); 0 = round to nearest.
+    ``exact_requantize``: after observing (and the range search), raise each int8 layer's per-channel
     weight scales (by at most 1/64) so its rescale is exactly a 7-bit kernel
     multiplier (:mod:`pipeline.quant.exact_rescale`, docs/numerics.md "The 7-bit
     multiplier"): the deployed C then requantizes as the Q/DQ model does. On by
@@ -177,6 +185,8 @@ class CalibrationSpec:
     shards: int = 1
     equalize: bool = False
     equalize_alpha: float = 0.5
+    range_search: bool = False
+    adaround_iterations: int = 0
     exact_requantize: bool = True
 
 
@@ -451,6 +461,12 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     if calibration.shards > 1 and calibration.equalize:
         fail("calibration.shards > 1 cannot be used with equalize = true: the shard workers observe the "
              "model before equalization; set shards = 1")
+    if isinstance(calibration.adaround_iterations, bool) or calibration.adaround_iterations < 0:
+        fail(f"calibration.adaround_iterations must be an integer >= 0 (0 = round to nearest), "
+             f"got {calibration.adaround_iterations!r}")
+    if calibration.range_search and calibration.observer != "percentile":
+        fail(f"calibration.range_search chooses among percentiles: it needs observer = 'percentile', "
+             f"got {calibration.observer!r}")
     if not (0.0 <= calibration.equalize_alpha <= 1.0):
         fail(f"calibration.equalize_alpha must be in [0, 1] (0: weights only, 1: activations only), "
              f"got {calibration.equalize_alpha!r}")

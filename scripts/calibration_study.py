@@ -9,7 +9,8 @@ calibrate, convert, relax import, codegen, gcc host build), and a second set
 of real photos that no calibration sees (default ``calib_data/scenes``, the
 YOLO scenes: no labels needed, agreement is with float) is scored with the
 model calibrated on every image. Its rows are the kernel-aware methods
-(channel equalization, kernel-exact requantize) with the default observer.
+(channel equalization, range search, kernel-exact requantize, AdaRound,
+affine int8) with the default observer.
 
 For every method (activation observer, percentile, bias correction, symmetric
 or affine int8) and every fold, the stage functions calibrate on the other
@@ -64,11 +65,14 @@ class Method:
     symmetric: bool = True
     equalize: bool = False
     exact_requantize: bool = False
+    range_search: bool = False
+    adaround_iterations: int = 0
 
     def apply(self, spec: ModelSpec) -> ModelSpec:
         cal = dataclasses.replace(spec.calibration, observer=self.observer, percentile=self.percentile,
                                   bias_correction=self.bias_correction, num_images=0, equalize=self.equalize,
-                                  exact_requantize=self.exact_requantize)
+                                  exact_requantize=self.exact_requantize, range_search=self.range_search,
+                                  adaround_iterations=self.adaround_iterations)
         q = dataclasses.replace(spec.quantizer, symmetric_activations=self.symmetric)
         return dataclasses.replace(spec, calibration=cal, quantizer=q)
 
@@ -94,6 +98,11 @@ def deployed_methods() -> list[Method]:
             dataclasses.replace(p, name="+ equalization + exact requantize", equalize=True, exact_requantize=True),
             dataclasses.replace(p, name="+ bias correction + exact requantize", bias_correction=True,
                                 exact_requantize=True),
+            dataclasses.replace(p, name="+ range search + exact requantize", range_search=True,
+                                exact_requantize=True),
+            dataclasses.replace(p, name="+ AdaRound 200 + exact requantize", adaround_iterations=200,
+                                exact_requantize=True),
+            dataclasses.replace(p, name="affine int8 + exact requantize", symmetric=False, exact_requantize=True),
             Method("percentile 99.999 + exact requantize", "percentile", percentile=99.999, exact_requantize=True)]
 
 

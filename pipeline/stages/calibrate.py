@@ -37,13 +37,18 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     set. The record gains ``shards`` {requested, used, images per shard,
     merge method per observer class}; with shards = 1 it is unchanged.
 
-    With ``[calibration] equalize`` the channels of the rescalable tensors are
-    equalized on the images before any observer runs
-    (:mod:`pipeline.quant.equalize`; record ``equalization``, whose ``scales``
-    the layers stage replays on its float reference); with ``exact_requantize``
-    the int8 layers' weight scales are then snapped to kernel multipliers
-    (:mod:`pipeline.quant.exact_rescale`; record ``exact_requantize``), before
-    bias correction.
+    The kernel-aware options (issue 30) run around the observation, each
+    recorded in calibration.json under its name (False when off):
+
+    1. ``equalize``: channels of the rescalable tensors equalized on the images
+       before any observer runs (:mod:`pipeline.quant.equalize`; its ``scales``
+       are replayed by the layers stage on its float reference);
+    2. ``range_search``: each int8 activation's percentile chosen by the error
+       at its readers' outputs (:mod:`pipeline.quant.range_search`);
+    3. ``exact_requantize`` (default on): int8 weight scales snapped to kernel
+       multipliers (:mod:`pipeline.quant.exact_rescale`);
+    4. ``adaround_iterations``: learned weight rounding (:mod:`pipeline.quant.adaround`);
+    5. ``bias_correction`` (above), last.
 
     Raises :class:`CalibrationDataError` for a missing/empty folder or an
     unreadable image (nothing is written then). ``int16_selection``:
@@ -61,7 +66,8 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     merge = None
     t0 = time.perf_counter()
     # disable=None: a live img/s bar on a terminal, nothing in logs (the line below stays)
-    seen = []  # the batches again, for bias correction (20 MobileNetV2 images: 12 MB)
+    seen = []  # the batches again, for the steps after observing (20 MobileNetV2 images: 12 MB)
+    keep = bool(cal.bias_correction or cal.range_search or cal.adaround_iterations)
     with torch.no_grad(), tqdm(total=total, desc=f"calibrate {spec.name}", unit="img", leave=False,
                                disable=None) as bar:
         if len(slices) > 1:
@@ -72,13 +78,12 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
             for batch in calibration_batches(spec, images):
                 gm(batch)
                 bar.update(len(batch))
-                if cal.bias_correction:
+                if keep:
                     seen.append(batch)
     seconds = time.perf_counter() - t0
-    if merge is not None and cal.bias_correction:  # the whole set, as one process sees it
+    if merge is not None and keep:  # the whole set, as one process sees it
         seen = list(calibration_batches(spec, images))
-    snapped = _snap(gm) if cal.exact_requantize else None
-    bias = _correct_biases(gm, seen) if cal.bias_correction else None
+    refined = _refine(gm, seen, cal)
     torchenv.save_tensors(gm.state_dict(), out_state)
     info = {
         "model": spec.name,
@@ -88,9 +93,8 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
         "num_images": total,
         "observer": cal.observer,
         "observer_options": observer_kwargs(spec, cal.observer),
-        "bias_correction": bias or False,
         "equalization": equalized or False,
-        "exact_requantize": snapped or False,
+        **refined,
         "batch_size": cal.batch_size,
         "order": cal.order,
         "for_deployment": cal.source == "images",
@@ -101,7 +105,8 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     write_json(out_info, info)
     print(f"calibrate {spec.name}: {total} {'images' if images else 'random tensors'}, observer "
           f"{cal.observer}, {total / max(seconds, 1e-9):.1f} img/s"
-          + (f", bias correction of {len(bias['layers'])} layers in {bias['seconds']} s" if bias else "")
+          + (f", bias correction of {len(refined['bias_correction']['layers'])} layers in "
+             f"{refined['bias_correction']['seconds']} s" if refined["bias_correction"] else "")
           + (f", {len(slices)} shards" if len(slices) > 1 else ""),
           file=sys.stderr)
     return info
@@ -135,6 +140,26 @@ def _equalize(spec: ModelSpec, gm: torch.fx.GraphModule, images: list[Path]) -> 
             "seconds": round(time.perf_counter() - t0, 2), "groups": groups}
 
 
+def _refine(gm: torch.fx.GraphModule, seen: list[torch.Tensor], cal) -> dict:
+    """Steps 2-5 of :func:`calibrate_model` on the observed ``gm`` (in place), in order;
+    their calibration.json records (False for an option that is off)."""
+    out = {"range_search": _search_ranges(gm, seen) if cal.range_search else False}
+    out["exact_requantize"] = _snap(gm) if cal.exact_requantize else False
+    out["adaround"] = _adaround(gm, seen, cal.adaround_iterations) if cal.adaround_iterations else False
+    out["bias_correction"] = _correct_biases(gm, seen) if cal.bias_correction else False
+    return out
+
+
+def _search_ranges(gm: torch.fx.GraphModule, batches: list[torch.Tensor]) -> dict:
+    """Percentiles chosen by layer-output error (in place); the ``range_search`` record."""
+    from ..quant.range_search import CANDIDATES, search_ranges
+    t0 = time.perf_counter()
+    per_image = [b[i:i + 1] for b in batches for i in range(len(b))]
+    chosen = search_ranges(gm, per_image)
+    return {"candidates": list(CANDIDATES), "images": len(per_image),
+            "seconds": round(time.perf_counter() - t0, 2), "observers": chosen}
+
+
 def _snap(gm: torch.fx.GraphModule) -> dict:
     """Kernel-exact weight scales of the calibrated ``gm`` (in place); the
     ``exact_requantize`` record of calibration.json."""
@@ -143,6 +168,16 @@ def _snap(gm: torch.fx.GraphModule) -> dict:
     return {"layers": len(layers),
             "max_raise": round(max((r["max_raise"] for r in layers), default=0.0), 6),
             "mean_raise": round(sum(r["mean_raise"] for r in layers) / max(len(layers), 1), 6)}
+
+
+def _adaround(gm: torch.fx.GraphModule, batches: list[torch.Tensor], iterations: int) -> dict:
+    """AdaRound of the int8 weights (in place); the ``adaround`` record of calibration.json."""
+    from ..quant.adaround import REFERENCE, adaround
+    t0 = time.perf_counter()
+    per_image = [b[i:i + 1] for b in batches for i in range(len(b))]
+    layers = adaround(gm, per_image, iterations)
+    return {"reference": REFERENCE, "iterations": iterations, "images": len(per_image),
+            "seconds": round(time.perf_counter() - t0, 2), "layers": layers}
 
 
 def _correct_biases(gm: torch.fx.GraphModule, batches: list[torch.Tensor]) -> dict:

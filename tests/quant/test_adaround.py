@@ -1,0 +1,55 @@
+"""Adaptive rounding of int8 weights (pipeline.quant.adaround; Nagel et al. 2020): issue 30, item 1."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+from pipeline import torchenv  # noqa: F401  (torch settings before torchao)
+from pipeline.quant.adaround import adaround, round_layer
+from pipeline.quant.bias_correction import weighted_nodes
+from quant_graph import prepare
+from tinynets import residual_net
+
+
+def test_round_layer_lowers_the_output_error_on_a_linear_layer():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 64, generator=gen) * 0.05
+    scale = w.abs().amax(1) / 7.5          # a coarse grid (4-bit-like) so rounding matters
+    x = [torch.randn(32, 64, generator=gen) for _ in range(4)]
+    q, rec = round_layer(lambda a, b: F.linear(a, b), w, scale, -8, 7, x, x, iterations=300)
+    assert torch.equal(q, q.round()) and q.min() >= -8 and q.max() <= 7
+    assert rec["mse"] < 0.9 * rec["mse_nearest"] and rec["flipped"] > 0
+    # the record's error is the layer's output error with these integers
+    err = sum(float((F.linear(xi, scale[:, None] * q) - F.linear(xi, w)).pow(2).mean()) for xi in x) / 4
+    assert err == pytest.approx(rec["mse"], rel=1e-5)
+
+
+def test_adaround_writes_integers_that_convert_keeps():
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(1, 3, 16, 16, generator=gen) for _ in range(4)]
+    gm = prepare(residual_net(), xs[0], observer="minmax")
+    with torch.no_grad():
+        for x in xs:
+            gm(x)
+    before = copy.deepcopy(gm)
+    records = adaround(gm, xs, iterations=30)
+    assert len(records) == len(weighted_nodes(gm)) == 10
+    assert all(r["mse"] <= r["mse_nearest"] for r in records)
+    q_new, q_old = convert_pt2e(gm), convert_pt2e(before)
+    # same scales, integer weights from the learned rounding: some differ from nearest, none by more than 1
+    ints = lambda q: [t for name, t in q.named_buffers() if t.dtype == torch.int8] + \
+        [t for name, t in q.named_parameters() if t.dtype == torch.int8]
+    new, old = ints(q_new), ints(q_old)
+    assert len(new) == len(old) == 10
+    diffs = [(a.int() - b.int()).abs().max() for a, b in zip(new, old)]
+    assert max(diffs) == 1
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="iterations"):
+        adaround(None, [torch.zeros(1)], iterations=0)

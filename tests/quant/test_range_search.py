@@ -1,0 +1,88 @@
+"""Range setting by layer-output error (pipeline.quant.range_search): issue 30, item 1."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from pipeline import torchenv  # noqa: F401  (torch settings before torchao)
+from pipeline.quant.range_search import CANDIDATES, _functional, search_ranges, searchable
+from quant_graph import prepare
+from tinynets import residual_net
+
+
+def _images(n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 3, 16, 16, generator=gen) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def calibrated():
+    xs = _images(6, 0)
+    gm = prepare(residual_net(), xs[0], observer="percentile")
+    with torch.no_grad():
+        for x in xs:
+            gm(x)
+    return gm, xs
+
+
+def test_every_int8_observer_with_a_reader_gets_a_candidate(calibrated):
+    gm, xs = calibrated
+    m = copy.deepcopy(gm)
+    records = search_ranges(m, xs)
+    searched = {n for n, mod in gm.named_modules() if searchable(mod)}
+    assert {r["observer"] for r in records} <= searched and len(records) >= len(searched) - 1  # the logits: no reader
+    for r in records:
+        assert r["percentile"] in (*CANDIDATES, r["was"]) and 0 < r["gain"] <= 1.0
+        assert float(m.get_submodule(r["observer"]).percentile) == r["percentile"]
+
+
+def test_the_error_is_the_readers_output_error(calibrated):
+    """Recompute one observer's score by hand: the conv reading the stem's ReLU output."""
+    gm, xs = calibrated
+    m = copy.deepcopy(gm)
+    conv = next(n for n in m.graph.nodes if n.name == "conv2d_1")       # proj0 reads relu(stem)
+    obs_node = conv.args[0]
+    obs = m.get_submodule(obs_node.target)
+    params = dict(m.named_parameters())
+    weight = params[conv.args[1].args[0].target] if conv.args[1].args[0].target in params else \
+        m.get_buffer(conv.args[1].args[0].target)
+    bias = params.get(conv.args[2].target)
+
+    def err(p):
+        obs.percentile.fill_(p)
+        scale, zp = obs.calculate_qparams()
+        total = 0.0
+        for x in xs:
+            h = torch.relu(torch.nn.functional.conv2d(x, *_stem(m)[:2], padding=1))
+            ref = torch.nn.functional.conv2d(h, weight, bias)
+            q = torch.fake_quantize_per_tensor_affine(h, float(scale), int(zp), obs.quant_min, obs.quant_max)
+            y = torch.nn.functional.conv2d(q, weight, bias)
+            total += float((y.double() - ref.double()).pow(2).sum() / ref.double().pow(2).sum())
+        return total
+
+    by_hand = {p: err(p) for p in CANDIDATES}
+    assert max(by_hand.values()) > 1.05 * min(by_hand.values())     # the choice matters here
+    obs.percentile.fill_(99.99)
+    rec = {r["observer"]: r for r in search_ranges(m, xs)}[obs_node.target]
+    assert by_hand[rec["percentile"]] == pytest.approx(min(by_hand.values()), rel=1e-6)
+
+
+def _stem(m):
+    conv = next(n for n in m.graph.nodes if n.name == "conv2d")
+    params = {**dict(m.named_parameters()), **dict(m.named_buffers())}
+    return params[conv.args[1].args[0].target], params[conv.args[2].target]
+
+
+def test_in_place_readers_are_scored_out_of_place():
+    aten = torch.ops.aten
+    assert _functional(aten.relu_.default) is aten.relu.default
+    assert _functional(aten.add_.Tensor) is aten.add.Tensor
+    assert _functional(aten.conv2d.default) is aten.conv2d.default
+
+
+def test_no_images_is_an_error(calibrated):
+    with pytest.raises(ValueError, match="images"):
+        search_ranges(copy.deepcopy(calibrated[0]), [])
