@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Interpreter, Node
 from torchao.quantization.pt2e import ObserverBase
+from tqdm import tqdm
 
 from .bias_correction import weighted_nodes
 
@@ -142,7 +143,8 @@ def adaround(gm: GraphModule, images: list[torch.Tensor], iterations: int = 200)
         for x in images:
             run.run(x)
     records = []
-    for k, node in enumerate(layers):
+    # disable=None: a live bar on a terminal, nothing in logs
+    for k, node in enumerate(tqdm(layers, desc="adaround", unit="layer", leave=False, disable=None)):
         wobs = _observer(gm, node.args[1])
         scale, _ = wobs.calculate_qparams()
         w = _weight_tensor(gm, node.args[1].args[0])

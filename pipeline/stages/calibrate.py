@@ -107,6 +107,8 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
           f"{cal.observer}, {total / max(seconds, 1e-9):.1f} img/s"
           + (f", bias correction of {len(refined['bias_correction']['layers'])} layers in "
              f"{refined['bias_correction']['seconds']} s" if refined["bias_correction"] else "")
+          + (f", AdaRound of {len(refined['adaround']['layers'])} layers in {refined['adaround']['seconds']} s"
+             if refined["adaround"] else "")
           + (f", {len(slices)} shards" if len(slices) > 1 else ""),
           file=sys.stderr)
     return info
