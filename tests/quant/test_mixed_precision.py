@@ -8,6 +8,7 @@ calibration on real JPEGs (seeded noise) for the stage-level tests.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import re
@@ -324,13 +325,23 @@ def test_mobilenet_v2_mixed_choice_and_simulation_fidelity(tmp_path):
     assert errors["all_int16"]["mse"] < errors["chosen"]["mse"] < 0.7 * errors["all_int8"]["mse"]
 
     prepare_model(spec, f["float.pt2"], f["prepared.pt"], f["table.txt"], f["int16.json"])
-    calibrate_model(spec, f["float.pt2"], f["prepared.pt"], f["table.txt"], cal, f["calibrated.pt"],
-                    f["calibration.json"], f["int16.json"])
-    convert_model(spec, f["float.pt2"], f["calibrated.pt"], f["quantized.pt2"], f["int16.json"])
     x = load_images(select_images(cal, spec.calibration, spec.name), spec.preprocess, "images")
     with torch.no_grad():
         ref = torch.export.load(f["float.pt2"]).module()(x)
-        q = torch.export.load(f["quantized.pt2"]).module()
-        real = torch.cat([q(x[i:i + 1]) for i in range(len(x))])
-    mse = float(((real - ref) ** 2).mean())
+
+    def real_mse(s) -> float:
+        calibrate_model(s, f["float.pt2"], f["prepared.pt"], f["table.txt"], cal, f["calibrated.pt"],
+                        f["calibration.json"], f["int16.json"])
+        convert_model(s, f["float.pt2"], f["calibrated.pt"], f["quantized.pt2"], f["int16.json"])
+        with torch.no_grad():
+            q = torch.export.load(f["quantized.pt2"]).module()
+            return float(((torch.cat([q(x[i:i + 1]) for i in range(len(x))]) - ref) ** 2).mean())
+
+    # the simulation models plain Q/DQ (nearest rounding, observed weight scales) ...
+    plain = dataclasses.replace(spec, calibration=dataclasses.replace(
+        spec.calibration, exact_requantize=False, adaround_iterations=0))
+    mse = real_mse(plain)
     assert abs(mse - errors["chosen"]["mse"]) < 0.1 * errors["chosen"]["mse"], (mse, errors)
+    # ... and the entry's kernel-aware calibration (AdaRound) improves on it for the same
+    # int16 choice (measured: 0.108 against 0.149)
+    assert real_mse(spec) < 0.85 * mse
