@@ -33,10 +33,10 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Interpreter, Node
-from torchao.quantization.pt2e import ObserverBase
 from tqdm import tqdm
 
 from .bias_correction import weighted_nodes
+from .graph import attr_tensor, observer_of
 
 REFERENCE = "Nagel et al. 2020, Up or Down? Adaptive Rounding for Post-Training Quantization, eq. 21-25"
 ZETA, GAMMA = 1.1, -0.1
@@ -44,19 +44,6 @@ LAMBDA = 0.01
 LR = 1e-2
 WARMUP = 0.2
 BETA = (20.0, 2.0)
-
-
-def _observer(gm: GraphModule, n) -> ObserverBase | None:
-    if isinstance(n, Node) and n.op == "call_module":
-        m = gm.get_submodule(n.target)
-        if isinstance(m, ObserverBase):
-            return m
-    return None
-
-
-def _weight_tensor(gm: GraphModule, n: Node) -> torch.Tensor:
-    owner, _, attr = n.target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, attr)
 
 
 class _Inputs(Interpreter):
@@ -68,7 +55,7 @@ class _Inputs(Interpreter):
         self.inputs: dict[str, list[torch.Tensor]] = {n: [] for n in layers}
 
     def run_node(self, n: Node):
-        if _observer(self.module, n) is not None:
+        if observer_of(self.module, n) is not None:
             return self.env[n.args[0]]
         if n.name in self.layers:
             self.inputs[n.name].append(self.env[n.args[0]].detach().clone())
@@ -136,7 +123,7 @@ def adaround(gm: GraphModule, images: list[torch.Tensor], iterations: int = 200)
     if not images or iterations < 1:
         raise ValueError("adaptive rounding needs calibration images and iterations >= 1")
     layers = [n for n in weighted_nodes(gm)
-              if (o := _observer(gm, n.args[1])) is not None and getattr(o, "ch_axis", None) == 0
+              if (o := observer_of(gm, n.args[1])) is not None and getattr(o, "ch_axis", None) == 0
               and o.dtype == torch.int8 and n.args[1].args[0].op == "get_attr"]
     run = _Inputs(gm, {n.name for n in layers})
     with torch.no_grad():
@@ -145,11 +132,11 @@ def adaround(gm: GraphModule, images: list[torch.Tensor], iterations: int = 200)
     records = []
     # disable=None: a live bar on a terminal, nothing in logs
     for k, node in enumerate(tqdm(layers, desc="adaround", unit="layer", leave=False, disable=None)):
-        wobs = _observer(gm, node.args[1])
+        wobs = observer_of(gm, node.args[1])
         scale, _ = wobs.calculate_qparams()
-        w = _weight_tensor(gm, node.args[1].args[0])
+        w = attr_tensor(gm, node.args[1].args[0].target)
         x = run.inputs.pop(node.name)
-        iobs = _observer(gm, node.args[0])
+        iobs = observer_of(gm, node.args[0])
         if iobs is not None:
             s_in, zp = iobs.calculate_qparams()
             x_q = [torch.fake_quantize_per_tensor_affine(t, float(s_in), int(zp), iobs.quant_min, iobs.quant_max)

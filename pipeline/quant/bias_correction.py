@@ -52,6 +52,7 @@ from torch.fx.node import map_aggregate
 from torchao.quantization.pt2e import ObserverBase
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
+from .graph import bias_arg
 from .rules import WEIGHTED
 
 #: name prefix of the zero biases :func:`add_bias_slots` creates
@@ -64,12 +65,6 @@ REFERENCE = ("Nagel et al. 2019, Data-Free Quantization Through Weight Equalizat
 def weighted_nodes(gm: GraphModule) -> list[Node]:
     """The conv2d / linear call_function nodes of ``gm``, in graph order."""
     return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in WEIGHTED]
-
-
-def _bias_arg(node: Node):
-    if "bias" in node.kwargs:
-        return node.kwargs["bias"]
-    return node.args[2] if len(node.args) > 2 else None
 
 
 def _out_channels(node: Node) -> int:
@@ -85,7 +80,7 @@ def add_bias_slots(gm: GraphModule) -> list[str]:
     new parameter names. The output is unchanged (the bias is zero)."""
     added = []
     for node in weighted_nodes(gm):
-        if _bias_arg(node) is not None:
+        if bias_arg(node) is not None:
             continue
         name = SLOT_PREFIX + node.name
         gm.register_parameter(name, torch.nn.Parameter(torch.zeros(_out_channels(node)), requires_grad=False))
@@ -182,10 +177,10 @@ def correct_biases(gm: GraphModule, images: list[torch.Tensor]) -> list[dict]:
     if not images:
         raise ValueError("bias correction needs at least one calibration image")
     layers = weighted_nodes(gm)
-    missing = [n.name for n in layers if not isinstance(_bias_arg(n), Node)]
+    missing = [n.name for n in layers if not isinstance(bias_arg(n), Node)]
     if missing:
         raise ValueError(f"conv/linear without a bias parameter: {missing}; call add_bias_slots first")
-    targets = [_bias_arg(n).target for n in layers]
+    targets = [bias_arg(n).target for n in layers]
     if len(set(targets)) != len(targets):
         raise ValueError("a bias parameter is shared by several conv/linear layers; cannot correct each")
     float_mean: dict[str, torch.Tensor] = {}
@@ -216,7 +211,7 @@ def correct_biases(gm: GraphModule, images: list[torch.Tensor]) -> list[dict]:
         params = dict(gm.named_parameters())
         records = []
         for node in layers:
-            target = _bias_arg(node).target
+            target = bias_arg(node).target
             bias = params[target] if target in params else gm.get_buffer(target)
             d = delta[node.name]
             bias.sub_(d.to(bias.dtype))

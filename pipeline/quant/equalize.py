@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.fx import GraphModule, Interpreter, Node
-from torchao.quantization.pt2e import ObserverBase
 
+from .graph import attr_tensor, bias_arg, observer_of
 from .rules import WEIGHTED
 
 aten = torch.ops.aten
@@ -58,13 +58,9 @@ class Group:
     consumers: tuple[str, ...]
 
 
-def _is_observer(gm: GraphModule, n: Node) -> bool:
-    return n.op == "call_module" and isinstance(gm.get_submodule(n.target), ObserverBase)
-
-
 def _source(gm: GraphModule, n):
     """``n`` with observer modules stripped (the node whose value it carries)."""
-    while isinstance(n, Node) and _is_observer(gm, n):
+    while observer_of(gm, n) is not None:
         n = n.args[0]
     return n
 
@@ -73,7 +69,7 @@ def _readers(gm: GraphModule, n: Node) -> list[Node]:
     """The nodes reading ``n``'s value, looking through observer modules."""
     out = []
     for u in n.users:
-        out += _readers(gm, u) if _is_observer(gm, u) else [u]
+        out += _readers(gm, u) if observer_of(gm, u) is not None else [u]
     return out
 
 
@@ -136,14 +132,7 @@ def _group(gm: GraphModule, members: list[Node]) -> Group | None:
 def _param(gm: GraphModule, n) -> torch.Tensor | None:
     """The tensor a (possibly observed) get_attr argument reads, or None."""
     n = _source(gm, n)
-    if not isinstance(n, Node) or n.op != "get_attr":
-        return None
-    owner, _, attr = n.target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, attr)
-
-
-def _bias(node: Node):
-    return node.kwargs["bias"] if "bias" in node.kwargs else (node.args[2] if len(node.args) > 2 else None)
+    return attr_tensor(gm, n.target) if isinstance(n, Node) and n.op == "get_attr" else None
 
 
 class _AbsMax(Interpreter):
@@ -155,7 +144,7 @@ class _AbsMax(Interpreter):
         self.absmax: dict[str, torch.Tensor] = {}
 
     def run_node(self, n: Node):
-        if _is_observer(self.module, n):
+        if observer_of(self.module, n) is not None:
             return self.env[n.args[0]]
         out = super().run_node(n)
         if n.name in self.names:
@@ -196,7 +185,7 @@ def apply_scales(gm: GraphModule, group: Group, s: torch.Tensor) -> None:
         for p in group.producers:
             w = _param(gm, nodes[p].args[1])
             w.div_(s.to(w.dtype).view(-1, *([1] * (w.dim() - 1))))
-            b = _param(gm, _bias(nodes[p])) if _bias(nodes[p]) is not None else None
+            b = _param(gm, bias_arg(nodes[p])) if bias_arg(nodes[p]) is not None else None
             if b is not None:
                 b.div_(s.to(b.dtype))
         for c in group.consumers:

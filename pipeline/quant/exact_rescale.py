@@ -33,10 +33,10 @@ import math
 
 import torch
 from torch.fx import GraphModule, Node
-from torchao.quantization.pt2e import ObserverBase
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
 from .bias_correction import weighted_nodes
+from .graph import attr_tensor, observer_of
 
 #: kernel multiplier limits: ``scale`` in [1, SCALE_MAX], ``shift`` in [0, SHIFT_MAX]
 #: (docs/reference.md, "Scale and shift"; pipeline/backend/fold.py uses the same)
@@ -92,13 +92,9 @@ def _output_scale(node: Node) -> float | None:
 
 
 def _weight_observer(gm: GraphModule, node: Node):
-    """The per-channel weight observer module feeding ``node``'s weight in the prepared ``gm``, or None."""
-    w = node.args[1]
-    if isinstance(w, Node) and w.op == "call_module":
-        mod = gm.get_submodule(w.target)
-        if isinstance(mod, ObserverBase) and getattr(mod, "ch_axis", None) == 0 and mod.dtype == torch.int8:
-            return mod
-    return None
+    """The per-channel int8 weight observer feeding ``node``'s weight in the prepared ``gm``, or None."""
+    mod = observer_of(gm, node.args[1])
+    return mod if mod is not None and getattr(mod, "ch_axis", None) == 0 and mod.dtype == torch.int8 else None
 
 
 def snap_weight_scales(gm: GraphModule) -> list[dict]:
@@ -123,7 +119,7 @@ def snap_weight_scales(gm: GraphModule) -> list[dict]:
         s_in, s_out = _int8_dq(q.args[0]), _output_scale(q)
         if obs is None or s_in is None or s_out is None or w_dq.target != _qd.dequantize_per_channel.default:
             continue
-        s_w = _attr(qdq, w_dq.args[1]).double()
+        s_w = attr_tensor(qdq, w_dq.args[1].target).double()
         new = s_w.clone()
         for c, s in enumerate(s_w.tolist()):
             fit = next_multiplier(s_in * s / s_out)
@@ -137,9 +133,3 @@ def snap_weight_scales(gm: GraphModule) -> list[dict]:
         records.append({"node": node.name, "channels": int(new.numel()),
                         "max_raise": float(raise_.max()), "mean_raise": float(raise_.mean())})
     return records
-
-
-def _attr(gm: GraphModule, node: Node) -> torch.Tensor:
-    """The tensor a get_attr node reads."""
-    owner, _, name = node.target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, name)

@@ -53,6 +53,7 @@ from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_
 
 from .. import torchenv
+from .graph import attr_tensor, observer_of
 
 _qd = torch.ops.quantized_decomposed
 _PER_CHANNEL = (torch.per_channel_symmetric, torch.per_channel_affine)
@@ -142,13 +143,13 @@ class MixedSimulator:
     def _replace_observers(self, gm8: GraphModule, gm16: GraphModule) -> None:
         graph = gm8.graph
         for node in list(graph.nodes):
-            obs = _observer(gm8, node)
+            obs = observer_of(gm8, node)
             if obs is None:
                 continue
             if obs.qscheme in _PER_CHANNEL:
-                self._freeze_weight(gm8, node, obs, _observer(gm16, node))
+                self._freeze_weight(gm8, node, obs, observer_of(gm16, node))
                 continue
-            qparams = {"int8": QParams.of(obs), "int16": QParams.of(_observer(gm16, node))}
+            qparams = {"int8": QParams.of(obs), "int16": QParams.of(observer_of(gm16, node))}
             producer = node.args[0]
             for k, user in enumerate(list(node.users)):
                 name = f"{node.target}_edge{k}"
@@ -295,7 +296,7 @@ class MixedSimulator:
         if node.op == "placeholder":
             return x
         if node.op == "get_attr":
-            return _attr(self.module, node.target)
+            return attr_tensor(self.module, node.target)
         if node.op == "call_function":
             return node.target(*args, **kwargs)
         if node.op == "call_module":
@@ -311,24 +312,10 @@ class MixedSimulator:
         raise RuntimeError(f"cannot evaluate node {node.name} ({node.op})")
 
 
-def _observer(gm: GraphModule, node: Node):
-    if node.op != "call_module":
-        return None
-    mod = gm.get_submodule(node.target)
-    return mod if isinstance(mod, ObserverBase) else None
-
-
 def _value(gm: GraphModule, node: Node) -> torch.Tensor:
     if node.op != "get_attr":
         raise RuntimeError(f"weight observer input {node.name} is a {node.op}, not a get_attr")
-    return _attr(gm, node.target).detach()
-
-
-def _attr(gm: GraphModule, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return attr_tensor(gm, node.target).detach()
 
 
 def _mutates(node: Node) -> bool:
@@ -350,7 +337,7 @@ def _placement(gm: GraphModule) -> list[tuple]:
     """Observers in graph order with what they observe and feed, and their kind."""
     out = []
     for node in gm.graph.nodes:
-        obs = _observer(gm, node)
+        obs = observer_of(gm, node)
         if obs is not None:
             out.append((node.name, node.target, node.args[0].name, tuple(u.name for u in node.users),
                         type(obs).__name__, obs.qscheme in _PER_CHANNEL))
@@ -363,7 +350,7 @@ def _check_same_placement(gm8: GraphModule, gm16: GraphModule) -> None:
         diff = next((x, y) for x, y in zip(a + [None], b + [None]) if x != y)
         raise RuntimeError(f"all-int8 and all-int16 prepared models place observers differently: {diff}")
     for node in gm8.graph.nodes:
-        obs8, obs16 = _observer(gm8, node), _observer(gm16, node)
+        obs8, obs16 = observer_of(gm8, node), observer_of(gm16, node)
         if obs8 is not None and obs8.qscheme not in _PER_CHANNEL:
             if (_DTYPE_NAMES.get(obs8.dtype), _DTYPE_NAMES.get(obs16.dtype)) != ("int8", "int16"):
                 raise RuntimeError(f"{node.name}: expected an int8 and an int16 activation observer, got "

@@ -35,8 +35,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Interpreter, Node
 
-from torchao.quantization.pt2e import ObserverBase
-
+from .graph import observer_of, out_of_place
 from .observers import PercentileObserver
 
 #: default candidate percentiles (percent of |x| kept); 100 = the observed max
@@ -57,18 +56,14 @@ class _Errors(Interpreter):
         self.candidates = candidates            # observer target -> [(percentile, scale, zp, qmin, qmax)]
         self.errors = {t: torch.zeros(len(c), dtype=torch.float64) for t, c in candidates.items()}
 
-    def _is_observer(self, n) -> bool:
-        return (isinstance(n, Node) and n.op == "call_module"
-                and isinstance(self.module.get_submodule(n.target), ObserverBase))
-
     def run_node(self, n: Node):
-        if self._is_observer(n):
+        if observer_of(self.module, n) is not None:
             return self.env[n.args[0]]
         observed = [(i, a.target) for i, a in enumerate(n.args)
-                    if self._is_observer(a) and a.target in self.candidates] if n.op == "call_function" else []
+                    if observer_of(self.module, a) is not None and a.target in self.candidates] if n.op == "call_function" else []
         if observed:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            fn = _functional(n.target)    # in-place readers (relu_, add_) would overwrite their inputs
+            fn = out_of_place(n.target)   # in-place readers (relu_, add_) would overwrite their inputs
             ref = fn(*args, **kwargs)
             if isinstance(ref, torch.Tensor) and ref.is_floating_point():
                 for i, target in observed:
@@ -81,17 +76,6 @@ class _Errors(Interpreter):
             q = torch.fake_quantize_per_tensor_affine(args[i], scale, zp, qmin, qmax)
             y = fn(*args[:i], q, *args[i + 1:], **kwargs)
             self.errors[target][k] += float((y.double() - ref.double()).pow(2).sum()) / energy
-
-
-def _functional(op):
-    """The out-of-place twin of an in-place aten op (``relu_`` -> ``relu``), else ``op``."""
-    if isinstance(op, torch._ops.OpOverload):
-        name = op._schema.name.split("::")[-1]
-        if name.endswith("_") and not name.startswith("_"):
-            twin = getattr(getattr(torch.ops.aten, name[:-1], None), op._overloadname, None)
-            if twin is not None:
-                return twin
-    return op
 
 
 def _qparams(obs: PercentileObserver, p: float) -> tuple:

@@ -281,16 +281,10 @@ def out_of_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
     The debugger's loggers keep the tensor a node returned, not a copy, so an
     in-place op after a logged node would overwrite the logged value."""
+    from ..quant.graph import out_of_place as twin
     for n in gm.graph.nodes:
-        op = n.target
-        if n.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
-            continue
-        name = op._schema.name.split("::")[-1]
-        if not name.endswith("_") or name.startswith("_"):
-            continue
-        twin = getattr(getattr(torch.ops.aten, name[:-1], None), op._overloadname, None)
-        if twin is not None:
-            n.target = twin
+        if n.op == "call_function":
+            n.target = twin(n.target)
     gm.recompile()
     return gm
 

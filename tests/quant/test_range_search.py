@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pipeline import torchenv  # noqa: F401  (torch settings before torchao)
-from pipeline.quant.range_search import CANDIDATES, _functional, search_ranges, searchable
+from pipeline.quant.graph import out_of_place
+from pipeline.quant.range_search import CANDIDATES, search_ranges, searchable
 from quant_graph import prepare
 from tinynets import residual_net
 
@@ -78,9 +79,9 @@ def _stem(m):
 
 def test_in_place_readers_are_scored_out_of_place():
     aten = torch.ops.aten
-    assert _functional(aten.relu_.default) is aten.relu.default
-    assert _functional(aten.add_.Tensor) is aten.add.Tensor
-    assert _functional(aten.conv2d.default) is aten.conv2d.default
+    assert out_of_place(aten.relu_.default) is aten.relu.default
+    assert out_of_place(aten.add_.Tensor) is aten.add.Tensor
+    assert out_of_place(aten.conv2d.default) is aten.conv2d.default
 
 
 def test_no_images_is_an_error(calibrated):

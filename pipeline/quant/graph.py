@@ -1,0 +1,49 @@
+"""FX graph helpers shared by the quantization passes (prepared and converted PT2E graphs).
+
+A prepared graph (``prepare_pt2e``) carries observer modules as ``call_module``
+nodes: activation observers after tensors, per-channel weight observers
+between a weight's ``get_attr`` and its conv2d / linear. These helpers find
+them, read the tensors behind ``get_attr`` nodes, and map in-place aten ops
+to their out-of-place twins.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import GraphModule, Node
+from torchao.quantization.pt2e import ObserverBase
+
+
+def observer_of(gm: GraphModule, node) -> ObserverBase | None:
+    """The observer module a ``call_module`` node runs, else None."""
+    if isinstance(node, Node) and node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        if isinstance(mod, ObserverBase):
+            return mod
+    return None
+
+
+def attr_tensor(gm: GraphModule, target: str) -> torch.Tensor:
+    """The tensor (parameter or buffer) at the dotted ``target`` of a ``get_attr`` node."""
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def bias_arg(node: Node):
+    """The bias argument of a conv2d / linear node (a Node, or None)."""
+    if "bias" in node.kwargs:
+        return node.kwargs["bias"]
+    return node.args[2] if len(node.args) > 2 else None
+
+
+def out_of_place(op):
+    """The out-of-place twin of an in-place aten op (``hardtanh_`` -> ``hardtanh``), else ``op``."""
+    if isinstance(op, torch._ops.OpOverload):
+        name = op._schema.name.split("::")[-1]
+        if name.endswith("_") and not name.startswith("_"):
+            twin = getattr(getattr(torch.ops.aten, name[:-1], None), op._overloadname, None)
+            if twin is not None:
+                return twin
+    return op
