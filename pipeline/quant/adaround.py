@@ -32,11 +32,11 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.fx import GraphModule, Interpreter, Node
+from torch.fx import GraphModule, Node
 from tqdm import tqdm
 
 from .bias_correction import weighted_nodes
-from .graph import attr_tensor, observer_of
+from .graph import FloatPass, attr_tensor, observer_of
 
 REFERENCE = "Nagel et al. 2020, Up or Down? Adaptive Rounding for Post-Training Quantization, eq. 21-25"
 ZETA, GAMMA = 1.1, -0.1
@@ -46,7 +46,7 @@ WARMUP = 0.2
 BETA = (20.0, 2.0)
 
 
-class _Inputs(Interpreter):
+class _Inputs(FloatPass):
     """Float pass (observers skipped) keeping each layer's data input."""
 
     def __init__(self, gm: GraphModule, layers: set[str]):
@@ -55,8 +55,6 @@ class _Inputs(Interpreter):
         self.inputs: dict[str, list[torch.Tensor]] = {n: [] for n in layers}
 
     def run_node(self, n: Node):
-        if observer_of(self.module, n) is not None:
-            return self.env[n.args[0]]
         if n.name in self.layers:
             self.inputs[n.name].append(self.env[n.args[0]].detach().clone())
         return super().run_node(n)

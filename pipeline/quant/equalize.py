@@ -36,9 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.fx import GraphModule, Interpreter, Node
+from torch.fx import GraphModule, Node
 
-from .graph import attr_tensor, bias_arg, observer_of
+from .graph import FloatPass, attr_tensor, bias_arg, observer_of
 from .rules import WEIGHTED
 
 aten = torch.ops.aten
@@ -135,7 +135,7 @@ def _param(gm: GraphModule, n) -> torch.Tensor | None:
     return attr_tensor(gm, n.target) if isinstance(n, Node) and n.op == "get_attr" else None
 
 
-class _AbsMax(Interpreter):
+class _AbsMax(FloatPass):
     """Float pass (observers skipped) recording the per-channel max |x| of chosen nodes."""
 
     def __init__(self, gm: GraphModule, names: set[str]):
@@ -144,8 +144,6 @@ class _AbsMax(Interpreter):
         self.absmax: dict[str, torch.Tensor] = {}
 
     def run_node(self, n: Node):
-        if observer_of(self.module, n) is not None:
-            return self.env[n.args[0]]
         out = super().run_node(n)
         if n.name in self.names:
             axis = 1 if out.dim() == 4 else -1

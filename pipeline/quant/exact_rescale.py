@@ -35,13 +35,9 @@ import torch
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
+from ..backend.fold import SCALE_MAX, SHIFT_MAX   # the kernel's multiplier limits
 from .bias_correction import weighted_nodes
 from .graph import attr_tensor, observer_of
-
-#: kernel multiplier limits: ``scale`` in [1, SCALE_MAX], ``shift`` in [0, SHIFT_MAX]
-#: (docs/reference.md, "Scale and shift"; pipeline/backend/fold.py uses the same)
-SCALE_MAX = 127
-SHIFT_MAX = 31
 
 _qd = torch.ops.quantized_decomposed
 _ACTIVATIONS = {torch.ops.aten.relu.default, torch.ops.aten.relu_.default, torch.ops.aten.hardtanh.default,

@@ -4,13 +4,13 @@ A prepared graph (``prepare_pt2e``) carries observer modules as ``call_module``
 nodes: activation observers after tensors, per-channel weight observers
 between a weight's ``get_attr`` and its conv2d / linear. These helpers find
 them, read the tensors behind ``get_attr`` nodes, and map in-place aten ops
-to their out-of-place twins.
+to their out-of-place twins, and run a prepared graph as its float model.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.fx import GraphModule, Node
+from torch.fx import GraphModule, Interpreter, Node
 from torchao.quantization.pt2e import ObserverBase
 
 
@@ -47,3 +47,13 @@ def out_of_place(op):
             if twin is not None:
                 return twin
     return op
+
+
+class FloatPass(Interpreter):
+    """The float model of a prepared graph: every observer module passes its input
+    through (conv-BN folded, float weights). Subclasses extend :meth:`run_node`."""
+
+    def run_node(self, n: Node):
+        if observer_of(self.module, n) is not None:
+            return self.env[n.args[0]]
+        return super().run_node(n)

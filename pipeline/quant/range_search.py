@@ -33,9 +33,9 @@ nodes) sums the errors of all its readers.
 from __future__ import annotations
 
 import torch
-from torch.fx import GraphModule, Interpreter, Node
+from torch.fx import GraphModule, Node
 
-from .graph import observer_of, out_of_place
+from .graph import FloatPass, observer_of, out_of_place
 from .observers import PercentileObserver
 
 #: default candidate percentiles (percent of |x| kept); 100 = the observed max
@@ -48,7 +48,7 @@ def searchable(obs) -> bool:
             and float(obs.hist_max) > 0)
 
 
-class _Errors(Interpreter):
+class _Errors(FloatPass):
     """Float pass (observers skipped) that scores every candidate at each reader."""
 
     def __init__(self, gm: GraphModule, candidates: dict[str, list[tuple]]):
@@ -57,10 +57,9 @@ class _Errors(Interpreter):
         self.errors = {t: torch.zeros(len(c), dtype=torch.float64) for t, c in candidates.items()}
 
     def run_node(self, n: Node):
-        if observer_of(self.module, n) is not None:
-            return self.env[n.args[0]]
-        observed = [(i, a.target) for i, a in enumerate(n.args)
-                    if observer_of(self.module, a) is not None and a.target in self.candidates] if n.op == "call_function" else []
+        observed = [] if n.op != "call_function" else [
+            (i, a.target) for i, a in enumerate(n.args)
+            if observer_of(self.module, a) is not None and a.target in self.candidates]
         if observed:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             fn = out_of_place(n.target)   # in-place readers (relu_, add_) would overwrite their inputs

@@ -136,10 +136,16 @@ def _equalize(spec: ModelSpec, gm: torch.fx.GraphModule, images: list[Path]) -> 
     images (or the random batches); the ``equalization`` record of calibration.json."""
     from ..quant.equalize import REFERENCE, equalize
     t0 = time.perf_counter()
-    per_image = [b[i:i + 1] for b in calibration_batches(spec, images) for i in range(len(b))]
+    per_image = _single_images(calibration_batches(spec, images))
     groups = equalize(gm, per_image, spec.calibration.equalize_alpha)
     return {"method": "smoothquant", "reference": REFERENCE, "alpha": spec.calibration.equalize_alpha,
             "seconds": round(time.perf_counter() - t0, 2), "groups": groups}
+
+
+def _single_images(batches) -> list[torch.Tensor]:
+    """The images of NCHW ``batches`` as batch-1 tensors, in order (what the passes after
+    observing take)."""
+    return [b[i:i + 1] for b in batches for i in range(len(b))]
 
 
 def _refine(gm: torch.fx.GraphModule, seen: list[torch.Tensor], cal) -> dict:
@@ -156,7 +162,7 @@ def _search_ranges(gm: torch.fx.GraphModule, batches: list[torch.Tensor]) -> dic
     """Percentiles chosen by layer-output error (in place); the ``range_search`` record."""
     from ..quant.range_search import CANDIDATES, search_ranges
     t0 = time.perf_counter()
-    per_image = [b[i:i + 1] for b in batches for i in range(len(b))]
+    per_image = _single_images(batches)
     chosen = search_ranges(gm, per_image)
     return {"candidates": list(CANDIDATES), "images": len(per_image),
             "seconds": round(time.perf_counter() - t0, 2), "observers": chosen}
@@ -176,7 +182,7 @@ def _adaround(gm: torch.fx.GraphModule, batches: list[torch.Tensor], iterations:
     """AdaRound of the int8 weights (in place); the ``adaround`` record of calibration.json."""
     from ..quant.adaround import REFERENCE, adaround
     t0 = time.perf_counter()
-    per_image = [b[i:i + 1] for b in batches for i in range(len(b))]
+    per_image = _single_images(batches)
     layers = adaround(gm, per_image, iterations)
     return {"reference": REFERENCE, "iterations": iterations, "images": len(per_image),
             "seconds": round(time.perf_counter() - t0, 2), "layers": layers}
@@ -187,7 +193,7 @@ def _correct_biases(gm: torch.fx.GraphModule, batches: list[torch.Tensor]) -> di
     ``batches`` (NCHW float32); the ``bias_correction`` record of calibration.json."""
     from ..quant.bias_correction import REFERENCE, correct_biases
     t0 = time.perf_counter()
-    per_image = [b[i:i + 1] for b in batches for i in range(len(b))]
+    per_image = _single_images(batches)
     layers = correct_biases(gm, per_image)
     return {"method": "empirical", "reference": REFERENCE, "images": len(per_image),
             "seconds": round(time.perf_counter() - t0, 2), "layers": layers}
