@@ -80,7 +80,7 @@ def test_an_unknown_kernel_is_refused_by_name():
 
 def test_buffer_shapes_come_from_the_records_geometry():
     # conv 3x16x16 -> 8 channels, 3x3, stride 1, pad 1: out 8x16x16
-    args = [None] * 6 + [3, 16, 16, 8, 3, 3, 1, 1, 1, 1, 1, 1, -128, 127]
+    args = [None] * 6 + [3, 16, 16, 8, 3, 3, 1, 1, 1, 1, 1, 1, 0, -128, 127]
     shapes = catalog.buffer_shapes("mmalib_conv2d_i8", *args)
     assert shapes["in"] == (1, 3, 16, 16) and shapes["w"] == (8, 3, 3, 3) and shapes["out"] == (1, 8, 16, 16)
     bad = list(args)

@@ -260,7 +260,7 @@ CONV_CASES = {
 QUANT_KINDS = ("moderate", "extreme", "defaults", "zero_scale")
 
 
-def conv_args(rng, dtype, case, kind, groups=None):
+def conv_args(rng, dtype, case, kind, groups=None, pad_value=0):
     c_in, h, w, c_out, kh, kw = case[:6]
     g = 1 if groups is None else groups
     x = rand(rng, dtype, (1, c_in, h, w))
@@ -269,7 +269,7 @@ def conv_args(rng, dtype, case, kind, groups=None):
     bias, scale, shift = requant_params(rng, kind, c_out, dtype, geo.reduction)
     out = np.zeros(geo.shapes()["out"], dtype)
     args = [x, wt, bias, scale, shift, out, *case]
-    return args + ([groups] if groups is not None else []) + full_range(dtype)
+    return args + ([groups] if groups is not None else []) + [pad_value] + full_range(dtype)
 
 
 @pytest.mark.parametrize("rounding", ROUNDINGS)
@@ -295,7 +295,7 @@ def test_int8_accumulation_is_exact_at_the_int32_bound(c_in, kh):
     w = np.full((2, c_in, kh, kh), -128, np.int8)
     scale, shift = np.ones(2, np.uint8), np.full(2, 25, np.uint8)
     args = [x, w, np.zeros(2, np.int32), scale, shift, np.zeros((1, 2, 1, 1), np.int8),
-            c_in, kh, kh, 2, kh, kh, 1, 1, 0, 0, 0, 0, -128, 127]
+            c_in, kh, kh, 2, kh, kh, 1, 1, 0, 0, 0, 0, 0, -128, 127]
     out = assert_same("mmalib_conv2d_i8", args, "half_up")
     expected = int(np.floor(c_in * kh * kh * 2**14 / 2**25 + 0.5))
     assert (out == expected).all() and expected == 64
@@ -347,14 +347,14 @@ DW_CASES = {
 }
 
 
-def dw_args(rng, dtype, case, kind, flat_weights=True):
+def dw_args(rng, dtype, case, kind, flat_weights=True, pad_value=0):
     c, h, w, kh, kw = case[:5]
     x = rand(rng, dtype, (1, c, h, w))
     wt = rand(rng, dtype, (c * kh * kw,) if flat_weights else (c, 1, kh, kw))
     geo = ref.DepthwiseGeometry(*case, c)
     bias, scale, shift = requant_params(rng, kind, c, dtype, kh * kw)
     out = np.zeros(geo.shapes()["out"], dtype)
-    return [x, wt, bias, scale, shift, out, *case, c, *full_range(dtype)]
+    return [x, wt, bias, scale, shift, out, *case, c, pad_value, *full_range(dtype)]
 
 
 @pytest.mark.parametrize("rounding", ROUNDINGS)
@@ -480,7 +480,7 @@ def test_conv_with_identity_requant_is_the_saturated_integer_conv(dtype, hi, cas
     explicit = (np.zeros(ch, bias_dtype(dtype)), np.ones(ch, np.uint8), np.zeros(ch, np.uint8))
     for bss in [(None, None, None), explicit]:
         out = np.zeros((1, *expected.shape), dtype)
-        _, out_c, _, out_py = run_both(name, [x, w, *bss, out, *case, *full_range(dtype)], "half_up")
+        _, out_c, _, out_py = run_both(name, [x, w, *bss, out, *case, 0, *full_range(dtype)], "half_up")
         np.testing.assert_array_equal(out_c[0], expected)
         np.testing.assert_array_equal(out_py[0], expected)
     info = np.iinfo(dtype)
@@ -495,7 +495,7 @@ def test_grouped_conv_is_the_naive_grouped_conv():
     expected = ref.saturate(naive_conv(x, w, (2, 2), (1, 0, 0, 1), groups=3), np.int8)
     _, out_c, _, out_py = run_both("mmalib_conv2d_i8_grouped_loop",
                                    [x, w, None, None, None, np.zeros((1, *expected.shape), np.int8),
-                                    *case, 3, -128, 127], "half_up")
+                                    *case, 3, 0, -128, 127], "half_up")
     np.testing.assert_array_equal(out_c[0], expected)
     np.testing.assert_array_equal(out_py[0], expected)
 
@@ -508,15 +508,54 @@ def test_depthwise_equals_grouped_conv_and_naive_conv(case, rounding):
     c, h, w, kh, kw, sh, sw, pt, pb, pl, pr = case
     _, dw_c, _, _ = run_both("mmalib_depthwise_conv2d_i8", args, rounding)
     grouped = [args[0], args[1].reshape(c, 1, kh, kw), *args[2:6],
-               c, h, w, c, kh, kw, sh, sw, pt, pb, pl, pr, c, -128, 127]
+               c, h, w, c, kh, kw, sh, sw, pt, pb, pl, pr, c, 0, -128, 127]
     _, gr_c, _, gr_py = run_both("mmalib_conv2d_i8_grouped_loop", grouped, rounding)
     np.testing.assert_array_equal(dw_c, gr_c)
     np.testing.assert_array_equal(dw_c, gr_py)
     # and with identity requantization, the naive depthwise (groups = C) conv
-    ident = [args[0], args[1], None, None, None, np.zeros_like(args[5]), *case, c, -128, 127]
+    ident = [args[0], args[1], None, None, None, np.zeros_like(args[5]), *case, c, 0, -128, 127]
     _, out_c, _, _ = run_both("mmalib_depthwise_conv2d_i8", ident, rounding)
     acc = naive_conv(args[0], args[1].reshape(c, 1, kh, kw), (sh, sw), (pt, pb, pl, pr), groups=c)
     np.testing.assert_array_equal(out_c[0], ref.saturate(acc, np.int8))
+
+
+PAD_VALUES = (-128, -37, 1, 127)   # int8 zero points at the range's ends and in between
+
+
+@pytest.mark.parametrize("pad_value", PAD_VALUES)
+@pytest.mark.parametrize("case", CONV_CASES.values(), ids=CONV_CASES.keys())
+@pytest.mark.parametrize("dtype", DTYPES, ids=["i8", "i16"])
+def test_conv_padding_reads_pad_value(dtype, case, pad_value):
+    """A padding pixel reads ``pad_value``: the conv equals the zero-padded conv of the
+    input explicitly padded with ``pad_value`` (C and Python), for every geometry,
+    including windows made of padding only."""
+    rng = seed(case, "moderate", dtype, pad_value)
+    args = conv_args(rng, dtype, case, "moderate", pad_value=pad_value)
+    name = "mmalib_conv2d_i8" if dtype == np.int8 else "mmalib_conv2d_i16"
+    out = assert_same(name, args, "half_up")
+    c_in, h, w, c_out, kh, kw, sh, sw, pt, pb, pl, pr = case
+    padded = np.pad(args[0], ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=pad_value)
+    explicit = [padded, *args[1:5], np.zeros_like(args[5]), c_in, h + pt + pb, w + pl + pr, c_out, kh, kw,
+                sh, sw, 0, 0, 0, 0, 0, *full_range(dtype)]
+    np.testing.assert_array_equal(out, assert_same(name, explicit, "half_up"))
+    if any(case[8:]):   # a padded case: pad_value changes the result
+        zero_pad = assert_same(name, args[:-3] + [0] + args[-2:], "half_up")
+        assert (zero_pad != out).any()
+
+
+@pytest.mark.parametrize("pad_value", PAD_VALUES)
+@pytest.mark.parametrize("case", DW_CASES.values(), ids=DW_CASES.keys())
+def test_depthwise_and_grouped_padding_reads_pad_value(case, pad_value):
+    """Depthwise and grouped int8 kernels read ``pad_value`` in padding like the plain conv:
+    equal to the grouped conv of the explicitly padded input."""
+    rng = seed(case, "moderate", np.int8, pad_value)
+    args = dw_args(rng, np.int8, case, "moderate", pad_value=pad_value)
+    out = assert_same("mmalib_depthwise_conv2d_i8", args, "half_up")
+    c, h, w, kh, kw, sh, sw, pt, pb, pl, pr = case
+    padded = np.pad(args[0], ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=pad_value)
+    grouped = [padded, args[1].reshape(c, 1, kh, kw), *args[2:5], np.zeros_like(args[5]),
+               c, h + pt + pb, w + pl + pr, c, kh, kw, sh, sw, 0, 0, 0, 0, c, 0, -128, 127]
+    np.testing.assert_array_equal(out, assert_same("mmalib_conv2d_i8_grouped_loop", grouped, "half_up"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["i8", "i16"])
@@ -760,6 +799,9 @@ def bad_calls():
         ("c7x_int8_max_pool_tidl", "pH", 3, ref.C7X_ERR_SHAPE),               # pad >= kernel
         ("c7x_int8_clamp", "lo", 7, ref.C7X_ERR_PARAM),                        # lo > hi
         ("mmalib_conv2d_i8", "act_min", 128, ref.C7X_ERR_PARAM),               # beyond int8, > act_max
+        ("mmalib_conv2d_i8", "pad_value", 128, ref.C7X_ERR_PARAM),             # beyond int8
+        ("mmalib_conv2d_i8_grouped_loop", "pad_value", -129, ref.C7X_ERR_PARAM),
+        ("mmalib_depthwise_conv2d_i16", "pad_value", 2**15, ref.C7X_ERR_PARAM),
         ("mmalib_depthwise_conv2d_i16", "act_max", -2**15 - 1, ref.C7X_ERR_PARAM),
         ("mmalib_matmul_bias_i8", "act_max", -129, ref.C7X_ERR_PARAM),
         ("c7x_int8_residual_add_relu", "params", "shift32", ref.C7X_ERR_PARAM),

@@ -77,7 +77,7 @@ def test_conv_i8_is_replaced_with_the_header_abi():
     # C_in, H, W, C_out, KH, KW, sh, sw, pad_top, pad_bottom, pad_left, pad_right (Relax: t, l, b, r),
     # then the saturation range: the fused ReLU's [o_zp, 127].
     o_zp = _conv_consts(flow.mod)[-1]
-    assert call.scalars == [8, 10, 10, 16, 3, 1, 1, 1, 1, 1, 0, 0, o_zp, 127]
+    assert call.scalars == [8, 10, 10, 16, 3, 1, 1, 1, 1, 1, 0, 0, 0, o_zp, 127]   # pad value 0: no padding
     assert "relax.clip" not in _ops(mod)
     assert [d.status for d in log.decisions] == ["offloaded"]
 
@@ -118,7 +118,7 @@ def test_grouped_conv_i8_uses_the_grouped_loop():
     (call,) = offload_calls(mod)
     assert call.kernel == call.extern_name == "mmalib_conv2d_i8_grouped_loop"
     assert tuple(int(d) for d in call.prim.params[1].shape) == (16, 4, 3, 3)
-    assert call.scalars[:13] == [8, 10, 10, 16, 3, 3, 1, 1, 1, 1, 1, 1, 2] and len(call.scalars) == 15
+    assert call.scalars[:13] == [8, 10, 10, 16, 3, 3, 1, 1, 1, 1, 1, 1, 2] and len(call.scalars) == 16
 
 
 @pytest.mark.parametrize("weight_dtype", ["int16", None])
@@ -173,27 +173,23 @@ def test_decline_non_square_stride():
     assert "not square" in _declined(_flow(Conv(stride=(2, 1))))
 
 
-def test_asymmetric_padded_input_is_padded_with_its_zero_point_first():
+def test_asymmetric_padded_input_pads_with_its_zero_point():
     flow = _flow(Conv(k=(3, 5), padding=(1, 2), act=None), symmetric_activations=False)
     d_zp = _conv_consts(flow.mod)[1]
     assert d_zp != 0
     log = OffloadLog()
     mod = offload_conv2d_i8(flow.mod, log)
     (call,) = offload_calls(mod)
-    g = Graph(mod["main"])
-    pad = g.call(call.args[0], "relax.nn.pad")                # the kernel reads the padded input
-    assert pad is not None and float(pad.attrs.pad_value) == d_zp
-    assert [int(p) for p in pad.attrs.pad_width] == [0, 0, 0, 0, 1, 1, 2, 2]
-    assert str(pad.ty.dtype) == "int8" and g.call(pad.args[0], "relax.dequantize") is None
-    # C_in, H + 2, W + 4, C_out, KH, KW, strides, and no kernel padding.
-    assert call.scalars == [8, 12, 14, 16, 3, 5, 1, 1, 0, 0, 0, 0, -128, 127]
-    assert tuple(int(d) for d in call.prim.params[0].shape) == (1, 8, 12, 14)
+    assert "relax.nn.pad" not in _ops(mod)                     # no pass of its own
+    # C_in, H, W, C_out, KH, KW, strides, the conv's padding, pad value = d_zp.
+    assert call.scalars == [8, 10, 10, 16, 3, 5, 1, 1, 1, 1, 2, 2, d_zp, -128, 127]
+    assert tuple(int(d) for d in call.prim.params[0].shape) == (1, 8, 10, 10)
     (decision,) = log.decisions
-    assert decision.status == "offloaded" and f"zero point {d_zp}" in decision.note
-    # Symmetric (zp 0) and unpadded asymmetric layers keep the kernel's own padding, no pad op.
+    assert decision.status == "offloaded" and f"padding reads the input zero point {d_zp}" in decision.note
+    # Symmetric (zp 0) and unpadded asymmetric layers pad with 0 (nothing to pad).
     for model, kw in ((Conv(act=None), {}), (Conv(k=1, padding=0, act=None), dict(symmetric_activations=False))):
-        mod = offload_conv2d_i8(_flow(model, **kw).mod)
-        assert "relax.nn.pad" not in _ops(mod) and len(offload_calls(mod)) == 1
+        (call,) = offload_calls(offload_conv2d_i8(_flow(model, **kw).mod))
+        assert call.scalars[-3] == 0
 
 
 def test_decline_grouped_int16():

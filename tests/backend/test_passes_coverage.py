@@ -3,8 +3,8 @@ torchvision MobileNetV2 (int8, int16, int8 affine) and ResNet-18 (int8, int8 aff
 random weights, randomized BatchNorm statistics and a few random calibration images,
 input 1x3x224x224.
 
-int8 affine (``symmetric_activations=False``): before the explicit zero-point pad
-(passes/conv.py, deviation (b)) every padded layer with a nonzero input zero point was
+int8 affine (``symmetric_activations=False``): before the kernels padded with the input
+zero point (passes/conv.py, deviation (b)) every padded layer with a nonzero one was
 declined: ResNet-18 offloaded 3 of 20 convs (19.8 M of 1814 M MACs), MobileNetV2 34 of 35
 convs and 0 of 17 depthwise convs (269 M of 301 M MACs). Now the coverage is that of the
 symmetric build.
@@ -59,7 +59,7 @@ def resnet18_int8_affine():
     return _manifest(torchvision.models.resnet18, symmetric_activations=False)
 
 
-_ZP_PAD_NOTE = "explicitly padded with its zero point"
+_ZP_PAD_NOTE = "padding reads the input zero point"
 
 
 def _zero_point_padded(m):

@@ -52,7 +52,7 @@ def test_depthwise_i8(k, stride):
     h_out = (12 + 2 * p - k) // stride + 1
     assert tuple(int(d) for d in call.prim.params[5].shape) == (1, 16, h_out, h_out)
     # C, H_in, W_in, KH, KW, sh, sw, pt, pb, pl, pr, num_groups = C
-    assert call.scalars[:-2] == [16, 12, 12, k, k, stride, stride, p, p, p, p, 16]
+    assert call.scalars[:-2] == [16, 12, 12, k, k, stride, stride, p, p, p, p, 16, 0]   # pad value: zp 0
     assert [(d.op, d.status) for d in log.decisions] == [("depthwise_conv2d", "offloaded")]
 
 
@@ -87,7 +87,7 @@ def test_depthwise_i16_3x3(weight_dtype):
     assert np.all(np.abs(w2) <= 32768)
 
 
-def test_depthwise_i8_asymmetric_padded_input_is_offloaded_after_a_zero_point_pad():
+def test_depthwise_i8_asymmetric_padded_input_pads_with_its_zero_point():
     flow = _flow(3, 2, symmetric_activations=False)
     log = OffloadLog()
     mod = offload_depthwise_conv2d_i8(flow.mod, log)
@@ -96,13 +96,11 @@ def test_depthwise_i8_asymmetric_padded_input_is_offloaded_after_a_zero_point_pa
     conv = next(b.value for b in g0.bindings if g0.call(b.var, "relax.nn.conv2d") is not None)
     d_zp = int(const_array(g0.call(conv.args[0], "relax.dequantize").args[2]))
     assert d_zp != 0
-    pad = Graph(mod["main"]).call(call.args[0], "relax.nn.pad")
-    assert pad is not None and float(pad.attrs.pad_value) == d_zp
-    assert [int(p) for p in pad.attrs.pad_width] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert call.scalars[:-2] == [16, 14, 14, 3, 3, 2, 2, 0, 0, 0, 0, 16]        # H, W + 2; kernel pads 0
+    assert Graph(mod["main"]).call(call.args[0], "relax.nn.pad") is None      # no pass of its own
+    assert call.scalars[:-2] == [16, 12, 12, 3, 3, 2, 2, 1, 1, 1, 1, 16, d_zp]  # the kernel pads with d_zp
     assert tuple(int(d) for d in call.prim.params[5].shape) == (1, 16, 6, 6)
     (decision,) = log.decisions
-    assert decision.status == "offloaded" and "explicitly padded with its zero point" in decision.note
+    assert decision.status == "offloaded" and f"padding reads the input zero point {d_zp}" in decision.note
 
 
 def test_depthwise_i16_declines_5x5():

@@ -7,7 +7,7 @@ rules of the offload passes:
   instead of 7. Measured (4 inputs, seed 6): max 2-8 / mean 0.16-1.24 LSB; without the
   pre-scale 39-289 / 5-60 LSB (the scalar build: <= 1).
 - int8 affine activations (symmetric_activations=False): padded convs / depthwise convs are
-  offloaded after an explicit ``R.nn.pad`` with the input zero point (passes/conv.py,
+  offloaded with the input zero point as the kernel's pad value (passes/conv.py,
   deviation (b)). Measured: max 1-3 / mean 0.05-0.4 LSB, the same as the symmetric int8
   MMALIB build of the same nets (the 7-bit scale); raw-0 padding is off by tens of LSB.
 
@@ -83,7 +83,7 @@ def test_asymmetric_int8_padded_layers_are_offloaded_and_exact(built, net):
     assert _nonzero_input_zero_points(flow) > 0
     convs = [e for e in manifest["layers"] if e["op"] in ("conv2d", "depthwise_conv2d")]
     assert convs and all(e["backend"] == "mmalib" for e in convs), [e.get("reason") for e in convs]
-    padded = [e for e in convs if "explicitly padded with its zero point" in (e.get("note") or "")]
+    padded = [e for e in convs if "padding reads the input zero point" in (e.get("note") or "")]
     assert padded                                       # the layers that used to be declined
     lsb = _lsb_vs_torch(flow, out, _inputs(shape))
     assert lsb.max() <= 3 and lsb.mean() <= 0.5, (lsb.max(), lsb.mean())

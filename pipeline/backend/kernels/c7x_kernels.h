@@ -31,8 +31,12 @@
  *   C7X_ROUND_FLOOR:             floor(v / 2^shift)   (toward -inf)
  * saturate clips to the output type's range ([-128, 127] / [-32768, 32767]);
  * with act_min / act_max at that range, clamp is saturate.
- * Padding pixels are raw 0 (the generated code only offloads layers whose
- * input zero point is 0 when they pad).
+ * Padding pixels read pad_value (conv / depthwise): the input zero point, so a
+ * padded window sums exactly what the float model's zero padding gives, with the
+ * zero point's term folded into bias for every pixel alike (docs/reference.md,
+ * "Folding"). pad_value lies in the input type's range (else C7X_ERR_PARAM). On
+ * the C7x the wrapper DMAs the input into an L2 buffer whose border holds
+ * pad_value (written once per buffer, as TIDL pads its buffers); no pass of its own.
  * Sizes: every size / stride is >= 1, every padding >= 0, at least one output
  * pixel, and no buffer holds more than C7X_MAX_ELEMS elements.
  *
@@ -80,13 +84,13 @@ int32_t mmalib_conv2d_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
                          int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
                          int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
                          int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
-                         int32_t act_min, int32_t act_max);
+                         int32_t pad_value, int32_t act_min, int32_t act_max);
 int32_t mmalib_conv2d_i16(const int16_t* in, const int16_t* w, const int64_t* bias,
                           const uint8_t* scale, const uint8_t* shift, int16_t* out,
                           int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
                           int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
                           int32_t pad_top, int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
-                         int32_t act_min, int32_t act_max);
+                          int32_t pad_value, int32_t act_min, int32_t act_max);
 /* grouped conv: w [C_out, C_in / groups, KH, KW]; groups divides C_in and C_out.
  * The pass uses it for 1 < groups < C_in; the host reference accepts any groups >= 1. */
 int32_t mmalib_conv2d_i8_grouped_loop(const int8_t* in, const int8_t* w, const int32_t* bias,
@@ -94,8 +98,8 @@ int32_t mmalib_conv2d_i8_grouped_loop(const int8_t* in, const int8_t* w, const i
                                       int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
                                       int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
                                       int32_t pad_top, int32_t pad_bottom, int32_t pad_left,
-                                      int32_t pad_right, int32_t groups,
-                         int32_t act_min, int32_t act_max);
+                                      int32_t pad_right, int32_t groups, int32_t pad_value,
+                                      int32_t act_min, int32_t act_max);
 /* depthwise conv2d, groups = C: in/out [1, C, H, W], w [C * KH * KW] (= OIHW with I = 1),
  * output size as for conv2d. num_groups must equal C (else C7X_ERR_SHAPE).
  * MMALIB only takes square 3/5/7 kernels (docs/reference.md, "Eligibility"); the host
@@ -105,15 +109,15 @@ int32_t mmalib_depthwise_conv2d_i8(const int8_t* in, const int8_t* w, const int3
                                    int32_t C, int32_t H_in, int32_t W_in, int32_t KH, int32_t KW,
                                    int32_t stride_h, int32_t stride_w, int32_t pad_top,
                                    int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
-                                   int32_t num_groups,
-                         int32_t act_min, int32_t act_max);
+                                   int32_t num_groups, int32_t pad_value,
+                                   int32_t act_min, int32_t act_max);
 int32_t mmalib_depthwise_conv2d_i16(const int16_t* in, const int16_t* w, const int64_t* bias,
                                     const uint8_t* scale, const uint8_t* shift, int16_t* out,
                                     int32_t C, int32_t H_in, int32_t W_in, int32_t KH, int32_t KW,
                                     int32_t stride_h, int32_t stride_w, int32_t pad_top,
                                     int32_t pad_bottom, int32_t pad_left, int32_t pad_right,
-                                    int32_t num_groups,
-                         int32_t act_min, int32_t act_max);
+                                    int32_t num_groups, int32_t pad_value,
+                                   int32_t act_min, int32_t act_max);
 /* fully connected: in [M, K], w [N, K], out [M, N]; bias / scale / shift per n. */
 int32_t mmalib_matmul_bias_i8(const int8_t* in, const int8_t* w, const int32_t* bias,
                               const uint8_t* scale, const uint8_t* shift, int8_t* out,

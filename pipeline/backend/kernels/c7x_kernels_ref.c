@@ -240,6 +240,7 @@ static const void* elem_offset(const void* base, int64_t idx, elem_type t)
 typedef struct {
     int32_t C_in, H_in, W_in, C_out, KH, KW;
     int32_t stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, groups;
+    int32_t pad_value; /* what a padding pixel reads: the input zero point */
     int32_t H_out, W_out; /* derived by conv_check */
 } conv_shape;
 
@@ -259,11 +260,38 @@ static int32_t conv_check(conv_shape* s, const requant_params* q)
         reduction > C7X_MAX_REDUCTION || elem_count(s->C_out, (int32_t)reduction, 1, 1) < 0) {
         return C7X_ERR_SHAPE;
     }
+    if (s->pad_value < (q->type == ELEM_I8 ? -128 : -32768) ||
+        s->pad_value > (q->type == ELEM_I8 ? 127 : 32767)) {
+        return C7X_ERR_PARAM;
+    }
     return requant_params_ok(q->scale, q->shift, s->C_out) && act_range_ok(q) ? C7X_OK : C7X_ERR_PARAM;
 }
 
+/* Padding taps: a tap of weight wv whose input column lies in the padding reads
+ * pad_value, so the accumulators of the columns [ow0, ow0 + n) outside the valid
+ * range [lo, hi) of valid_columns gain pad_value * wv (all n of them for a padding
+ * row: lo = hi = ow0). One body per accumulator type (SUF, ACC). */
+#define C7X_DEFINE_PAD_TAPS(SUF, ACC)                                                         \
+    static void pad_taps_##SUF(ACC* acc, int32_t ow0, int32_t n, int32_t lo, int32_t hi,       \
+                               ACC pw)                                                         \
+    {                                                                                          \
+        const int32_t end = ow0 + n;                                                           \
+        const int32_t a = lo < end ? lo : end;                                                 \
+        const int32_t b = hi > a ? hi : a;                                                     \
+        int32_t i;                                                                             \
+        for (i = ow0; i < a; ++i) {                                                            \
+            acc[i - ow0] += pw;                                                                \
+        }                                                                                      \
+        for (i = b; i < end; ++i) {                                                            \
+            acc[i - ow0] += pw;                                                                \
+        }                                                                                      \
+    }
+
+C7X_DEFINE_PAD_TAPS(i32, int32_t)
+C7X_DEFINE_PAD_TAPS(i64, int64_t)
+
 /* Output columns [*lo, *hi) of the tile [ow0, ow0 + n) whose input column
- * ow * stride - pad_left + kw lies inside [0, W_in); the rest read padding (0). */
+ * ow * stride - pad_left + kw lies inside [0, W_in); the rest read padding (pad_value). */
 static void valid_columns(const conv_shape* s, int32_t kw, int32_t ow0, int32_t n,
                           int32_t* lo, int32_t* hi)
 {
@@ -293,12 +321,18 @@ static void conv_accumulate(const conv_shape* s, const void* in, const void* w, 
             const int64_t row = ((int64_t)(ci0 + ci) * s->H_in + ih) * s->W_in;
             const int64_t wrow = (((int64_t)co * cin_g + ci) * s->KH + kh) * s->KW;
             if (ih < 0 || ih >= s->H_in) {
-                continue; /* a padding row contributes raw 0 */
+                for (kw = 0; kw < s->KW && s->pad_value != 0; ++kw) { /* a padding row */
+                    pad_taps_i64(acc, ow0, n, ow0, ow0, s->pad_value * load_elem(w, wrow + kw, t));
+                }
+                continue;
             }
             for (kw = 0; kw < s->KW; ++kw) {
                 int32_t lo, hi;
                 const int64_t wv = load_elem(w, wrow + kw, t);
                 valid_columns(s, kw, ow0, n, &lo, &hi);
+                if (s->pad_value != 0) {
+                    pad_taps_i64(acc, ow0, n, lo, hi, s->pad_value * wv);
+                }
                 if (hi > lo) {
                     const int64_t iw = (int64_t)lo * s->stride_w - s->pad_left + kw;
                     axpy_row(acc + (lo - ow0), elem_offset(in, row + iw, t), s->stride_w, wv,
@@ -380,12 +414,18 @@ static void conv_accumulate_i8(const conv_shape* s, const int8_t* in, const int8
             const int64_t row = ((int64_t)(ci0 + ci) * s->H_in + ih) * s->W_in;
             const int64_t wrow = (((int64_t)co * cin_g + ci) * s->KH + kh) * s->KW;
             if (ih < 0 || ih >= s->H_in) {
-                continue; /* a padding row contributes raw 0 */
+                for (kw = 0; kw < s->KW && s->pad_value != 0; ++kw) { /* a padding row */
+                    pad_taps_i32(acc, ow0, n, ow0, ow0, s->pad_value * w[wrow + kw]);
+                }
+                continue;
             }
             for (kw = 0; kw < s->KW; ++kw) {
                 int32_t lo, hi;
                 const int32_t wv = w[wrow + kw];
                 valid_columns(s, kw, ow0, n, &lo, &hi);
+                if (s->pad_value != 0) {
+                    pad_taps_i32(acc, ow0, n, lo, hi, s->pad_value * wv);
+                }
                 if (hi > lo) {
                     const int8_t* p = in + row + (int64_t)lo * s->stride_w - s->pad_left + kw;
                     int32_t* a = acc + (lo - ow0);
@@ -482,7 +522,7 @@ static int32_t conv_run(const void* in, const void* w, const requant_params* q, 
 static conv_shape make_conv_shape(int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
                                   int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
                                   int32_t pad_top, int32_t pad_bottom, int32_t pad_left,
-                                  int32_t pad_right, int32_t groups)
+                                  int32_t pad_right, int32_t groups, int32_t pad_value)
 {
     conv_shape s;
     s.C_in = C_in;
@@ -498,6 +538,7 @@ static conv_shape make_conv_shape(int32_t C_in, int32_t H_in, int32_t W_in, int3
     s.pad_left = pad_left;
     s.pad_right = pad_right;
     s.groups = groups;
+    s.pad_value = pad_value;
     s.H_out = 0;
     s.W_out = 0;
     return s;
@@ -523,12 +564,12 @@ static requant_params make_requant(const void* bias, const uint8_t* scale, const
                                 int32_t W_in, int32_t C_out, int32_t KH, int32_t KW,               \
                                 int32_t stride_h, int32_t stride_w, int32_t pad_top,               \
                                 int32_t pad_bottom, int32_t pad_left, int32_t pad_right,           \
-                                int32_t act_min, int32_t act_max)                                  \
+                                int32_t pad_value, int32_t act_min, int32_t act_max)               \
     {                                                                                              \
         const requant_params q = make_requant(bias, scale, shift, ET, act_min, act_max);           \
         return conv_run(in, w, &q, out,                                                            \
                         make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w,       \
-                                        pad_top, pad_bottom, pad_left, pad_right, 1));             \
+                                        pad_top, pad_bottom, pad_left, pad_right, 1, pad_value));  \
     }
 
 C7X_DEFINE_CONV2D(i8, int8_t, int32_t, ELEM_I8)
@@ -539,13 +580,13 @@ int32_t mmalib_conv2d_i8_grouped_loop(const int8_t* in, const int8_t* w, const i
                                       int32_t C_in, int32_t H_in, int32_t W_in, int32_t C_out,
                                       int32_t KH, int32_t KW, int32_t stride_h, int32_t stride_w,
                                       int32_t pad_top, int32_t pad_bottom, int32_t pad_left,
-                                      int32_t pad_right, int32_t groups,
-                         int32_t act_min, int32_t act_max)
+                                      int32_t pad_right, int32_t groups, int32_t pad_value,
+                                      int32_t act_min, int32_t act_max)
 {
     const requant_params q = make_requant(bias, scale, shift, ELEM_I8, act_min, act_max);
     return conv_run(in, w, &q, out,
                     make_conv_shape(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top,
-                                    pad_bottom, pad_left, pad_right, groups));
+                                    pad_bottom, pad_left, pad_right, groups, pad_value));
 }
 
 /* Depthwise = grouped convolution with groups = C_in = C_out = C; the natural
@@ -569,13 +610,14 @@ static int32_t depthwise_run(const void* in, const void* w, const requant_params
                                           int32_t C, int32_t H_in, int32_t W_in, int32_t KH,       \
                                           int32_t KW, int32_t stride_h, int32_t stride_w,          \
                                           int32_t pad_top, int32_t pad_bottom, int32_t pad_left,   \
-                                          int32_t pad_right, int32_t num_groups, int32_t act_min,  \
-                                          int32_t act_max)                                         \
+                                          int32_t pad_right, int32_t num_groups,                   \
+                                          int32_t pad_value, int32_t act_min, int32_t act_max)     \
     {                                                                                              \
         const requant_params q = make_requant(bias, scale, shift, ET, act_min, act_max);           \
         return depthwise_run(in, w, &q, out,                                                       \
                              make_conv_shape(C, H_in, W_in, C, KH, KW, stride_h, stride_w,         \
-                                             pad_top, pad_bottom, pad_left, pad_right, C),         \
+                                             pad_top, pad_bottom, pad_left, pad_right, C,          \
+                                             pad_value),                                           \
                              num_groups);                                                          \
     }
 

@@ -375,32 +375,37 @@ def _max_abs(a: np.ndarray) -> int:
     return max(-int(a.min()), int(a.max())) if a.size else 0
 
 
-def conv_accumulate(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
+def conv_accumulate(x: np.ndarray, w: np.ndarray, g: ConvGeometry, pad_value: int = 0) -> np.ndarray:
     """Exact integer accumulators int64 [C_out, H_out, W_out] of an NCHW conv.
 
     ``x`` [1, C_in, H_in, W_in] and ``w`` [C_out, C_in / groups, KH, KW] integer
-    arrays. Padding adds raw zeros (c7x_kernels.h). float64 conv2d is exact here,
+    arrays. Padding pixels read ``pad_value`` (c7x_kernels.h: the input zero point).
+    float64 conv2d is exact here,
     see the module docstring (K <= MAX_REDUCTION is checked by ``g.status()``).
     float32 is exact too, in any summation order, when every partial sum is an
     integer of at most 2^24 (the float32 significand, IEEE 754): guaranteed by
     K * max|x| * max|w| <= 2^24, which holds for int8 depthwise 3x3 (9 * 2^14)
     and most int8 pointwise layers; it is 4-5x faster on the CPU.
     """
-    dtype = np.float32 if _max_abs(x) * _max_abs(w) * g.reduction <= FLOAT32_EXACT else np.float64
+    x_max = max(_max_abs(x), abs(int(pad_value)))
+    dtype = np.float32 if x_max * _max_abs(w) * g.reduction <= FLOAT32_EXACT else np.float64
     import torch  # late: the catalog (and the performance model) read this module without torch
     import torch.nn.functional as F
 
     xt = torch.from_numpy(x.astype(dtype))
     wt = torch.from_numpy(w.astype(dtype))
     padding = (g.pad_top, g.pad_left)
-    if padding != (g.pad_bottom, g.pad_right):   # conv2d pads symmetrically only; a pad op is slower
-        xt, padding = F.pad(xt, (g.pad_left, g.pad_right, g.pad_top, g.pad_bottom)), (0, 0)
+    if padding != (g.pad_bottom, g.pad_right) or pad_value:   # conv2d pads with 0, symmetrically only
+        xt = F.pad(xt, (g.pad_left, g.pad_right, g.pad_top, g.pad_bottom), value=float(pad_value))
+        padding = (0, 0)
     acc = F.conv2d(xt, wt, stride=(g.stride_h, g.stride_w), padding=padding, groups=g.groups)
     return acc[0].numpy().astype(np.int64)
 
 
-def _conv(in_, w, bias, scale, shift, out, g, dtype: np.dtype, rounding, act: tuple[int, int]) -> int:
-    """Plain, grouped and depthwise convolution (``g``: Conv/DepthwiseGeometry)."""
+def _conv(in_, w, bias, scale, shift, out, g, dtype: np.dtype, rounding, act: tuple[int, int],
+          pad_value: int) -> int:
+    """Plain, grouped and depthwise convolution (``g``: Conv/DepthwiseGeometry); padding
+    pixels read ``pad_value``, which must lie in ``dtype``'s range."""
     rounding = _check_rounding(rounding)
     if in_ is None or w is None or out is None:
         return C7X_ERR_NULL
@@ -414,10 +419,11 @@ def _conv(in_, w, bias, scale, shift, out, g, dtype: np.dtype, rounding, act: tu
     b = None if bias is None else _array("bias", bias, sh["bias"], _BIAS_DTYPE[dtype])
     s = None if scale is None else _array("scale", scale, sh["scale"], _U8)
     t = None if shift is None else _array("shift", shift, sh["shift"], _U8)
-    if not _requant_params_ok(s, t) or not act_range_ok(act, dtype):
+    pad_value, info = _int32("pad_value", pad_value), np.iinfo(dtype)
+    if not _requant_params_ok(s, t) or not act_range_ok(act, dtype) or not info.min <= pad_value <= info.max:
         return C7X_ERR_PARAM
     geometry = g.conv() if isinstance(g, DepthwiseGeometry) else g
-    y[0] = _requantize_in_place(conv_accumulate(x, wv, geometry), b, s, t, dtype, rounding, act)
+    y[0] = _requantize_in_place(conv_accumulate(x, wv, geometry, pad_value), b, s, t, dtype, rounding, act)
     return C7X_OK
 
 
@@ -522,55 +528,56 @@ def _elementwise(in_, out, n, fn) -> int:
 
 def mmalib_conv2d_i8(in_, w, bias, scale, shift, out, C_in, H_in, W_in, C_out, KH, KW,
                      stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
-                     act_min, act_max, rounding=None) -> int:
+                     pad_value, act_min, act_max, rounding=None) -> int:
     """int8 conv2d, groups = 1: in int8 [1, C_in, H_in, W_in] (NCHW), w int8
     [C_out, C_in, KH, KW] (OIHW), bias int32 [C_out], scale / shift uint8 [C_out]
     (None = 0 / 1 / 0), out int8 [1, C_out, H_out, W_out] with
-    H_out = (H_in + pad_top + pad_bottom - KH) // stride_h + 1 (W alike).
+    H_out = (H_in + pad_top + pad_bottom - KH) // stride_h + 1 (W alike); padding
+    pixels read ``pad_value`` (the input zero point, in the int8 range).
     out = clamp(rshift((acc + bias) * scale, shift), act_min, act_max), docs/reference.md,
     "Kernel math"; [act_min, act_max] is the int8 range or a fused activation's bounds."""
     g = ConvGeometry(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                      pad_left, pad_right)
-    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding, (act_min, act_max))
+    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding, (act_min, act_max), pad_value)
 
 
 def mmalib_conv2d_i16(in_, w, bias, scale, shift, out, C_in, H_in, W_in, C_out, KH, KW,
                       stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
-                      act_min, act_max, rounding=None) -> int:
+                      pad_value, act_min, act_max, rounding=None) -> int:
     """int16 conv2d: as :func:`mmalib_conv2d_i8` with int16 in / w / out and int64 bias."""
     g = ConvGeometry(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                      pad_left, pad_right)
-    return _conv(in_, w, bias, scale, shift, out, g, _I16, rounding, (act_min, act_max))
+    return _conv(in_, w, bias, scale, shift, out, g, _I16, rounding, (act_min, act_max), pad_value)
 
 
 def mmalib_conv2d_i8_grouped_loop(in_, w, bias, scale, shift, out, C_in, H_in, W_in, C_out,
                                   KH, KW, stride_h, stride_w, pad_top, pad_bottom, pad_left,
-                                  pad_right, groups, act_min, act_max, rounding=None) -> int:
+                                  pad_right, groups, pad_value, act_min, act_max, rounding=None) -> int:
     """Grouped int8 conv2d: as :func:`mmalib_conv2d_i8` with w int8
     [C_out, C_in / groups, KH, KW]; groups must divide C_in and C_out."""
     g = ConvGeometry(C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                      pad_left, pad_right, groups)
-    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding, (act_min, act_max))
+    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding, (act_min, act_max), pad_value)
 
 
 def mmalib_depthwise_conv2d_i8(in_, w, bias, scale, shift, out, C, H_in, W_in, KH, KW,
                                stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
-                               num_groups, act_min, act_max, rounding=None) -> int:
+                               num_groups, pad_value, act_min, act_max, rounding=None) -> int:
     """Depthwise int8 conv2d (groups = C): in / out int8 [1, C, H, W], w int8
     [C * KH * KW] (natural order = OIHW with I = 1), bias int32 [C],
     scale / shift uint8 [C]; num_groups must equal C."""
     g = DepthwiseGeometry(C, H_in, W_in, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                           pad_left, pad_right, num_groups)
-    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding, (act_min, act_max))
+    return _conv(in_, w, bias, scale, shift, out, g, _I8, rounding, (act_min, act_max), pad_value)
 
 
 def mmalib_depthwise_conv2d_i16(in_, w, bias, scale, shift, out, C, H_in, W_in, KH, KW,
                                 stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
-                                num_groups, act_min, act_max, rounding=None) -> int:
+                                num_groups, pad_value, act_min, act_max, rounding=None) -> int:
     """Depthwise int16 conv2d: as the int8 one with int16 tensors and int64 bias."""
     g = DepthwiseGeometry(C, H_in, W_in, KH, KW, stride_h, stride_w, pad_top, pad_bottom,
                           pad_left, pad_right, num_groups)
-    return _conv(in_, w, bias, scale, shift, out, g, _I16, rounding, (act_min, act_max))
+    return _conv(in_, w, bias, scale, shift, out, g, _I16, rounding, (act_min, act_max), pad_value)
 
 
 def mmalib_matmul_bias_i8(in_, w, bias, scale, shift, out, M, K, N, act_min, act_max,

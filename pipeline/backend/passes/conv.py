@@ -16,27 +16,19 @@ channel (:func:`~.weighted.fold_weighted`).
 
 Deviations from the reference (documented in the offload log):
 (a) a rescale that ``scale in [1,127], shift in [0,31]`` cannot represent
-declines; (b) a padded layer whose input zero point is not 0 (int8 affine
-activations) gets an explicit zero-point pad before the call, since the kernel
-pads with raw 0 (c7x_kernels.h) while the float model pads with 0.0, i.e.
-with ``d_zp`` in the integer domain::
-
-    x_p = R.nn.pad(x, [0, 0, 0, 0, pt, pb, pl, pr], pad_value=d_zp)   (scalar-path copy kernel)
-    call_tir(kernel, x_p, ..., H_in + pt + pb, W_in + pl + pr, ..., pads 0, 0, 0, 0)
-
-Every window then is full, so the folded ``- d_zp * sum W`` of the bias
-(``docs/reference.md``, "Folding") is exact for border pixels too (recorded as a note);
+declines; (b) the kernels take ``pad_value``, what a padding pixel reads: the input
+zero point ``d_zp``. The float model pads with 0.0, i.e. with ``d_zp`` in the integer
+domain, and the bias folds ``- d_zp * sum W`` for every pixel
+(``docs/reference.md``, "Folding"), so border pixels are exact too; the reference
+pads with raw 0 and is off at the border when ``d_zp != 0`` (int8 affine activations);
 (d) int16 activations with int8 weights widen the weights at compile time and
 pre-scale them per channel (:mod:`pipeline.backend.fold`, "pre-scaling").
 """
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
 
 import tvm
-from tvm import relax
 
 from ..refusal import Declined, declining
 from .graph import Graph, const, dequantize_of, static_shape
@@ -82,45 +74,6 @@ class ConvGeometry:
         """True if any side is padded."""
         return any(self.pads)
 
-    def explicitly_padded(self) -> "ConvGeometry":
-        """The same conv on its input padded beforehand: ``H_in + pt + pb``,
-        ``W_in + pl + pr``, no padding; the output shape is unchanged."""
-        top, bottom, left, right = self.pads
-        g = copy.copy(self)
-        n, c, h, w = self.x_shape
-        g.x_shape, g.pads = (n, c, h + top + bottom, w + left + right), (0, 0, 0, 0)
-        return g
-
-
-@dataclass(frozen=True)
-class ZeroPointPad:
-    """An explicit ``R.nn.pad`` of the integer input with its zero point (deviation (b)).
-
-    ``pads`` = (top, bottom, left, right) of the conv; ``zp`` the input zero point."""
-
-    pads: tuple[int, int, int, int]
-    zp: int
-
-    @property
-    def note(self) -> str:
-        """Manifest note."""
-        return (f"input explicitly padded with its zero point {self.zp} (t,b,l,r = "
-                f"{','.join(map(str, self.pads))}) before the call; kernel padding 0")
-
-    def emit(self, ctx, x, name: str):
-        """Bind ``pad(x)`` (NCHW, constant ``zp``) to ``name`` and return the variable."""
-        top, bottom, left, right = self.pads
-        return ctx.emit(relax.op.nn.pad(ctx.remap(x), [0, 0, 0, 0, top, bottom, left, right],
-                                        pad_value=float(self.zp)), name)
-
-
-def kernel_geometry(g: ConvGeometry, d_zp: int) -> tuple[ConvGeometry, ZeroPointPad | None]:
-    """``(geometry the kernel is called with, explicit pad or None)``: a padded
-    conv whose input zero point is not 0 is padded beforehand with the zero point
-    and called with zero padding; otherwise the kernel pads (raw 0 = zero point 0)."""
-    if d_zp == 0 or not g.pads_any:
-        return g, None
-    return g.explicitly_padded(), ZeroPointPad(g.pads, int(d_zp))
 
 
 def conv_geometry(chain: WeightedChain) -> ConvGeometry:
@@ -144,15 +97,11 @@ def conv_geometry(chain: WeightedChain) -> ConvGeometry:
 
 def fold_conv(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
     """Checks and folding shared by conv and depthwise: quantization, weights,
-    bias and fused users checked, the rescale folded (:func:`fold_weighted`) and
-    the kernel geometry chosen (:func:`kernel_geometry`). Returns
-    ``(data_dq, folded, kernel_geometry, pad)``; raises :class:`Declined` if a
-    check or the folding fails. (A padded input with a zero point is not a
-    refusal: it is padded explicitly.)"""
+    bias and fused users checked, the rescale folded (:func:`fold_weighted`).
+    Returns ``(data_dq, folded)``; raises :class:`Declined` if a check or the
+    folding fails."""
     data, weights, bias = _operands(graph, chain, g, dtype)
-    folded = fold_weighted(weights, bias, data, chain.out, dtype)
-    kg, pad = kernel_geometry(g, data.z)
-    return data, folded, kg, pad
+    return data, fold_weighted(weights, bias, data, chain.out, dtype)
 
 
 def _operands(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
@@ -169,30 +118,32 @@ def _operands(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
 
 
 def conv_offload(chain: WeightedChain, op: str, dtype: str, kernel: str, data, folded,
-                 w_arg: TensorArg, scalars: list[int], kg: ConvGeometry,
-                 pad: ZeroPointPad | None = None) -> Offload:
-    """The :class:`Offload` of a conv-like layer: [zero-point ``pad``, then]
-    ``call_tir`` on ``[x, W, bias, scale, shift]`` (W reshaped to ``w_arg.shape``),
-    the fused activation applied as the kernel's saturation range (:func:`.rewrite.act_scalars`).
-    ``kg``: the geometry the kernel sees (:func:`kernel_geometry`); ``scalars``: the
-    extern's int32 args before ``act_min, act_max``."""
+                 w_arg: TensorArg, scalars: list[int], g: ConvGeometry) -> Offload:
+    """The :class:`Offload` of a conv-like layer: ``call_tir`` on ``[x, W, bias, scale,
+    shift]`` (W reshaped to ``w_arg.shape``); ``scalars``: the extern's int32 args
+    before ``pad_value, act_min, act_max``. Padding pixels read the input zero point
+    (deviation (b)); the fused activation is the kernel's saturation range
+    (:func:`.rewrite.act_scalars`)."""
     out_shape = static_shape(chain.anchor)
-    tensors = [TensorArg("data", kg.x_shape, dtype), w_arg,
+    tensors = [TensorArg("data", g.x_shape, dtype), w_arg,
                TensorArg("bias", folded.bias.shape, str(folded.bias.dtype)),
                TensorArg("scale", folded.scale.shape, "uint8"),
                TensorArg("shift", folded.shift.shape, "uint8"),
                TensorArg("out", out_shape, dtype)]
     out = chain.out
-    prim = offload_primfunc(kernel, tensors, scalars + act_scalars(chain.act, out.s, out.z, dtype))
+    pad_value = int(data.z) if g.pads_any else 0
+    prim = offload_primfunc(kernel, tensors,
+                            scalars + [pad_value] + act_scalars(chain.act, out.s, out.z, dtype))
     w_const = const(folded.w.reshape(w_arg.shape))
     consts = [w_const, const(folded.bias), const(folded.scale), const(folded.shift)]
 
     def build(ctx):
-        x = data.data if pad is None else pad.emit(ctx, data.data, f"{chain.name}_zp_pad")
-        return ctx.call_offload(prim, [x, *consts], out_shape, dtype)
+        return ctx.call_offload(prim, [data.data, *consts], out_shape, dtype)
 
-    notes = [n for n in (folded.note, pad.note if pad else None) if n]
-    return Offload(chain.name, op, dtype, kernel, build, "; ".join(notes) or None)
+    note = folded.note
+    if pad_value:
+        note = "; ".join(n for n in (note, f"padding reads the input zero point {pad_value}") if n)
+    return Offload(chain.name, op, dtype, kernel, build, note)
 
 
 def match_conv(graph: Graph, binding, dtype: str, depthwise: bool) -> WeightedChain | None:
@@ -221,15 +172,15 @@ def _plan_conv(graph: Graph, chain: WeightedChain, op: str, dtype: str) -> Offlo
             raise Declined(f"grouped conv (groups={groups}) has no int16 kernel")
         if not (groups < g.c_in and g.c_in % groups == 0 and g.c_out % groups == 0):
             raise Declined(f"groups={groups} does not divide C_in={g.c_in} and C_out={g.c_out}")
-    data, folded, kg, pad = fold_conv(graph, chain, g, dtype)
+    data, folded = fold_conv(graph, chain, g, dtype)
     suffix = "i8" if dtype == "int8" else "i16"
     kernel = f"mmalib_conv2d_{suffix}" if groups == 1 else "mmalib_conv2d_i8_grouped_loop"
-    kh, kw = kg.kernel
-    scalars = [kg.c_in, kg.x_shape[2], kg.x_shape[3], kg.c_out, kh, kw, *kg.strides, *kg.pads]
+    kh, kw = g.kernel
+    scalars = [g.c_in, g.x_shape[2], g.x_shape[3], g.c_out, kh, kw, *g.strides, *g.pads]
     if groups > 1:
         scalars.append(groups)
     w_arg = TensorArg("weight", tuple(folded.w.shape), dtype)
-    return conv_offload(chain, op, dtype, kernel, data, folded, w_arg, scalars, kg, pad)
+    return conv_offload(chain, op, dtype, kernel, data, folded, w_arg, scalars, g)
 
 
 def _conv_planner(dtype: str):
@@ -250,7 +201,7 @@ def offload_conv2d_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.I
     Args of the extern (c7x_kernels.h): in int8[1,C_in,H,W], w int8[C_out,C_in/g,KH,KW],
     bias int32[C_out], scale uint8[C_out], shift uint8[C_out], out int8[1,C_out,H_out,W_out],
     C_in, H_in, W_in, C_out, KH, KW, stride_h, stride_w, pad_top, pad_bottom, pad_left,
-    pad_right[, groups], act_min, act_max.
+    pad_right[, groups], pad_value, act_min, act_max.
     """
     return run_pass(mod, log, "conv2d_i8", _conv_planner("int8"))
 
@@ -262,5 +213,4 @@ def offload_conv2d_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.
     return run_pass(mod, log, "conv2d_i16", _conv_planner("int16"))
 
 
-__all__ = ["offload_conv2d_i8", "offload_conv2d_i16", "conv_geometry", "kernel_geometry",
-           "ConvGeometry", "ZeroPointPad"]
+__all__ = ["offload_conv2d_i8", "offload_conv2d_i16", "conv_geometry", "ConvGeometry"]

@@ -10,8 +10,8 @@ Pattern: the conv pattern of :mod:`.conv` with ``groups == C_in`` and weight
 Eligibility (``docs/reference.md``, "Eligibility"): square kernel 3, 5 or 7; stride 1 or 2 (square),
 stride 2 only for kernels <= 5; dilation 1; N = 1; no channel multiplier;
 int16: 3x3 only and all zero points 0. Folding and deviations (a), (b)
-(explicit zero-point pad of an asymmetric padded input), (d) (int16 weight
-pre-scaling) as in :mod:`.conv`. The weight is passed flat in natural
+(padding reads the input zero point), (d) (int16 weight pre-scaling) as in
+:mod:`.conv`. The weight is passed flat in natural
 (C, KH, KW) order.
 """
 
@@ -52,14 +52,14 @@ def _plan_depthwise(graph: Graph, chain: WeightedChain, dtype: str) -> Offload:
     if it is not eligible."""
     g = conv_geometry(chain)
     _check_shape(g, dtype)
-    data, folded, kg, pad = fold_conv(graph, chain, g, dtype)
-    kh, kw = kg.kernel
-    c = kg.c_in
-    scalars = [c, kg.x_shape[2], kg.x_shape[3], kh, kw, *kg.strides, *kg.pads, c]
+    data, folded = fold_conv(graph, chain, g, dtype)
+    kh, kw = g.kernel
+    c = g.c_in
+    scalars = [c, g.x_shape[2], g.x_shape[3], kh, kw, *g.strides, *g.pads, c]
     w_arg = TensorArg("weight", (c * kh * kw,), dtype)
     suffix = "i8" if dtype == "int8" else "i16"
     return conv_offload(chain, "depthwise_conv2d", dtype, f"mmalib_depthwise_conv2d_{suffix}",
-                        data, folded, w_arg, scalars, kg, pad)
+                        data, folded, w_arg, scalars, g)
 
 
 def _dw_planner(dtype: str):
@@ -78,7 +78,8 @@ def offload_depthwise_conv2d_i8(mod: tvm.IRModule, log: OffloadLog | None = None
 
     Extern args (c7x_kernels.h): in int8[1,C,H,W], w int8[C*KH*KW], bias int32[C],
     scale uint8[C], shift uint8[C], out int8[1,C,H_out,W_out], C, H_in, W_in, KH, KW,
-    stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, num_groups = C.
+    stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, num_groups = C, pad_value,
+    act_min, act_max.
     """
     return run_pass(mod, log, "depthwise_conv2d_i8", _dw_planner("int8"))
 
