@@ -103,6 +103,8 @@ def deployed_methods() -> list[Method]:
             dataclasses.replace(p, name="+ AdaRound 200 + exact requantize", adaround_iterations=200,
                                 exact_requantize=True),
             dataclasses.replace(p, name="affine int8 + exact requantize", symmetric=False, exact_requantize=True),
+            dataclasses.replace(p, name="affine int8 + AdaRound 200 + exact requantize", symmetric=False,
+                                adaround_iterations=200, exact_requantize=True),
             Method("percentile 99.999 + exact requantize", "percentile", percentile=99.999, exact_requantize=True)]
 
 

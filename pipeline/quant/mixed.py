@@ -84,7 +84,8 @@ def layer_id(node) -> str:
     return prov["id"] if prov else node.name
 
 
-def _module_path(node) -> str:
+def module_path(node) -> str:
+    """A node's PyTorch module path from its provenance ("" when it has none)."""
     prov = node.meta.get("custom", {}).get(KEY) or node_provenance(node)
     return prov["module"] if prov else ""
 
@@ -132,7 +133,7 @@ def program_layers(graph, target=None) -> list[Layer]:
             continue
         if kind:
             cycles = layer_cycles(node, kind, target) if target is not None else None
-            out.append(Layer(layer_id(node), _module_path(node), kind, macs(node), cycles))
+            out.append(Layer(layer_id(node), module_path(node), kind, macs(node), cycles))
     return out
 
 

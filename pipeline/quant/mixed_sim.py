@@ -115,15 +115,19 @@ class MixedSimulator:
             annotated node int16 (``int16_layers`` = all layer ids).
         quantizer_for: layer-id set -> the quantizer a real build would use
             (``make_quantizer(spec, int16_layers=...)``); only annotates.
+        refined: ``prepared8``'s weights were refined after calibration (the
+            calibrate stage's method: snapped scales, AdaRound): they stand for
+            every layer's and are not checked against ``prepared16``'s.
 
     ``prepared8`` is turned into the simulation module (its observers are
     replaced); do not use it afterwards. Raises RuntimeError when the two
-    models' observers differ in place or kind, or the edge rule finds an
+    models' observers differ in place or kind (or their weight qparams, unless ``refined``), or the edge rule finds an
     observer with no side to quantize (a quantizer this simulation does not model).
     """
 
     def __init__(self, program: torch.export.ExportedProgram, prepared8: GraphModule,
-                 prepared16: GraphModule, quantizer_for: Callable[[frozenset], object]):
+                 prepared16: GraphModule, quantizer_for: Callable[[frozenset], object],
+                 refined: bool = False):
         self._quantizer_for = quantizer_for
         self._scratch = copy.deepcopy(program.module())
         _fuse_conv_bn_(self._scratch)
@@ -132,6 +136,7 @@ class MixedSimulator:
         self._nodes = {n.name: n for n in self._scratch.graph.nodes}
         _check_same_placement(prepared8, prepared16)
         self.module = prepared8
+        self.refined = refined
         self.edges: list[Edge] = []
         self._replace_observers(prepared8, prepared16)
         if sum(n.op == "placeholder" for n in prepared8.graph.nodes) != 1:
@@ -147,7 +152,7 @@ class MixedSimulator:
             if obs is None:
                 continue
             if obs.qscheme in _PER_CHANNEL:
-                self._freeze_weight(gm8, node, obs, observer_of(gm16, node))
+                self._freeze_weight(gm8, node, obs, None if self.refined else observer_of(gm16, node))
                 continue
             qparams = {"int8": QParams.of(obs), "int16": QParams.of(observer_of(gm16, node))}
             producer = node.args[0]
@@ -165,11 +170,14 @@ class MixedSimulator:
 
     @staticmethod
     def _freeze_weight(gm: GraphModule, node: Node, obs, obs16) -> None:
-        """Replace a weight observer by its dequantized int8 per-channel weight (constant)."""
+        """Replace a weight observer by its dequantized int8 per-channel weight (constant).
+        ``obs16``: the all-int16 model's observer, which must agree (None when the int8
+        model's weights were refined on purpose: they are then the only ones)."""
         scale, zp = obs.calculate_qparams()
-        s16, z16 = obs16.calculate_qparams()
-        if obs16.dtype != obs.dtype or not (torch.equal(scale, s16) and torch.equal(zp, z16)):
-            raise RuntimeError(f"{node.name}: weight qparams differ between the int8 and int16 models")
+        if obs16 is not None:
+            s16, z16 = obs16.calculate_qparams()
+            if obs16.dtype != obs.dtype or not (torch.equal(scale, s16) and torch.equal(zp, z16)):
+                raise RuntimeError(f"{node.name}: weight qparams differ between the int8 and int16 models")
         w = _value(gm, node.args[0])
         q = _qd.quantize_per_channel(w, scale, zp, obs.ch_axis, obs.quant_min, obs.quant_max, obs.dtype)
         wq = _qd.dequantize_per_channel(q, scale, zp, obs.ch_axis, obs.quant_min, obs.quant_max, obs.dtype)

@@ -13,6 +13,7 @@ from ..errors import ConfigError
 from ..data.batches import calibration_batches
 from ..data.images import select_images
 from ..fsutil import write_json
+from ..quant.layer_sqnr import layer_sqnr
 from .prepare import build_prepared, check_prepared, observer_kwargs, read_int16_selection
 
 import torch  # noqa: E402
@@ -68,6 +69,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     # disable=None: a live img/s bar on a terminal, nothing in logs (the line below stays)
     seen = []  # the batches again, for the steps after observing (20 MobileNetV2 images: 12 MB)
     keep = bool(cal.bias_correction or cal.range_search or cal.adaround_iterations)
+    diagnose = []  # the first SQNR_IMAGES images, for the per-layer SQNR before / after the method
     with torch.no_grad(), tqdm(total=total, desc=f"calibrate {spec.name}", unit="img", leave=False,
                                disable=None) as bar:
         if len(slices) > 1:
@@ -80,10 +82,17 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
                 bar.update(len(batch))
                 if keep:
                     seen.append(batch)
+                if sum(map(len, diagnose)) < SQNR_IMAGES:
+                    diagnose.append(batch)
     seconds = time.perf_counter() - t0
     if merge is not None and keep:  # the whole set, as one process sees it
         seen = list(calibration_batches(spec, images))
-    refined = _refine(gm, seen, cal)
+    if merge is not None:
+        diagnose = list(calibration_batches(spec, images[:SQNR_IMAGES]))
+    diagnose = _single_images(diagnose)[:SQNR_IMAGES]
+    before = layer_sqnr(gm, diagnose)
+    refined = refine(gm, seen, cal)
+    sqnr = _sqnr_record(gm, before, layer_sqnr(gm, diagnose), len(diagnose))
     torchenv.save_tensors(gm.state_dict(), out_state)
     info = {
         "model": spec.name,
@@ -95,6 +104,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
         "observer_options": observer_kwargs(spec, cal.observer),
         "equalization": equalized or False,
         **refined,
+        "layer_sqnr": sqnr,
         "batch_size": cal.batch_size,
         "order": cal.order,
         "for_deployment": cal.source == "images",
@@ -112,6 +122,22 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
           + (f", {len(slices)} shards" if len(slices) > 1 else ""),
           file=sys.stderr)
     return info
+
+
+#: the per-layer SQNR before / after the method uses at most this many calibration images
+SQNR_IMAGES = 20
+
+
+def _sqnr_record(gm: torch.fx.GraphModule, before: dict, after: dict, n: int) -> dict:
+    """The ``layer_sqnr`` record of calibration.json: per activation tensor (graph order),
+    its module path and the Q/DQ-vs-float SQNR (dB, None = identical) before and after
+    the steps that run after observing (:func:`refine`), on ``n`` calibration images."""
+    from ..quant.mixed import module_path
+    nodes = {n.name: n for n in gm.graph.nodes}
+    return {"images": n, "measure": "PyTorch Q/DQ vs float SQNR at each layer output (calibration images), "
+                                    "before and after the steps after observing",
+            "layers": [{"id": k, "module": module_path(nodes[k]) or k, "before_db": before[k],
+                        "after_db": after.get(k)} for k in before]}
 
 
 def _shard_slices(spec: ModelSpec, gm: torch.fx.GraphModule, images: list[Path]) -> list[list[Path]]:
@@ -148,9 +174,10 @@ def _single_images(batches) -> list[torch.Tensor]:
     return [b[i:i + 1] for b in batches for i in range(len(b))]
 
 
-def _refine(gm: torch.fx.GraphModule, seen: list[torch.Tensor], cal) -> dict:
-    """Steps 2-5 of :func:`calibrate_model` on the observed ``gm`` (in place), in order;
-    their calibration.json records (False for an option that is off)."""
+def refine(gm: torch.fx.GraphModule, seen: list[torch.Tensor], cal) -> dict:
+    """Steps 2-5 of :func:`calibrate_model` on the observed ``gm`` (in place), in order,
+    on the NCHW float32 batches ``seen``; their calibration.json records (False for an
+    option that is off). The mixed_precision stage runs them too, on its all-int8 model."""
     out = {"range_search": _search_ranges(gm, seen) if cal.range_search else False}
     out["exact_requantize"] = _snap(gm) if cal.exact_requantize else False
     out["adaround"] = _adaround(gm, seen, cal.adaround_iterations) if cal.adaround_iterations else False

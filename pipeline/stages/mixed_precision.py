@@ -7,8 +7,12 @@ the calibration images adds the layers with the most gain per MAC within
 ``int16_macs``. The pass and every error recorded come from
 :class:`~pipeline.quant.mixed_sim.MixedSimulator`: all-int8 and all-int16
 prepared models, calibrated once each, stand in for a prepare/calibrate/convert
-per assignment. Bias correction (``[calibration] bias_correction``) is not part
-of the simulation (it corrects the final model's biases afterwards).
+per assignment. The all-int8 model first gets the calibrate stage's method
+(range search, exact requantize, AdaRound, bias correction: whatever the entry's
+``[calibration]`` turns on, :func:`pipeline.stages.calibrate.refine`), so the
+sensitivity measures what the method leaves and the int16 budget goes there
+(issue 30, item 3). Its refined weights stand for every layer's, int16 ones
+included (the real int16 layers' AdaRound sees int16 inputs).
 
 Metric: mean squared logit error vs the float program over the images (logit
 units squared; lower is better), with the output SQNR in dB beside it.
@@ -93,7 +97,7 @@ def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: 
     """(chosen ids, candidates, errors, images used, seconds of the sensitivity pass)."""
     q = spec.quantizer
     batches = list(calibration_batches(spec, images))
-    sim = _simulator(spec, ep, batches)
+    sim, method = _simulator(spec, ep, batches)
     x = torch.cat(batches)[:MAX_IMAGES]
     float_module = ep.module()
     with torch.no_grad():
@@ -109,13 +113,16 @@ def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: 
         chosen = mixed.choose(candidates, layers, budget, fixed=manual, min_gain=mixed.MIN_GAIN * gap, unit=unit)
     seconds = round(time.perf_counter() - t0, 2)
     errors["chosen"] = metric.of(sim, x, frozenset(chosen))
+    errors["method"] = method
     return chosen, candidates, errors, len(x), seconds
 
 
 def _simulator(spec: ModelSpec, ep, batches: list[torch.Tensor]):
-    """All-int8 and all-int16 prepared models, calibrated on ``batches`` as the
-    calibrate stage does, wrapped in a MixedSimulator."""
+    """(MixedSimulator, method record): all-int8 and all-int16 prepared models,
+    calibrated on ``batches`` as the calibrate stage does; the all-int8 one refined by
+    the entry's method (:func:`pipeline.stages.calibrate.refine`)."""
     from ..quant.mixed_sim import MixedSimulator
+    from .calibrate import refine
     every = frozenset(mixed.layer_id(n) for n in ep.graph.nodes if n.op == "call_function")
     prepared = []
     for int16 in (frozenset(), every):
@@ -124,7 +131,10 @@ def _simulator(spec: ModelSpec, ep, batches: list[torch.Tensor]):
             for b in batches:
                 gm(b)
         prepared.append(gm)
-    return MixedSimulator(ep, *prepared, lambda s: make_quantizer(spec, int16_layers=s))
+    method = {k: bool(v) for k, v in refine(prepared[0], batches, spec.calibration).items()}
+    sim = MixedSimulator(ep, *prepared, lambda s: make_quantizer(spec, int16_layers=s),
+                         refined=any(method.values()))
+    return sim, method
 
 
 class _Metric:
@@ -193,8 +203,8 @@ def _record(spec, layers, manual, chosen, candidates, errors, images, n_used, t0
         "int16_share": round(mixed.mac_share(chosen, layers), 6),
         **({"int16_cycles_share": round(mixed.cost_share(chosen, layers, "cycles"), 6),
             "target": spec.target.name} if budget_of(spec)[0] == "cycles" else {}),
-        "errors": errors,
-        "bias_correction_simulated": False,
+        "errors": {k: v for k, v in errors.items() if k != "method"},
+        "method_simulated": errors["method"],   # the calibrate options run on the all-int8 model first
         "images": [p.name for p in images][:n_used],
         "num_images": n_used,
         "seconds": round(time.perf_counter() - t0, 2),

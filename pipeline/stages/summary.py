@@ -8,6 +8,7 @@ together as ``artifacts/summary.json``. A missing file leaves out its lines.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def _calls_line(m: dict) -> str:
             f"per inference (scalar: {shown or 'none'})")
 
 
-def worst_layers(layers: dict, n: int = 3) -> list[dict]:
+def worst_layers(layers: dict, n: int = 5) -> list[dict]:
     """The ``n`` layers of ``layers.json`` with the lowest Q/DQ-vs-float SQNR
     (the file lists them worst first): ``{"id", "module", "sqnr_db"}``."""
     out = []
@@ -62,6 +63,37 @@ def _worst_line(layers: dict) -> str:
     shown = ", ".join(f"{name(w)} ({db(w['sqnr_db'])})" for w in worst_layers(layers))
     return (f"  worst layers   {shown} (PyTorch Q/DQ vs float SQNR at the layer output, "
             f"{layers['images']} images; layers.json)")
+
+
+def method_name(calibration: dict) -> str:
+    """The steps after observing that ``calibration.json`` records, e.g. "exact requantize +
+    AdaRound 200" ("" for none)."""
+    parts = ["range search"] if calibration.get("range_search") else []
+    parts += ["exact requantize"] if calibration.get("exact_requantize") else []
+    ada = calibration.get("adaround")
+    parts += [f"AdaRound {ada['iterations']}"] if ada else []
+    parts += ["bias correction"] if calibration.get("bias_correction") else []
+    return " + ".join(parts)
+
+
+def _method_lines(calibration: dict) -> list[str]:
+    """The five layers worst by Q/DQ-vs-float SQNR before and after the calibrate method
+    (``calibration.json``, ``layer_sqnr``), each with its other value."""
+    rec = calibration.get("layer_sqnr")
+    method = method_name(calibration)
+    if not rec or not rec["layers"] or not method:
+        return []
+
+    def worst(key: str, other: str) -> str:
+        db = lambda v: math.inf if v is None else v
+        rows = sorted(rec["layers"], key=lambda r: db(r[key]))[:5]
+        fmt = lambda v: "identical" if v is None else f"{v:.1f}"
+        return ", ".join(f"{r['module']} {fmt(r[key])} ({other} {fmt(r[other.replace(' ', '_') + '_db'])})"
+                         for r in rows)
+    note = f"dB, Q/DQ vs float SQNR at the layer output, {rec['images']} calibration images; calibration.json"
+    return [f"  method         {method} (steps after observing)",
+            f"  worst before   {worst('before_db', 'after')} ({note})",
+            f"  worst after    {worst('after_db', 'before')}"]
 
 
 def _holdout_lines(h: dict) -> list[str]:
@@ -243,13 +275,14 @@ def estimate_table(data: dict, payload: dict) -> list[str]:
 
 def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[str, dict],
                 layers: dict | None = None, holdout: dict | None = None, mixed: dict | None = None,
-                siblings: dict[str, dict] | None = None, estimate: dict | None = None) -> list[str]:
+                siblings: dict[str, dict] | None = None, estimate: dict | None = None,
+                calibration: dict | None = None) -> list[str]:
     """Human-readable block for one model (docs/guide.md, "Reading the summary", says how to read it).
 
     ``holdout``: ``holdout.json``; ``mixed``: the summary of ``mixed_precision.json``
     (int16_layer_count, layer_count, int16_macs, total_macs, budget, method);
     ``siblings``: dtype -> MMALIB manifest summary of the same network's int8/int16 builds;
-    ``estimate``: ``estimate.json``."""
+    ``estimate``: ``estimate.json``; ``calibration``: ``calibration.json``."""
     detecting = "detections_qdq_vs_float" in report
     images = (f"{report['images']} images, detection" if detecting
               else f"{report['labeled']} labeled images")
@@ -289,6 +322,8 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
                      + f" | PyTorch vs itself {_error(noise)}")
     if layers and layers.get("layers"):
         lines.append(_worst_line(layers))
+    if calibration:
+        lines += _method_lines(calibration)
     if estimate:
         lines += estimate_lines(estimate)
     return lines
@@ -304,7 +339,8 @@ def collect(payload: dict) -> dict:
         out[name] = {"report": _load(d / "report.json"), "verify": _load(d / "verify.json"),
                      "manifests": {k: v for k, v in manifests.items() if v},
                      "layers": _load(d / "layers.json"), "holdout": _load(d / "holdout.json"),
-                     "mixed": _load(d / "mixed_precision.json"), "estimate": _load(d / "estimate.json")}
+                     "mixed": _load(d / "mixed_precision.json"), "estimate": _load(d / "estimate.json"),
+                     "calibration": _load(d / "calibration.json")}
     return out
 
 
@@ -338,7 +374,8 @@ def render(payload: dict, failed: dict[str, str] | None = None,
             lines.append(f"{name}: not built yet")
         else:
             lines += model_lines(name, d["report"], d["verify"], d["manifests"], d["layers"], d["holdout"],
-                                 mixed_summary(d["mixed"]), siblings(payload, data, name), d["estimate"])
+                                 mixed_summary(d["mixed"]), siblings(payload, data, name), d["estimate"],
+                                 d["calibration"])
             lines.append(f"  page           {art / name / 'offload.html'} (offload graph, per-layer "
                          f"profile and numerics: open it in a browser)")
             lines.append(f"  files          {art / name}/ (C: c/<build>/, numbers: report.json, verify.json, "
@@ -375,6 +412,8 @@ def summarize(payload: dict) -> dict:
     out = {name: {"report": d["report"], "verify": d["verify"],
                   "codegen": {k: v["summary"] for k, v in d["manifests"].items()},
                   "worst_layers": worst_layers(d["layers"]) if d["layers"] else None,
+                  "calibration_method": method_name(d["calibration"]) if d["calibration"] else None,
+                  "layer_sqnr": (d["calibration"] or {}).get("layer_sqnr"),
                   "holdout": d["holdout"], "mixed_precision": mixed_summary(d["mixed"]),
                   "estimate": _estimate_summary(d["estimate"])}
            for name, d in data.items()}

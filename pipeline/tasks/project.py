@@ -156,8 +156,8 @@ class Project:
         deps = []
         for spec in self.built():
             L = Layout(self.artifacts, spec.name)
-            deps += [L.report, L.verify, L.layers_json, L.holdout, L.estimate] + [L.codegen_dir(v) / "manifest.json"
-                                                                      for v in variants(spec)]
+            deps += [L.report, L.verify, L.layers_json, L.holdout, L.estimate, L.calibration_json]
+            deps += [L.codegen_dir(v) / "manifest.json" for v in variants(spec)]
             deps += [L.mixed_precision] if spec.quantizer.mixed else []
         payload = self.summary_payload()
         return {"actions": [(run_summary, [payload])],

@@ -66,3 +66,27 @@ def test_random_calibration_is_stamped_not_for_deployment(exported):
     info, _ = calibrate(exported, "rnd", source="random", num_images=3)
     assert info["for_deployment"] is False and info["images"] == [] and info["num_images"] == 3
     assert json.loads((exported / "rnd.json").read_text())["source"] == "random"
+
+
+def test_layer_sqnr_before_and_after_the_method_reach_the_summary(exported):
+    """calibration.json records each layer's Q/DQ-vs-float SQNR before and after the steps
+    after observing; without a method they are equal; the summary names the five worst
+    layers both ways with the method (issue 30, item 5)."""
+    from pipeline.stages.summary import model_lines
+    plain, _ = calibrate(exported, "plain", observer="minmax", exact_requantize=False)
+    rec = plain["layer_sqnr"]
+    assert rec["images"] == 5 and len(rec["layers"]) >= 5
+    assert all(r["before_db"] == r["after_db"] for r in rec["layers"])
+    tuned, _ = calibrate(exported, "ada", observer="minmax", exact_requantize=True, adaround_iterations=20)
+    rows = tuned["layer_sqnr"]["layers"]
+    assert [r["id"] for r in rows] == [r["id"] for r in rec["layers"]]
+    assert any(r["before_db"] != r["after_db"] for r in rows)
+    rep = {"labeled": 3, "images": 3, "dtype": "int8", "weight_dtype": "int8", "evaluation_set": "s",
+           "float_top1": 1, "quant_top1": 1, "top1_agreement": 3, "mean_abs_logit_error": 0.01}
+    lines = model_lines("tiny", rep, None, {}, calibration=tuned)
+    method, before, after = (ln for ln in lines if ln.startswith(("  method", "  worst before", "  worst after")))
+    assert "exact requantize + AdaRound 20" in method
+    worst = min(rows, key=lambda r: r["before_db"] if r["before_db"] is not None else 1e9)
+    assert before.startswith(f"  worst before   {worst['module']} {worst['before_db']:.1f} (after ")
+    assert after.count("(before ") == 5 and "5 calibration images" in before
+    assert not any(ln.startswith("  method") for ln in model_lines("tiny", rep, None, {}, calibration=plain))

@@ -1,0 +1,91 @@
+"""Per-layer SQNR of a calibrated prepared model: its Q/DQ simulation against its float model.
+
+The calibrate stage measures it before and after its method (range search, exact
+requantize, AdaRound, bias correction: :func:`pipeline.stages.calibrate.refine`) on the
+calibration images, and the summary shows the worst layers both ways (issue 30, item 5).
+
+At every activation observer of the prepared graph (a layer's output point: after a
+fused ReLU / ReLU6, conv-BN folded) the Q/DQ value is compared with the float value,
+each model running on its own upstream values (propagation, as the layers stage and
+PT2E's numeric debugger do), so the error is cumulative. The Q/DQ model fake-quantizes
+each observed tensor with its observer's qparams (``torch.fake_quantize_per_tensor_affine``;
+weights per channel), which is what ``convert_pt2e`` makes of the observers, without
+the int8 <-> int16 boundary requantizes of a mixed model (one dtype per tensor: the
+observer's).
+
+``sqnr_db`` = ``10 log10(sum x^2 / sum (x - ref)^2)`` over every element of every image,
+x = Q/DQ, ref = float: torchao's ``compute_sqnr`` convention, as in ``layers.json``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.fx import GraphModule, Node
+
+from .graph import FloatPass, observer_of
+
+_PER_CHANNEL = (torch.per_channel_symmetric, torch.per_channel_affine)
+
+
+def fake_quantize(obs, x: torch.Tensor) -> torch.Tensor:
+    """``dequantize(quantize(x))`` with ``obs``'s qparams: per channel along ``obs.ch_axis``
+    for a weight observer, per tensor otherwise (float32 in, float32 out, same shape)."""
+    scale, zp = obs.calculate_qparams()
+    if obs.qscheme in _PER_CHANNEL:
+        return torch.fake_quantize_per_channel_affine(x, scale.float(), zp.to(torch.int32), obs.ch_axis,
+                                                      obs.quant_min, obs.quant_max)
+    return torch.fake_quantize_per_tensor_affine(x, float(scale), int(zp), obs.quant_min, obs.quant_max)
+
+
+class _QDQPass(FloatPass):
+    """The Q/DQ model of a prepared graph: every observer fake-quantizes its input."""
+
+    def run_node(self, n: Node):
+        obs = observer_of(self.module, n)
+        if obs is not None:
+            return fake_quantize(obs, self.env[n.args[0]])
+        return super().run_node(n)
+
+
+class _Recorder:
+    """The values at the activation observers of one pass (``{observed node name: tensor}``)."""
+
+    def __init__(self, gm: GraphModule, cls):
+        self.points = {n.name: n.args[0].name for n in gm.graph.nodes
+                       if (o := observer_of(gm, n)) is not None and o.qscheme not in _PER_CHANNEL}
+        recorder = self
+
+        class Pass(cls):
+            def run_node(self, n: Node):
+                out = super().run_node(n)
+                if n.name in recorder.points:
+                    recorder.values[recorder.points[n.name]] = out
+                return out
+
+        self.interpreter = Pass(gm)
+        self.values: dict[str, torch.Tensor] = {}
+
+    def run(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.values = {}
+        self.interpreter.run(x)
+        return self.values
+
+
+def layer_sqnr(gm: GraphModule, images: list[torch.Tensor]) -> dict[str, float | None]:
+    """``{observed node name: sqnr_db}`` of the calibrated prepared ``gm`` over ``images``
+    (float32 NCHW, batch 1 each), graph order; None where Q/DQ equals float exactly.
+    ``gm`` is not modified (its observers only compute qparams here)."""
+    ref, qdq = _Recorder(gm, FloatPass), _Recorder(gm, _QDQPass)
+    signal: dict[str, float] = {}
+    noise: dict[str, float] = {}
+    with torch.no_grad():
+        for x in images:
+            f, q = ref.run(x), qdq.run(x)
+            for name, v in q.items():
+                v = v.double()
+                signal[name] = signal.get(name, 0.0) + float((v ** 2).sum())
+                noise[name] = noise.get(name, 0.0) + float(((v - f[name].double()) ** 2).sum())
+    return {k: (round(10 * math.log10(signal[k] / noise[k]), 3) if noise[k] > 0 and signal[k] > 0 else None)
+            for k in signal}
