@@ -1,6 +1,8 @@
 """``compile_model``: imported Q/DQ Relax module -> a folder of static C for the C7x.
 
-Steps: :func:`~pipeline.backend.lower.lower_module` (MMALIB offload when on,
+Steps: :func:`~pipeline.backend.passes.fold_constants.fold_constant_subgraphs`
+(input-independent subgraphs evaluated once, into weights.bin),
+:func:`~pipeline.backend.lower.lower_module` (MMALIB offload when on,
 scalar integer rewrites, TVM lowering and static memory plan), the offload
 manifest, then :func:`~pipeline.backend.emit_c.emit`. Output files in
 ``out_dir``: ``model.h``, ``model.c``, ``tvm_kernels.c``, ``weights.bin``
@@ -14,6 +16,7 @@ give byte-identical files.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +29,7 @@ from .call_graph import call_records
 from .emit_c import Quant, check_preprocess, emit
 from .levels import default_budget, memory_map
 from .lower import lower_module
+from .passes.fold_constants import fold_constant_subgraphs
 
 MMALIB_OFF_REASON = "mmalib disabled"
 
@@ -144,8 +148,11 @@ def compile_model(mod: tvm.IRModule, model_name: str, out_dir: Path, *, mmalib: 
     if preprocess is not None:
         check_preprocess(preprocess)  # fail before the slow part
     out_dir = Path(out_dir)
+    mod, folded = fold_constant_subgraphs(mod)   # first: the manifest counts what runs per inference
     low = lower_module(mod, mmalib=mmalib)
     manifest = _manifest(mod, low.offloaded, low.offload_log, mmalib)
+    manifest["summary"]["folded"] = {"bindings": len(folded),
+                                     "ops": dict(Counter(op.removeprefix("relax.") for _, op in folded))}
     name_layers(manifest["layers"], provenance)
     if memory == "staged" and budget is None:
         budget = default_budget()

@@ -646,6 +646,8 @@ def model_source(m: str, plan: Plan, entries: list, prefix: str) -> str:
     out += [f"int32_t __tvm_ffi_{prefix}{k}(void* self, void* args, int32_t num_args, void* result);"
             for k in kernels]
     used = {id(t) for _, args in plan.calls for t in args} | {id(plan.input)} | {id(t) for t in plan.outputs}
+    if plan.levels is not None:   # a DMA source no call reads directly (e.g. a view of the input)
+        used |= {id(src) for pairs in plan.levels.stage_in.values() for src, _ in pairs}
     tensors = [t for t in plan.tensors if id(t) in used]
     out += _arena_decls(m, M, plan, tensors)
     ws_level = plan.levels.workspace_level if plan.levels is not None else None

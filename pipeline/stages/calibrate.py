@@ -132,12 +132,18 @@ def _sqnr_record(gm: torch.fx.GraphModule, before: dict, after: dict, n: int) ->
     """The ``layer_sqnr`` record of calibration.json: per activation tensor (graph order),
     its module path and the Q/DQ-vs-float SQNR (dB, None = identical) before and after
     the steps that run after observing (:func:`refine`), on ``n`` calibration images."""
+    from ..quant.graph import observer_of
     from ..quant.mixed import module_path
     nodes = {n.name: n for n in gm.graph.nodes}
+
+    def name(node) -> str:  # an observer of an observer: the int8 <-> int16 requantize of a mixed model
+        if observer_of(gm, node) is not None:
+            return f"{name(node.args[0])} requantize"
+        return module_path(node) or node.name
     return {"images": n, "measure": "PyTorch Q/DQ vs float SQNR at each layer output (calibration images), "
                                     "before and after the steps after observing",
-            "layers": [{"id": k, "module": module_path(nodes[k]) or k, "before_db": before[k],
-                        "after_db": after.get(k)} for k in before]}
+            "layers": [{"id": k, "module": name(nodes[k]), "before_db": before[k], "after_db": after.get(k)}
+                       for k in before]}
 
 
 def _shard_slices(spec: ModelSpec, gm: torch.fx.GraphModule, images: list[Path]) -> list[list[Path]]:

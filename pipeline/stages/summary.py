@@ -69,7 +69,8 @@ def method_name(calibration: dict) -> str:
     """The steps after observing that ``calibration.json`` records, e.g. "exact requantize +
     AdaRound 200" ("" for none)."""
     parts = ["range search"] if calibration.get("range_search") else []
-    parts += ["exact requantize"] if calibration.get("exact_requantize") else []
+    snapped = calibration.get("exact_requantize")
+    parts += ["exact requantize"] if snapped and snapped.get("layers") else []   # 0 layers: int16, a no-op
     ada = calibration.get("adaround")
     parts += [f"AdaRound {ada['iterations']}"] if ada else []
     parts += ["bias correction"] if calibration.get("bias_correction") else []
