@@ -159,13 +159,16 @@ def _write(root: Path, result: dict) -> None:
 
 
 def offload(manifest: Path) -> dict:
-    """Layers and MACs offloaded, and the scalar layer kinds (op -> count), of a build."""
+    """Layers and MACs offloaded, the scalar layer kinds (op -> count), the TVM scalar
+    calls per inference (calls outside MMALIB/C7x kernels) and what compile-time folding
+    removed, of a build."""
     m = json.loads(manifest.read_text())
     s = m["summary"]
     scalar = collections.Counter(l["op"] for l in m["layers"] if l["backend"] == "scalar")
     return {"layers": s["layers"], "layers_offloaded": s["layers_offloaded"],
             "macs_total": s["macs_total"], "macs_offloaded": s["macs_offloaded"],
-            "scalar_kinds": dict(sorted(scalar.items()))}
+            "scalar_kinds": dict(sorted(scalar.items())), "tvm_calls": s.get("calls", {}).get("tvm"),
+            "folded": s.get("folded", {}).get("bindings")}
 
 
 def verify_numbers(verify_json: Path) -> dict:
@@ -370,7 +373,7 @@ def deviates(row: dict, probe: bool = True) -> list[str]:
 
 
 COLUMNS = ("model", "status", "stage reached", "layers offloaded", "MACs offloaded", "scalar layer kinds",
-           "bit-exact", "vs Q/DQ max / mean LSB", "1-layer probe max / mean LSB", "logit std (LSB) / top-1 distinct", "time (s)",
+           "calls outside MMALIB/C7x kernels per inference", "bit-exact", "vs Q/DQ max / mean LSB", "1-layer probe max / mean LSB", "logit std (LSB) / top-1 distinct", "time (s)",
            "peak RSS (GiB)", "error")
 
 
@@ -385,6 +388,7 @@ def table_row(r: dict) -> list[str]:
         (f"{r['macs_offloaded'] / 1e6:,.0f}M/{r['macs_total'] / 1e6:,.0f}M "
          f"({100 * r['macs_offloaded'] / max(r['macs_total'], 1):.1f}%)") if has_manifest else "-",
         ", ".join(f"{k} x{n}" for k, n in r.get("scalar_kinds", {}).items()) or ("none" if has_manifest else "-"),
+        str(r["tvm_calls"]) if r.get("tvm_calls") is not None else "-",
         ", ".join(f"{k} {n}/{r['images']}" for k, n in r["bit_exact"].items()) if r.get("bit_exact") else "-",
         ", ".join(f"{k} {a:g} / {b:.2f}" for k, (a, b) in r["qdq_lsb"].items()) if "qdq_lsb" in r else "-",
         f"{r['probe_lsb'][0]:g} / {r['probe_lsb'][1]:.2f}" if r.get("probe_lsb") else "-",
