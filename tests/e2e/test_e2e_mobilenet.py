@@ -39,12 +39,14 @@ def test_report_float_and_quantized_accuracy(built):
     p, run = built
     r8, r16 = load(p, "mobilenet_v2", "report.json"), load(p, "mobilenet_v2_int16", "report.json")
     assert r8["float_top1"] == 18 and r8["labeled"] == 20          # torchvision MobileNetV2 on these 20
-    assert r8["quant_top1"] >= 17 and r8["top1_agreement"] >= 19
+    # in-sample Q/DQ (affine int8, AdaRound): measured top-1 16/20, agreement 18/20, mean |logit
+    # error| 0.259 (symmetric int8 before: 17/20, 19/20, 0.335); the held-out numbers are holdout.json's
+    assert r8["quant_top1"] >= 16 and r8["top1_agreement"] >= 18 and r8["mean_abs_logit_error"] < 0.3
     assert any("20 of the 20 evaluation images were also calibration images" in n for n in r8["notes"])
     assert r8["for_deployment"] and r8["weights"]["sha256"].startswith("b0353104")
-    # int16 activations keep the logits much closer to float than int8 (measured: 0.21 vs 0.39
-    # with the default percentile observer, 0.21 vs 0.72 with minmax)
-    assert r16["mean_abs_logit_error"] < 0.7 * r8["mean_abs_logit_error"]
+    # int16 activations keep the logits closer to float than int8 (measured: 0.21 vs 0.26 with
+    # affine int8 + AdaRound; 0.21 vs 0.39 with symmetric int8 and no method, 0.21 vs 0.72 with minmax)
+    assert r16["mean_abs_logit_error"] < r8["mean_abs_logit_error"]
     assert "== doit-c7x summary ==" in run.out and "float 18/20" in run.out
 
 
@@ -143,7 +145,8 @@ def test_per_layer_numerics_cover_every_layer_and_agree_with_verify(built):
         mean_sqnr[model] = sum(sqnr) / len(sqnr)
         worst = next(x for x in lay["layers"] if x["id"] == lay["worst"][0])
         assert f"worst layers   {worst['module'] or worst['id']} (" in run.out
-    assert mean_sqnr["mobilenet_v2_int16"] > mean_sqnr["mobilenet_v2"] + 5  # measured: 22.0 vs 13.1 dB
+    # measured: 22.0 vs 17.6 dB (affine int8; 13.1 dB with symmetric int8)
+    assert mean_sqnr["mobilenet_v2_int16"] > mean_sqnr["mobilenet_v2"] + 3
 
 
 def test_held_out_numbers_for_every_model_lead_the_summary(built):
