@@ -23,6 +23,20 @@ def observer_of(gm: GraphModule, node) -> ObserverBase | None:
     return None
 
 
+PER_CHANNEL = (torch.per_channel_symmetric, torch.per_channel_affine)
+
+
+def fake_quantize(obs: ObserverBase, x: torch.Tensor) -> torch.Tensor:
+    """``dequantize(quantize(x))`` with ``obs``'s qparams, as ``convert_pt2e`` makes of the
+    observer: per channel along ``obs.ch_axis`` for a weight observer, per tensor otherwise
+    (float32 in, float32 out, same shape)."""
+    scale, zp = obs.calculate_qparams()
+    if obs.qscheme in PER_CHANNEL:
+        return torch.fake_quantize_per_channel_affine(x, scale.float(), zp.to(torch.int32), obs.ch_axis,
+                                                      obs.quant_min, obs.quant_max)
+    return torch.fake_quantize_per_tensor_affine(x, float(scale), int(zp), obs.quant_min, obs.quant_max)
+
+
 def attr_tensor(gm: GraphModule, target: str) -> torch.Tensor:
     """The tensor (parameter or buffer) at the dotted ``target`` of a ``get_attr`` node."""
     obj = gm

@@ -24,19 +24,7 @@ import math
 import torch
 from torch.fx import GraphModule, Node
 
-from .graph import FloatPass, observer_of
-
-_PER_CHANNEL = (torch.per_channel_symmetric, torch.per_channel_affine)
-
-
-def fake_quantize(obs, x: torch.Tensor) -> torch.Tensor:
-    """``dequantize(quantize(x))`` with ``obs``'s qparams: per channel along ``obs.ch_axis``
-    for a weight observer, per tensor otherwise (float32 in, float32 out, same shape)."""
-    scale, zp = obs.calculate_qparams()
-    if obs.qscheme in _PER_CHANNEL:
-        return torch.fake_quantize_per_channel_affine(x, scale.float(), zp.to(torch.int32), obs.ch_axis,
-                                                      obs.quant_min, obs.quant_max)
-    return torch.fake_quantize_per_tensor_affine(x, float(scale), int(zp), obs.quant_min, obs.quant_max)
+from .graph import PER_CHANNEL, FloatPass, fake_quantize, observer_of
 
 
 class _QDQPass(FloatPass):
@@ -54,7 +42,7 @@ class _Recorder:
 
     def __init__(self, gm: GraphModule, cls):
         self.points = {n.name: n.args[0].name for n in gm.graph.nodes
-                       if (o := observer_of(gm, n)) is not None and o.qscheme not in _PER_CHANNEL}
+                       if (o := observer_of(gm, n)) is not None and o.qscheme not in PER_CHANNEL}
         recorder = self
 
         class Pass(cls):

@@ -53,10 +53,9 @@ from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_
 
 from .. import torchenv
-from .graph import attr_tensor, observer_of
+from .graph import PER_CHANNEL, attr_tensor, observer_of
 
 _qd = torch.ops.quantized_decomposed
-_PER_CHANNEL = (torch.per_channel_symmetric, torch.per_channel_affine)
 _DTYPE_NAMES = {torch.int8: "int8", torch.int16: "int16"}
 
 
@@ -151,7 +150,7 @@ class MixedSimulator:
             obs = observer_of(gm8, node)
             if obs is None:
                 continue
-            if obs.qscheme in _PER_CHANNEL:
+            if obs.qscheme in PER_CHANNEL:
                 self._freeze_weight(gm8, node, obs, None if self.refined else observer_of(gm16, node))
                 continue
             qparams = {"int8": QParams.of(obs), "int16": QParams.of(observer_of(gm16, node))}
@@ -348,7 +347,7 @@ def _placement(gm: GraphModule) -> list[tuple]:
         obs = observer_of(gm, node)
         if obs is not None:
             out.append((node.name, node.target, node.args[0].name, tuple(u.name for u in node.users),
-                        type(obs).__name__, obs.qscheme in _PER_CHANNEL))
+                        type(obs).__name__, obs.qscheme in PER_CHANNEL))
     return out
 
 
@@ -359,7 +358,7 @@ def _check_same_placement(gm8: GraphModule, gm16: GraphModule) -> None:
         raise RuntimeError(f"all-int8 and all-int16 prepared models place observers differently: {diff}")
     for node in gm8.graph.nodes:
         obs8, obs16 = observer_of(gm8, node), observer_of(gm16, node)
-        if obs8 is not None and obs8.qscheme not in _PER_CHANNEL:
+        if obs8 is not None and obs8.qscheme not in PER_CHANNEL:
             if (_DTYPE_NAMES.get(obs8.dtype), _DTYPE_NAMES.get(obs16.dtype)) != ("int8", "int16"):
                 raise RuntimeError(f"{node.name}: expected an int8 and an int16 activation observer, got "
                                    f"{obs8.dtype} and {obs16.dtype}")

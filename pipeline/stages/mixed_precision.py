@@ -72,8 +72,8 @@ def mixed_precision_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, out
                           f"{budget:g}; raise int16_{unit} or list fewer layers")
     cal = spec.calibration
     images = select_images(calib_dir, cal, spec.name) if cal.source == "images" else []
-    chosen, candidates, errors, n_used, t_sens = _measure_and_choose(spec, ep, layers, manual, images)
-    record = _record(spec, layers, manual, chosen, candidates, errors, images, n_used, t0)
+    chosen, candidates, errors, n_used, t_sens, method = _measure_and_choose(spec, ep, layers, manual, images)
+    record = _record(spec, layers, manual, chosen, candidates, errors, method, images, n_used, t0)
     record["seconds_sensitivity"] = t_sens  # the pass over every tensor edge and the choice
     by_id = {layer.id: layer for layer in layers}
     write_json(out_selection, {"layers": sorted(chosen), "modules": [by_id[i].module for i in sorted(chosen)]})
@@ -94,7 +94,8 @@ def budget_of(spec: ModelSpec) -> tuple[str, float]:
 
 
 def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: list[Path]):
-    """(chosen ids, candidates, errors, images used, seconds of the sensitivity pass)."""
+    """(chosen ids, candidates, errors, images used, seconds of the sensitivity pass, the
+    calibrate steps run on the all-int8 model first)."""
     q = spec.quantizer
     batches = list(calibration_batches(spec, images))
     sim, method = _simulator(spec, ep, batches)
@@ -113,8 +114,7 @@ def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: 
         chosen = mixed.choose(candidates, layers, budget, fixed=manual, min_gain=mixed.MIN_GAIN * gap, unit=unit)
     seconds = round(time.perf_counter() - t0, 2)
     errors["chosen"] = metric.of(sim, x, frozenset(chosen))
-    errors["method"] = method
-    return chosen, candidates, errors, len(x), seconds
+    return chosen, candidates, errors, len(x), seconds, method
 
 
 def _simulator(spec: ModelSpec, ep, batches: list[torch.Tensor]):
@@ -177,7 +177,7 @@ def _sensitivity(sim, x, metric: _Metric, ids: list[str], int16_mse: float) -> l
     return out
 
 
-def _record(spec, layers, manual, chosen, candidates, errors, images, n_used, t0) -> dict:
+def _record(spec, layers, manual, chosen, candidates, errors, method, images, n_used, t0) -> dict:
     q = spec.quantizer
     int16_macs = sum(layer.macs for layer in layers if layer.id in set(chosen))
     return {
@@ -203,8 +203,8 @@ def _record(spec, layers, manual, chosen, candidates, errors, images, n_used, t0
         "int16_share": round(mixed.mac_share(chosen, layers), 6),
         **({"int16_cycles_share": round(mixed.cost_share(chosen, layers, "cycles"), 6),
             "target": spec.target.name} if budget_of(spec)[0] == "cycles" else {}),
-        "errors": {k: v for k, v in errors.items() if k != "method"},
-        "method_simulated": errors["method"],   # the calibrate options run on the all-int8 model first
+        "errors": errors,
+        "method_simulated": method,   # the calibrate steps run on the all-int8 model first
         "images": [p.name for p in images][:n_used],
         "num_images": n_used,
         "seconds": round(time.perf_counter() - t0, 2),

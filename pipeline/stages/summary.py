@@ -85,16 +85,15 @@ def _method_lines(calibration: dict) -> list[str]:
     if not rec or not rec["layers"] or not method:
         return []
 
-    def worst(key: str, other: str) -> str:
+    def worst(key: str, other: str) -> str:   # the five lowest by ``key``_db, with ``other``_db beside
         db = lambda v: math.inf if v is None else v
-        rows = sorted(rec["layers"], key=lambda r: db(r[key]))[:5]
+        rows = sorted(rec["layers"], key=lambda r: db(r[f"{key}_db"]))[:5]
         fmt = lambda v: "identical" if v is None else f"{v:.1f}"
-        return ", ".join(f"{r['module']} {fmt(r[key])} ({other} {fmt(r[other.replace(' ', '_') + '_db'])})"
-                         for r in rows)
+        return ", ".join(f"{r['module']} {fmt(r[f'{key}_db'])} ({other} {fmt(r[f'{other}_db'])})" for r in rows)
     note = f"dB, Q/DQ vs float SQNR at the layer output, {rec['images']} calibration images; calibration.json"
     return [f"  method         {method} (steps after observing)",
-            f"  worst before   {worst('before_db', 'after')} ({note})",
-            f"  worst after    {worst('after_db', 'before')}"]
+            f"  worst before   {worst('before', 'after')} ({note})",
+            f"  worst after    {worst('after', 'before')}"]
 
 
 def _holdout_lines(h: dict) -> list[str]:

@@ -145,16 +145,13 @@ def fold_constant_subgraphs(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[tuple
     new["main"] = _replace_uses(func, folded)
     new = relax.transform.DeadCodeElimination(["main"])(new)
     kept = {b.var.name for block in new["main"].body.blocks for b in block.bindings}
-    return new, [(v.name, _op_name(const[v]) or "tuple item") for v in const
-                 if v.name not in kept or v in folded]
+    return new, [(v.name, _op_name(const[v]) or "tuple item") for v in const if v.name not in kept]
 
 
 def _replace_uses(func: relax.Function, values: dict) -> relax.Function:
-    """``func`` with every use of a variable of ``values`` replaced by its constant."""
-    blocks = []
-    for block in func.body.blocks:
-        bindings = [relax.VarBinding(b.var, _remap(b.value, values)) if b.var not in values
-                    else relax.VarBinding(b.var, values[b.var]) for b in block.bindings]
-        blocks.append(type(block)(bindings))
+    """``func`` with every use of a variable of ``values`` replaced by its constant (the
+    bindings that computed them are then dead: DeadCodeElimination drops them)."""
+    blocks = [type(block)([relax.VarBinding(b.var, _remap(b.value, values)) for b in block.bindings])
+              for block in func.body.blocks]
     body = relax.SeqExpr(blocks, _remap(func.body.body, values))
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
