@@ -158,8 +158,10 @@ class CalibrationSpec:
     equalize_alpha`` in [0, 1] (:mod:`pipeline.quant.equalize`; exact in float).
     ``range_search`` (percentile observer): after observing, choose each int8
     activation's percentile among :data:`pipeline.quant.range_search.CANDIDATES`
-    by the error it causes at the outputs of the layers reading it
-    (:mod:`pipeline.quant.range_search`).
+    by the error it causes at the outputs of the layers reading it (``true`` or
+    "readers"), or at the model's outputs with every tensor quantized ("output":
+    observers in graph order, each given the choices upstream)
+    (:mod:`pipeline.quant.range_search`). false: the observer's percentile.
     ``adaround_iterations`` > 0: after ``exact_requantize``, learn each int8
     weight's rounding (up or down) for that many steps per layer so the layer's
     output on the calibration images is closest to float (AdaRound,
@@ -185,7 +187,7 @@ class CalibrationSpec:
     shards: int = 1
     equalize: bool = False
     equalize_alpha: float = 0.5
-    range_search: bool = False
+    range_search: bool | str = False
     adaround_iterations: int = 0
     exact_requantize: bool = True
 
@@ -464,6 +466,9 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     if isinstance(calibration.adaround_iterations, bool) or calibration.adaround_iterations < 0:
         fail(f"calibration.adaround_iterations must be an integer >= 0 (0 = round to nearest), "
              f"got {calibration.adaround_iterations!r}")
+    if calibration.range_search not in (False, True, "readers", "output"):
+        fail(f"calibration.range_search must be false, true (= 'readers') or one of 'readers', 'output', "
+             f"got {calibration.range_search!r}")
     if calibration.range_search and calibration.observer != "percentile":
         fail(f"calibration.range_search chooses among percentiles: it needs observer = 'percentile', "
              f"got {calibration.observer!r}")

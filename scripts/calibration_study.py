@@ -65,7 +65,7 @@ class Method:
     symmetric: bool = True
     equalize: bool = False
     exact_requantize: bool = False
-    range_search: bool = False
+    range_search: bool | str = False
     adaround_iterations: int = 0
 
     def apply(self, spec: ModelSpec) -> ModelSpec:
@@ -105,6 +105,11 @@ def deployed_methods() -> list[Method]:
             dataclasses.replace(p, name="affine int8 + exact requantize", symmetric=False, exact_requantize=True),
             dataclasses.replace(p, name="affine int8 + AdaRound 200 + exact requantize", symmetric=False,
                                 adaround_iterations=200, exact_requantize=True),
+            dataclasses.replace(p, name="affine int8 + output range search + exact requantize + AdaRound 200",
+                                symmetric=False, range_search="output", adaround_iterations=200,
+                                exact_requantize=True),
+            dataclasses.replace(p, name="affine int8 + output range search + exact requantize", symmetric=False,
+                                range_search="output", exact_requantize=True),
             Method("percentile 99.999 + exact requantize", "percentile", percentile=99.999, exact_requantize=True)]
 
 

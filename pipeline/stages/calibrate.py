@@ -45,7 +45,8 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
        before any observer runs (:mod:`pipeline.quant.equalize`; its ``scales``
        are replayed by the layers stage on its float reference);
     2. ``range_search``: each int8 activation's percentile chosen by the error
-       at its readers' outputs (:mod:`pipeline.quant.range_search`);
+       at its readers' outputs (true / "readers") or at the model's outputs
+       ("output") (:mod:`pipeline.quant.range_search`);
     3. ``exact_requantize`` (default on): int8 weight scales snapped to kernel
        multipliers (:mod:`pipeline.quant.exact_rescale`);
     4. ``adaround_iterations``: learned weight rounding (:mod:`pipeline.quant.adaround`);
@@ -184,20 +185,22 @@ def refine(gm: torch.fx.GraphModule, seen: list[torch.Tensor], cal) -> dict:
     """Steps 2-5 of :func:`calibrate_model` on the observed ``gm`` (in place), in order,
     on the NCHW float32 batches ``seen``; their calibration.json records (False for an
     option that is off). The mixed_precision stage runs them too, on its all-int8 model."""
-    out = {"range_search": _search_ranges(gm, seen) if cal.range_search else False}
+    out = {"range_search": _search_ranges(gm, seen, cal.range_search) if cal.range_search else False}
     out["exact_requantize"] = _snap(gm) if cal.exact_requantize else False
     out["adaround"] = _adaround(gm, seen, cal.adaround_iterations) if cal.adaround_iterations else False
     out["bias_correction"] = _correct_biases(gm, seen) if cal.bias_correction else False
     return out
 
 
-def _search_ranges(gm: torch.fx.GraphModule, batches: list[torch.Tensor]) -> dict:
-    """Percentiles chosen by layer-output error (in place); the ``range_search`` record."""
-    from ..quant.range_search import CANDIDATES, search_ranges
+def _search_ranges(gm: torch.fx.GraphModule, batches: list[torch.Tensor], criterion: bool | str) -> dict:
+    """Percentiles chosen by the error at the readers' or the model's outputs (in place);
+    the ``range_search`` record."""
+    from ..quant.range_search import CANDIDATES, search_ranges, search_ranges_at_output
     t0 = time.perf_counter()
     per_image = _single_images(batches)
-    chosen = search_ranges(gm, per_image)
-    return {"candidates": list(CANDIDATES), "images": len(per_image),
+    criterion = "output" if criterion == "output" else "readers"
+    chosen = (search_ranges_at_output if criterion == "output" else search_ranges)(gm, per_image)
+    return {"criterion": criterion, "candidates": list(CANDIDATES), "images": len(per_image),
             "seconds": round(time.perf_counter() - t0, 2), "observers": chosen}
 
 

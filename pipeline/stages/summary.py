@@ -68,7 +68,8 @@ def _worst_line(layers: dict) -> str:
 def method_name(calibration: dict) -> str:
     """The steps after observing that ``calibration.json`` records, e.g. "exact requantize +
     AdaRound 200" ("" for none)."""
-    parts = ["range search"] if calibration.get("range_search") else []
+    rs = calibration.get("range_search")
+    parts = [("output " if rs.get("criterion") == "output" else "") + "range search"] if rs else []
     snapped = calibration.get("exact_requantize")
     parts += ["exact requantize"] if snapped and snapped.get("layers") else []   # 0 layers: int16, a no-op
     ada = calibration.get("adaround")

@@ -58,6 +58,7 @@ def test_defaults_and_roundtrip(tmp_path):
     (BASE + "[calibration]\nequalize_alpha = 1.5\n", "calibration.equalize_alpha must be in [0, 1]"),
     (BASE + "[calibration]\nequalize = true\nshards = 2\n", "cannot be used with equalize = true"),
     (BASE + "[calibration]\nrange_search = true\nobserver = \"minmax\"\n", "needs observer = 'percentile'"),
+    (BASE + "[calibration]\nrange_search = \"logits\"\n", "calibration.range_search must be false, true"),
     (BASE + "[calibration]\nadaround_iterations = -5\n", "calibration.adaround_iterations must be an integer >= 0"),
     (BASE + "[calibration]\nexact_requantize = 1\n", "calibration.exact_requantize must be bool, got 1"),
 ])
