@@ -187,7 +187,7 @@ class CalibrationSpec:
     shards: int = 1
     equalize: bool = False
     equalize_alpha: float = 0.5
-    range_search: bool | str = False
+    range_search: bool | str = dataclasses.field(default=False, metadata={"types": (bool, str)})
     adaround_iterations: int = 0
     exact_requantize: bool = True
 
@@ -560,8 +560,9 @@ def _section(fail, data: dict, key: str, cls):
         if isinstance(default, float) and isinstance(v, int) and not isinstance(v, bool):
             table = {**table, k: float(v)}  # `percentile = 99` means 99.0
             continue
-        if default is not None and not isinstance(v, type(default)):
-            fail(f"{key}.{k} must be {type(default).__name__}, got {v!r}")
+        types = fields[k].metadata.get("types", (type(default),))
+        if default is not None and not isinstance(v, types):
+            fail(f"{key}.{k} must be {' or '.join(t.__name__ for t in types)}, got {v!r}")
     return cls(**table)
 
 

@@ -48,6 +48,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from torch.utils._pytree import tree_leaves
+from tqdm import tqdm
 
 from .graph import FloatPass, fake_quantize, observer_of, out_of_place
 from .observers import PercentileObserver
@@ -208,7 +209,9 @@ def search_ranges_at_output(gm: GraphModule, images: list[torch.Tensor],
         envs: list[dict] = [{} for _ in images]   # one live environment per image (exported at batch 1)
         done = 0
         records = []
-        for name, start in sorted(starts.items(), key=lambda kv: kv[1]):
+        # disable=None: a live bar on a terminal, nothing in logs
+        for name, start in tqdm(sorted(starts.items(), key=lambda kv: kv[1]), desc="range search", unit="tensor",
+                                leave=False, disable=None):
             for x, env in zip(images, envs):
                 run.advance(env, done, start, (x,))
             done = start
