@@ -187,6 +187,17 @@ int32_t c7x_int16_channel_mul(const int16_t* x, const int16_t* gate, const uint8
  * (hardswish, hardsigmoid, SiLU, sigmoid, GELU) with its requantization is exact. */
 int32_t c7x_int8_lut(const int8_t* in, const int8_t* table, int8_t* out, int32_t n);
 
+/* Softmax over the last axis of int8 rows (ours: TI names no such kernel; docs/reference.md,
+ * "Softmax"): in / out int8 [rows, n], table int32 [256] built at compile time from the
+ * input scale s, table[k] = round(2^16 * exp(s * (k - 255))), so that for each row
+ *   m = max(in), e_i = table[in_i - m + 255], S = sum e_i (int64),
+ *   out_i = min(127, floor((512 * e_i + S) / (2 * S)) - 128),
+ * the int8 code of e_i / S at the fixed output scale 1/256, zero point -128 (the
+ * quantizer's softmax output spec). Integer only; within 1 output LSB of
+ * q(softmax(dq(in))). Requires 0 <= table[k] <= table[255] <= 2^24 (C7X_ERR_PARAM
+ * otherwise) so that S > 0 and 512 * e_i fits int64. */
+int32_t c7x_int8_softmax(const int8_t* in, const int32_t* table, int8_t* out, int32_t rows, int32_t n);
+
 /* Requantize between int8 and int16 (ours: TI names no such kernel; the style is that of
  * its float-scale c7x_int8_requantize_clamp / c7x_int8_rescale, docs/reference.md,
  * "Requantize"). What torch's Q/DQ model computes at an int8 <-> int16 boundary,

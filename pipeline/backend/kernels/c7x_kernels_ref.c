@@ -946,6 +946,48 @@ int32_t c7x_int8_lut(const int8_t* in, const int8_t* table, int8_t* out, int32_t
 }
 
 /* ------------------------------------------------------------------------- */
+/* Softmax over the last axis (int8 in, int8 out at scale 1/256, zero point -128) */
+/* ------------------------------------------------------------------------- */
+
+#define SOFTMAX_TABLE_MAX 16777216 /* 2^24: 512 * e + S stays far below 2^63 */
+
+int32_t c7x_int8_softmax(const int8_t* in, const int32_t* table, int8_t* out, int32_t rows, int32_t n)
+{
+    int32_t r, i, k;
+    if (in == NULL || table == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (rows <= 0 || n <= 0 || (int64_t)rows * n > C7X_MAX_ELEMS) {
+        return C7X_ERR_SHAPE;
+    }
+    if (table[255] <= 0 || table[255] > SOFTMAX_TABLE_MAX) {
+        return C7X_ERR_PARAM;
+    }
+    for (k = 0; k < 255; ++k) {
+        if (table[k] < 0 || table[k] > table[255]) {
+            return C7X_ERR_PARAM;
+        }
+    }
+    for (r = 0; r < rows; ++r) {
+        const int8_t* x = in + (int64_t)r * n;
+        int8_t* y = out + (int64_t)r * n;
+        int32_t m = -128;
+        int64_t sum = 0;
+        for (i = 0; i < n; ++i) {
+            m = x[i] > m ? x[i] : m;
+        }
+        for (i = 0; i < n; ++i) {
+            sum += table[(int32_t)x[i] - m + 255];
+        }
+        for (i = 0; i < n; ++i) {
+            int64_t q = ((int64_t)table[(int32_t)x[i] - m + 255] * 512 + sum) / (2 * sum) - 128;
+            y[i] = (int8_t)(q > 127 ? 127 : q);
+        }
+    }
+    return C7X_OK;
+}
+
+/* ------------------------------------------------------------------------- */
 /* int8 <-> int16 requantize (float32, as torch's Q/DQ)                       */
 /* ------------------------------------------------------------------------- */
 

@@ -722,6 +722,61 @@ def c7x_int8_lut(in_, table, out, n, rounding=None) -> int:
     return C7X_OK
 
 
+#: softmax: exp table entries are Q16 (table[255] = 2^16 = exp(0)); the kernel accepts up to 2^24
+SOFTMAX_ONE, SOFTMAX_TABLE_MAX = 1 << 16, 1 << 24
+#: the fixed int8 qparams of a softmax output (scale 1/256, zero point -128: [0, 1) in 256 codes)
+SOFTMAX_OUT_SCALE, SOFTMAX_OUT_ZERO_POINT = 1.0 / 256.0, -128
+
+
+def softmax_table(s_in: float) -> np.ndarray:
+    """int32[256] exp table of :func:`c7x_int8_softmax` for an int8 input of scale ``s_in``:
+    ``table[k] = round(2^16 * exp(s_in * (k - 255)))``, ``k - 255`` the code distance to the
+    row's max (docs/reference.md, "Softmax"; float64, computed once at compile time).
+    The input zero point cancels (softmax is shift-invariant). Raises ValueError for a
+    non-positive or non-finite scale."""
+    if not (np.isfinite(s_in) and s_in > 0):
+        raise ValueError(f"softmax input scale must be a positive number, got {s_in!r}")
+    d = np.arange(256, dtype=np.float64) - 255.0
+    return np.round(SOFTMAX_ONE * np.exp(float(s_in) * d)).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class SoftmaxGeometry(_Geometry):
+    """``rows`` rows of ``n`` int8 elements (the last axis), the 256-entry int32 table."""
+
+    rows: int
+    n: int
+
+    def status(self) -> int:
+        return C7X_OK if self.rows > 0 and self.n > 0 and _elem_count(self.rows, self.n) > 0 else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"in": (self.rows, self.n), "table": (256,), "out": (self.rows, self.n)}
+
+
+def c7x_int8_softmax(in_, table, out, rows, n, rounding=None) -> int:
+    """Softmax over the last axis of int8 ``in`` [rows, n] into int8 ``out`` [rows, n] at the
+    fixed output scale 1/256, zero point -128, with the int32 [256] exp ``table`` of
+    :func:`softmax_table` (the C body's integer steps, int64; docs/reference.md,
+    "Softmax"). ``rounding`` is unused (integer division rounds half up by construction).
+    C7X_ERR_PARAM unless 0 <= table[k] <= table[255] <= 2^24."""
+    if in_ is None or table is None or out is None:
+        return C7X_ERR_NULL
+    g = SoftmaxGeometry(_int32("rows", rows), _int32("n", n))
+    if g.status() != C7X_OK:
+        return g.status()
+    sh = g.shapes()
+    t = _array("table", table, sh["table"], _I32).astype(np.int64)
+    if not (0 < t[255] <= SOFTMAX_TABLE_MAX and (t >= 0).all() and (t <= t[255]).all()):
+        return C7X_ERR_PARAM
+    x = _array("in", in_, sh["in"], _I8).astype(np.int64)
+    y = _array("out", out, sh["out"], _I8, output=True)
+    e = t[x - x.max(axis=1, keepdims=True) + 255]
+    total = e.sum(axis=1, keepdims=True)
+    y[...] = np.minimum((512 * e + total) // (2 * total) - 128, 127)
+    return C7X_OK
+
+
 def _float32(name: str, value) -> np.float32:
     """A ``float`` scalar argument as the C call receives it (float32)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
