@@ -190,12 +190,12 @@ int32_t c7x_int8_lut(const int8_t* in, const int8_t* table, int8_t* out, int32_t
 /* Softmax over the last axis of int8 rows (ours: TI names no such kernel; docs/reference.md,
  * "Softmax"): in / out int8 [rows, n], table int32 [256] built at compile time from the
  * input scale s, table[k] = round(2^16 * exp(s * (k - 255))), so that for each row
- *   m = max(in), e_i = table[in_i - m + 255], S = sum e_i (int64),
- *   out_i = min(127, floor((512 * e_i + S) / (2 * S)) - 128),
+ *   m = max(in), e_i = table[in_i - m + 255], S = sum e_i (int64), inv = floor(2^40 / S),
+ *   out_i = min(127, ((e_i * inv + 2^31) >> 32) - 128),
  * the int8 code of e_i / S at the fixed output scale 1/256, zero point -128 (the
  * quantizer's softmax output spec). Integer only; within 1 output LSB of
  * q(softmax(dq(in))). Requires 0 <= table[k] <= table[255] <= 2^24 (C7X_ERR_PARAM
- * otherwise) so that S > 0 and 512 * e_i fits int64. */
+ * otherwise) so that S >= 1 and e_i * inv < 2^63; one division per row, the rest vectorises. */
 int32_t c7x_int8_softmax(const int8_t* in, const int32_t* table, int8_t* out, int32_t rows, int32_t n);
 
 /* Requantize between int8 and int16 (ours: TI names no such kernel; the style is that of

@@ -972,15 +972,17 @@ int32_t c7x_int8_softmax(const int8_t* in, const int32_t* table, int8_t* out, in
         const int8_t* x = in + (int64_t)r * n;
         int8_t* y = out + (int64_t)r * n;
         int32_t m = -128;
-        int64_t sum = 0;
+        int64_t sum = 0, inv;
         for (i = 0; i < n; ++i) {
             m = x[i] > m ? x[i] : m;
         }
         for (i = 0; i < n; ++i) {
             sum += table[(int32_t)x[i] - m + 255];
         }
+        /* one division per row: inv = floor(2^40 / S) <= 2^24, e * inv <= 2^48 */
+        inv = (INT64_C(1) << 40) / sum;
         for (i = 0; i < n; ++i) {
-            int64_t q = ((int64_t)table[(int32_t)x[i] - m + 255] * 512 + sum) / (2 * sum) - 128;
+            int64_t q = (((int64_t)table[(int32_t)x[i] - m + 255] * inv + (INT64_C(1) << 31)) >> 32) - 128;
             y[i] = (int8_t)(q > 127 ? 127 : q);
         }
     }

@@ -758,7 +758,8 @@ def c7x_int8_softmax(in_, table, out, rows, n, rounding=None) -> int:
     """Softmax over the last axis of int8 ``in`` [rows, n] into int8 ``out`` [rows, n] at the
     fixed output scale 1/256, zero point -128, with the int32 [256] exp ``table`` of
     :func:`softmax_table` (the C body's integer steps, int64; docs/reference.md,
-    "Softmax"). ``rounding`` is unused (integer division rounds half up by construction).
+    "Softmax"): ``inv = floor(2^40 / S)`` per row, ``out = min(127, ((e * inv + 2^31) >> 32) - 128)``.
+    ``rounding`` is unused (the shift rounds half up by construction).
     C7X_ERR_PARAM unless 0 <= table[k] <= table[255] <= 2^24."""
     if in_ is None or table is None or out is None:
         return C7X_ERR_NULL
@@ -773,7 +774,8 @@ def c7x_int8_softmax(in_, table, out, rows, n, rounding=None) -> int:
     y = _array("out", out, sh["out"], _I8, output=True)
     e = t[x - x.max(axis=1, keepdims=True) + 255]
     total = e.sum(axis=1, keepdims=True)
-    y[...] = np.minimum((512 * e + total) // (2 * total) - 128, 127)
+    inv = (1 << 40) // total
+    y[...] = np.minimum(((e * inv + (1 << 31)) >> 32) - 128, 127)
     return C7X_OK
 
 
