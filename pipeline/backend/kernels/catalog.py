@@ -129,6 +129,8 @@ def _records() -> tuple[Kernel, ...]:
           ref.ChannelMulGeometry, "vector"),
         K("c7x_int8_lut", "activation.offload_activation_lut_i8", ref.c7x_int8_lut, ref.ElementwiseGeometry,
           "vector"),
+        K("c7x_int8_layer_norm", "layer_norm.offload_layer_norm_i8", ref.c7x_int8_layer_norm,
+          ref.LayerNormGeometry, "vector"),
         K("c7x_int8_softmax", "softmax.offload_softmax_i8", ref.c7x_int8_softmax, ref.SoftmaxGeometry, "vector"),
         K("c7x_requantize_i8_i16", "requantize.offload_requantize", ref.c7x_requantize_i8_i16,
           ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
