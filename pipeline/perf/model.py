@@ -11,7 +11,8 @@ C7x's engines and memory levels, and a fixed cost per call:
   diagonal of the MMA's lanes x lanes product, so its rate is that over the
   lane count (``Target.lanes``: 32 int8 lanes at 256 bits; assumed, not
   measured). C7x vector kernel (residual add, pools, requantize, LUT...):
-  elements / lanes, one element per lane per cycle (assumed). TVM scalar
+  elements / lanes, one element per lane per cycle (assumed), times the
+  kernel's ``vector_factor`` (softmax, LayerNorm: several passes, 64-bit lanes). TVM scalar
   function: loop iterations (buffer stores) / ``scalar_macs_per_cycle``.
 - memory, per level: L2 and MSMC bytes over their rates; DDR read in place by
   the kernel (no staging) at ``ddr_read_efficiency`` of the DDR bandwidth,
@@ -107,7 +108,7 @@ def compute_cycles(call: dict, target: Target, k: Constants) -> float:
     if kind == "scalar":
         return work["iterations"] / k.scalar_macs_per_cycle
     if kind == "vector":
-        return work["elements"] / target.lanes(dtype)
+        return work["elements"] * catalog.kernel(call["kernel"]).vector_factor / target.lanes(dtype)
     rate = target.mma_macs_per_cycle(dtype) * k.mma_efficiency
     if kind == "mma_depthwise":
         rate /= target.lanes(dtype)

@@ -79,7 +79,8 @@ class C7xMMAQuantizer(Quantizer):
     add.Tensor / add_.Tensor of two float tensors (residuals); gelu, silu, hardsigmoid, hardswish and the
     average pools (own output observer); layer_norm; relu-like, max_pool2d and
     shape ops sharing their input's observer; *ours*: a sigmoid that is a
-    squeeze-excitation gate (own output observer, :func:`rules.is_se_gate`).
+    squeeze-excitation gate (own output observer, :func:`rules.is_se_gate`) and an int8
+    softmax over the last axis (input observed, output fixed at scale 1/256, zero point -128).
     cat, mul, any other sigmoid and group_norm stay float. Everything observed is a float32 tensor; the Q/DQ dtype is
     int8 or int16 as configured.
     """
@@ -114,7 +115,8 @@ class C7xMMAQuantizer(Quantizer):
                                  (rules.ADDMM, self._annotate_addmm),
                                  (rules.INDEPENDENT | rules.LAYER_NORM, self._annotate_independent),
                                  (rules.TRANSPARENT, self._annotate_transparent),
-                                 (rules.SE_GATE, self._annotate_se_gate)):
+                                 (rules.SE_GATE, self._annotate_se_gate),
+                                 (rules.SOFTMAX, self._annotate_softmax)):
             self._handlers.update(dict.fromkeys(targets, handler))
 
     def __repr__(self) -> str:
@@ -184,6 +186,13 @@ class C7xMMAQuantizer(Quantizer):
         # ours (rules.SE_GATE): only a squeeze-excitation gate; other sigmoids stay float
         if rules.is_se_gate(node):
             self._annotate_independent(node)
+
+    def _annotate_softmax(self, node: Node) -> None:
+        # ours (rules.SOFTMAX): int8 in, fixed int8 out, for the c7x_int8_softmax kernel
+        src = node.args[0]
+        if (rules.is_float_tensor(src) and rules.is_last_axis_softmax(node) and self._dtype_of(node) == "int8"
+                and not rules.reaches_topk(node)):
+            self._set(node, {src: self._act(node)}, specs.softmax_output_spec())
 
     def _annotate_transparent(self, node: Node) -> None:
         src = node.args[0]

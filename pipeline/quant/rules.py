@@ -30,6 +30,12 @@ Per kind: the ops, what is observed on the inputs, and the output.
   an int8/int16 tensor and the multiply runs on integers (the reference leaves
   sigmoid float). Graphs without such a gate (MobileNetV2, ResNet, the
   detection heads) are annotated exactly as before.
+* SOFTMAX (*ours*, an extension; issue 28) -- softmax.int / _softmax over the last
+  axis of a float tensor, in an int8 node, not reaching ``topk``: input act (the
+  attention logits), output the fixed int8 qparams scale 1/256, zero point -128
+  (:func:`pipeline.quant.specs.softmax_output_spec`; the ``c7x_int8_softmax``
+  kernel's output, docs/reference.md, "Softmax"). int16 nodes keep a float softmax
+  (no int16 kernel). The reference leaves softmax float.
 * Not annotated: cat (deliberately), group_norm, any other sigmoid, mul
   (its SE operands are quantized by their producers), anything else.
 
@@ -81,6 +87,9 @@ FUSABLE_ACTIVATIONS = frozenset({aten.relu.default, aten.relu_.default, aten.har
 #: ours: a squeeze-excitation gate (see :func:`is_se_gate`).
 SE_GATE = frozenset({aten.sigmoid.default, aten.sigmoid_.default})
 SE_MULTIPLY = frozenset({aten.mul.Tensor, aten.mul_.Tensor})
+
+#: ours: softmax over the last axis (see :func:`is_last_axis_softmax`)
+SOFTMAX = frozenset({aten.softmax.int, aten._softmax.default})
 
 TOPK = frozenset({aten.topk.default})
 #: ops a detection score may pass through on its way to topk and still count as
@@ -157,3 +166,10 @@ def is_se_gate(node: Node) -> bool:
     users = list(node.users)
     return (shape is not None and len(shape) == 4 and shape[2:] == (1, 1) and bool(users)
             and all(is_se_multiply(u) for u in users) and not reaches_topk(node))
+
+
+def is_last_axis_softmax(node: Node) -> bool:
+    """``node`` (softmax.int / _softmax) normalises the last axis of its float input."""
+    shape = _shape(node.args[0]) if node.args else None
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    return shape is not None and isinstance(dim, int) and len(shape) > 0 and dim % len(shape) == len(shape) - 1

@@ -29,7 +29,7 @@ import warnings
 import torch
 from torchao.quantization.pt2e import (HistogramObserver, MinMaxObserver,
                                        MovingAverageMinMaxObserver, PerChannelMinMaxObserver)
-from torchao.quantization.pt2e.quantizer import QuantizationSpec
+from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec, QuantizationSpec
 
 from .observers import EntropyObserver, PercentileObserver
 
@@ -116,6 +116,17 @@ def activation_spec(dtype: str, symmetric: bool, observer_cls: type,
         dtype=qdtype, quant_min=qmin, quant_max=qmax,
         qscheme=torch.per_tensor_symmetric if symmetric else torch.per_tensor_affine,
         observer_or_fake_quant_ctr=observer_cls.with_args(**(observer_kwargs or {})))
+
+
+def softmax_output_spec() -> FixedQParamsQuantizationSpec:
+    """The int8 output spec of a softmax: fixed scale 1/256 and zero point -128, so
+    [0, 1) takes all 256 codes (1.0 saturates to 127), the ``c7x_int8_softmax``
+    kernel's output (:data:`pipeline.backend.kernels.reference.SOFTMAX_OUT_SCALE`;
+    docs/reference.md, "Softmax"). No observer: the range of a probability is known."""
+    from ..backend.kernels.reference import SOFTMAX_OUT_SCALE, SOFTMAX_OUT_ZERO_POINT
+    return FixedQParamsQuantizationSpec(dtype=torch.int8, scale=SOFTMAX_OUT_SCALE,
+                                        zero_point=SOFTMAX_OUT_ZERO_POINT, quant_min=-128, quant_max=127,
+                                        qscheme=torch.per_tensor_affine)
 
 
 def weight_spec(weight_dtype: str) -> QuantizationSpec:

@@ -35,7 +35,7 @@ SIGS = hostlib.kernel_signatures()
 OPTIONAL = {"bias", "scale", "shift"}        # NULL allowed: defaults 0 / 1 / 0
 # Scalars that are sizes / strides / group counts: 0 is invalid for each.
 SIZE_SCALARS = {"planes", "hw", "n_in", "C_in", "H_in", "W_in", "C_out", "KH", "KW", "stride_h", "stride_w", "groups",
-                "C", "num_groups", "M", "K", "N", "n", "H_out", "W_out", "kH", "kW", "sH", "sW", "outer",
+                "C", "num_groups", "M", "K", "N", "n", "rows", "H_out", "W_out", "kH", "kW", "sH", "sW", "outer",
                 *(f"{s}{j}" for s in ("size", "n") for j in range(ref.MAX_SEGMENTS))}
 PAD_SCALARS = {"pad_top", "pad_bottom", "pad_left", "pad_right", "pH", "pW",
                *(f"offset{j}" for j in range(ref.MAX_SEGMENTS))}  # -1 is invalid too
@@ -219,11 +219,11 @@ def test_header_is_clean_cpp(tmp_path):
 
 def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     assert set(KERNELS) == set(SIGS)
-    # the 13 of docs/reference.md, "Kernel ABI", our 4 requantize kernels, c7x_int8_lut, the
+    # the 13 of docs/reference.md, "Kernel ABI", our 4 requantize kernels, c7x_int8_lut, c7x_int8_softmax, c7x_int8_layer_norm, the
     # two channel multiplies, the four average pools, the two channel affines, the four
     # quantize / dequantize kernels of the model's edges, the int16 max pool and the eight
     # concat / split kernels (1 to 4 segments, int8 and int16)
-    assert len(SIGS) == 39
+    assert len(SIGS) == 41
     for name, params in SIGS.items():
         py = list(inspect.signature(KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -754,6 +754,11 @@ def valid_args(name: str, rng) -> list:
         return [rng.standard_normal(10).astype(np.float32), np.zeros(10, dtype), 10, 3, 20.0]
     if name.startswith("c7x_dequantize_"):
         return [rand(rng, dtype, 12), np.zeros(10, np.float32), 12, 10, -3, 0.05]
+    if name == "c7x_int8_layer_norm":                     # tests/backend/test_layer_norm.py
+        return [rand(rng, np.int8, (2, 5)), np.full(5, 1 << 16, np.int32), np.zeros(5, np.int64),
+                np.zeros((2, 5), np.int8), 2, 5, 0, 10]
+    if name == "c7x_int8_softmax":                        # tests/backend/test_softmax.py
+        return [rand(rng, np.int8, (2, 5)), ref.softmax_table(0.1), np.zeros((2, 5), np.int8), 2, 5]
     if name == "c7x_int8_lut":                            # tests/backend/test_activation_lut.py
         return [rand(rng, np.int8, 10), rand(rng, np.int8, 256), np.zeros(10, np.int8), 10]
     if name.startswith("c7x_concat"):                     # tests/backend/test_concat.py
@@ -798,6 +803,9 @@ def bad_calls():
         ("c7x_int8_max_pool", "W_out", 2, ref.C7X_ERR_SHAPE),
         ("c7x_int8_max_pool_tidl", "pH", 3, ref.C7X_ERR_SHAPE),               # pad >= kernel
         ("c7x_int8_clamp", "lo", 7, ref.C7X_ERR_PARAM),                        # lo > hi
+        ("c7x_int8_layer_norm", "n", ref.LAYER_NORM_MAX_N + 1, ref.C7X_ERR_SHAPE),
+        ("c7x_int8_layer_norm", "eps_q", -1, ref.C7X_ERR_PARAM),
+        ("c7x_int8_layer_norm", "in_zp", 129, ref.C7X_ERR_PARAM),
         ("mmalib_conv2d_i8", "act_min", 128, ref.C7X_ERR_PARAM),               # beyond int8, > act_max
         ("mmalib_conv2d_i8", "pad_value", 128, ref.C7X_ERR_PARAM),             # beyond int8
         ("mmalib_conv2d_i8_grouped_loop", "pad_value", -129, ref.C7X_ERR_PARAM),

@@ -187,6 +187,29 @@ int32_t c7x_int16_channel_mul(const int16_t* x, const int16_t* gate, const uint8
  * (hardswish, hardsigmoid, SiLU, sigmoid, GELU) with its requantization is exact. */
 int32_t c7x_int8_lut(const int8_t* in, const int8_t* table, int8_t* out, int32_t n);
 
+/* Softmax over the last axis of int8 rows (ours: TI names no such kernel; docs/reference.md,
+ * "Softmax"): in / out int8 [rows, n], table int32 [256] built at compile time from the
+ * input scale s, table[k] = round(2^16 * exp(s * (k - 255))), so that for each row
+ *   m = max(in), e_i = table[in_i - m + 255], S = sum e_i (int64), inv = floor(2^40 / S),
+ *   out_i = min(127, ((e_i * inv + 2^31) >> 32) - 128),
+ * the int8 code of e_i / S at the fixed output scale 1/256, zero point -128 (the
+ * quantizer's softmax output spec). Integer only; within 1 output LSB of
+ * q(softmax(dq(in))). Requires 0 <= table[k] <= table[255] <= 2^24 (C7X_ERR_PARAM
+ * otherwise) so that S >= 1 and e_i * inv < 2^63; one division per row, the rest vectorises. */
+int32_t c7x_int8_softmax(const int8_t* in, const int32_t* table, int8_t* out, int32_t rows, int32_t n);
+
+/* LayerNorm over the last axis of int8 rows (ours: TI names no such kernel; docs/reference.md,
+ * "LayerNorm"): in / out int8 [rows, n], gamma int32 [n] = round(2^16 * g_c / s_out),
+ * beta int64 [n] = round(2^40 * (b_c / s_out + out_zp)), eps_q = round(eps * n^2 / s_in^2).
+ * Integer only (I-BERT's integer LayerNorm, Kim et al. 2021, with an exact ratio):
+ *   x_i = in_i - in_zp, S1 = sum x_i, S2 = sum x_i^2, D = isqrt(2^16 (n S2 - S1^2 + eps_q)),
+ *   R = floor(2^48 / D) (0 when D = 0), z_i = floor(((n x_i - S1) R + 2^15) / 2^16)  (Q24),
+ *   out_i = clamp(floor((gamma_c z_i + beta_c + 2^39) / 2^40), -128, 127).
+ * Requires 1 <= n <= 4096 (C7X_ERR_SHAPE) so |z_i| <= 2^30, and eps_q >= 0,
+ * |in_zp| <= 128, |beta_c| <= 2^56 (C7X_ERR_PARAM): every product stays below 2^62. */
+int32_t c7x_int8_layer_norm(const int8_t* in, const int32_t* gamma, const int64_t* beta, int8_t* out,
+                            int32_t rows, int32_t n, int32_t in_zp, int32_t eps_q);
+
 /* Requantize between int8 and int16 (ours: TI names no such kernel; the style is that of
  * its float-scale c7x_int8_requantize_clamp / c7x_int8_rescale, docs/reference.md,
  * "Requantize"). What torch's Q/DQ model computes at an int8 <-> int16 boundary,

@@ -93,7 +93,7 @@ static int64_t clamp_i64(int64_t v, int64_t lo, int64_t hi)
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
-/* floor(v / 2^shift), 0 <= shift <= 31, |v| < 2^62. Only non-negative values are
+/* floor(v / 2^shift), 0 <= shift <= 62, |v| < 2^62. Only non-negative values are
  * shifted, because >> of a negative value is implementation-defined in C99
  * (C99 6.5.7p5): for v < 0, floor(v / 2^s) = -ceil(-v / 2^s). (A 64-bit division
  * here cost a fifth of the host's time.) */
@@ -941,6 +941,115 @@ int32_t c7x_int8_lut(const int8_t* in, const int8_t* table, int8_t* out, int32_t
     }
     for (i = 0; i < n; ++i) {
         out[i] = table[(int32_t)in[i] + 128];
+    }
+    return C7X_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Softmax over the last axis (int8 in, int8 out at scale 1/256, zero point -128) */
+/* ------------------------------------------------------------------------- */
+
+#define SOFTMAX_TABLE_MAX 16777216 /* 2^24: 512 * e + S stays far below 2^63 */
+
+int32_t c7x_int8_softmax(const int8_t* in, const int32_t* table, int8_t* out, int32_t rows, int32_t n)
+{
+    int32_t r, i, k;
+    if (in == NULL || table == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (rows <= 0 || n <= 0 || (int64_t)rows * n > C7X_MAX_ELEMS) {
+        return C7X_ERR_SHAPE;
+    }
+    if (table[255] <= 0 || table[255] > SOFTMAX_TABLE_MAX) {
+        return C7X_ERR_PARAM;
+    }
+    for (k = 0; k < 255; ++k) {
+        if (table[k] < 0 || table[k] > table[255]) {
+            return C7X_ERR_PARAM;
+        }
+    }
+    for (r = 0; r < rows; ++r) {
+        const int8_t* x = in + (int64_t)r * n;
+        int8_t* y = out + (int64_t)r * n;
+        int32_t m = -128;
+        int64_t sum = 0, inv;
+        for (i = 0; i < n; ++i) {
+            m = x[i] > m ? x[i] : m;
+        }
+        for (i = 0; i < n; ++i) {
+            sum += table[(int32_t)x[i] - m + 255];
+        }
+        /* one division per row: inv = floor(2^40 / S) <= 2^24, e * inv <= 2^48 */
+        inv = (INT64_C(1) << 40) / sum;
+        for (i = 0; i < n; ++i) {
+            int64_t q = (((int64_t)table[(int32_t)x[i] - m + 255] * inv + (INT64_C(1) << 31)) >> 32) - 128;
+            y[i] = (int8_t)(q > 127 ? 127 : q);
+        }
+    }
+    return C7X_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* LayerNorm over the last axis (int8 in and out, integer only)              */
+/* ------------------------------------------------------------------------- */
+
+#define LAYER_NORM_MAX_N 4096
+#define LAYER_NORM_MAX_BETA (INT64_C(1) << 56)
+
+/* floor(sqrt(v)) for 0 <= v < 2^62, bit by bit (no floating point). */
+static int64_t isqrt_i64(int64_t v)
+{
+    int64_t root = 0, bit = INT64_C(1) << 60;
+    while (bit > v) {
+        bit >>= 2;
+    }
+    while (bit != 0) {
+        if (v >= root + bit) {
+            v -= root + bit;
+            root = (root >> 1) + bit;
+        } else {
+            root >>= 1;
+        }
+        bit >>= 2;
+    }
+    return root;
+}
+
+int32_t c7x_int8_layer_norm(const int8_t* in, const int32_t* gamma, const int64_t* beta, int8_t* out,
+                            int32_t rows, int32_t n, int32_t in_zp, int32_t eps_q)
+{
+    int32_t r, i;
+    if (in == NULL || gamma == NULL || beta == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (rows <= 0 || n <= 0 || n > LAYER_NORM_MAX_N || (int64_t)rows * n > C7X_MAX_ELEMS) {
+        return C7X_ERR_SHAPE;
+    }
+    if (eps_q < 0 || in_zp < -128 || in_zp > 128) {
+        return C7X_ERR_PARAM;
+    }
+    for (i = 0; i < n; ++i) {
+        if (beta[i] > LAYER_NORM_MAX_BETA || beta[i] < -LAYER_NORM_MAX_BETA) {
+            return C7X_ERR_PARAM;
+        }
+    }
+    for (r = 0; r < rows; ++r) {
+        const int8_t* x = in + (int64_t)r * n;
+        int8_t* y = out + (int64_t)r * n;
+        int64_t s1 = 0, s2 = 0, d, inv;
+        for (i = 0; i < n; ++i) {
+            int64_t v = (int64_t)x[i] - in_zp;
+            s1 += v;
+            s2 += v * v;
+        }
+        /* n S2 - S1^2 = n^2 var >= 0 (Cauchy-Schwarz), <= 2^40; D = sqrt with 8 fraction bits */
+        d = isqrt_i64(((int64_t)n * s2 - s1 * s1 + eps_q) << 16);
+        inv = d > 0 ? (INT64_C(1) << 48) / d : 0;
+        for (i = 0; i < n; ++i) {
+            int64_t z = floor_div_pow2(((int64_t)n * ((int64_t)x[i] - in_zp) - s1) * inv + (INT64_C(1) << 15), 16);
+            int64_t q = floor_div_pow2((int64_t)gamma[i] * z + beta[i] + (INT64_C(1) << 39), 40);
+            y[i] = (int8_t)clamp_i64(q, -128, 127);
+        }
     }
     return C7X_OK;
 }

@@ -62,7 +62,10 @@ class Kernel:
     ``reference``: the numpy twin (same arguments as the C, plus ``rounding``);
     ``geometry``: the :class:`reference._Geometry` that checks the scalars and gives the
     buffer shapes; ``engine``: one of :data:`ENGINES`; ``tiling``: a :class:`Tileable`,
-    or None when the plan never tiles it."""
+    or None when the plan never tiles it; ``vector_factor``: cycles per element of a
+    vector kernel, in units of one element per lane per cycle (1: one pass at the
+    operand's width; assumed for kernels that make several passes or work in 64-bit
+    lanes, docs/estimate.md)."""
 
     name: str
     offload: str
@@ -70,6 +73,7 @@ class Kernel:
     geometry: type
     engine: str
     tiling: Tileable | None = None
+    vector_factor: float = 1.0
 
     @property
     def backend(self) -> str:
@@ -129,6 +133,12 @@ def _records() -> tuple[Kernel, ...]:
           ref.ChannelMulGeometry, "vector"),
         K("c7x_int8_lut", "activation.offload_activation_lut_i8", ref.c7x_int8_lut, ref.ElementwiseGeometry,
           "vector"),
+        # assumed vector factors (docs/estimate.md): LayerNorm makes two passes in 64-bit lanes (sums,
+        # then two multiplies per element), softmax three (max; table gather and 64-bit sum; multiply)
+        K("c7x_int8_softmax", "softmax.offload_softmax_i8", ref.c7x_int8_softmax, ref.SoftmaxGeometry, "vector",
+          vector_factor=12.0),
+        K("c7x_int8_layer_norm", "layer_norm.offload_layer_norm_i8", ref.c7x_int8_layer_norm,
+          ref.LayerNormGeometry, "vector", vector_factor=24.0),
         K("c7x_requantize_i8_i16", "requantize.offload_requantize", ref.c7x_requantize_i8_i16,
           ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
         K("c7x_requantize_i16_i8", "requantize.offload_requantize", ref.c7x_requantize_i16_i8,

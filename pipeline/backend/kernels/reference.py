@@ -28,6 +28,7 @@ float32 operations in the C's order, each rounded like the C's.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -719,6 +720,132 @@ def c7x_int8_lut(in_, table, out, n, rounding=None) -> int:
     t = _array("table", table, sh["table"], _I8)
     y = _array("out", out, sh["out"], _I8, output=True)
     y[...] = t[x.astype(np.int64) + 128]
+    return C7X_OK
+
+
+#: softmax: exp table entries are Q16 (table[255] = 2^16 = exp(0)); the kernel accepts up to 2^24
+SOFTMAX_ONE, SOFTMAX_TABLE_MAX = 1 << 16, 1 << 24
+#: the fixed int8 qparams of a softmax output (scale 1/256, zero point -128: [0, 1) in 256 codes)
+SOFTMAX_OUT_SCALE, SOFTMAX_OUT_ZERO_POINT = 1.0 / 256.0, -128
+
+
+def softmax_table(s_in: float) -> np.ndarray:
+    """int32[256] exp table of :func:`c7x_int8_softmax` for an int8 input of scale ``s_in``:
+    ``table[k] = round(2^16 * exp(s_in * (k - 255)))``, ``k - 255`` the code distance to the
+    row's max (docs/reference.md, "Softmax"; float64, computed once at compile time).
+    The input zero point cancels (softmax is shift-invariant). Raises ValueError for a
+    non-positive or non-finite scale."""
+    if not (np.isfinite(s_in) and s_in > 0):
+        raise ValueError(f"softmax input scale must be a positive number, got {s_in!r}")
+    d = np.arange(256, dtype=np.float64) - 255.0
+    return np.round(SOFTMAX_ONE * np.exp(float(s_in) * d)).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class SoftmaxGeometry(_Geometry):
+    """``rows`` rows of ``n`` int8 elements (the last axis), the 256-entry int32 table."""
+
+    rows: int
+    n: int
+
+    def status(self) -> int:
+        return C7X_OK if self.rows > 0 and self.n > 0 and _elem_count(self.rows, self.n) > 0 else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"in": (self.rows, self.n), "table": (256,), "out": (self.rows, self.n)}
+
+
+def c7x_int8_softmax(in_, table, out, rows, n, rounding=None) -> int:
+    """Softmax over the last axis of int8 ``in`` [rows, n] into int8 ``out`` [rows, n] at the
+    fixed output scale 1/256, zero point -128, with the int32 [256] exp ``table`` of
+    :func:`softmax_table` (the C body's integer steps, int64; docs/reference.md,
+    "Softmax"): ``inv = floor(2^40 / S)`` per row, ``out = min(127, ((e * inv + 2^31) >> 32) - 128)``.
+    ``rounding`` is unused (the shift rounds half up by construction).
+    C7X_ERR_PARAM unless 0 <= table[k] <= table[255] <= 2^24."""
+    if in_ is None or table is None or out is None:
+        return C7X_ERR_NULL
+    g = SoftmaxGeometry(_int32("rows", rows), _int32("n", n))
+    if g.status() != C7X_OK:
+        return g.status()
+    sh = g.shapes()
+    t = _array("table", table, sh["table"], _I32).astype(np.int64)
+    if not (0 < t[255] <= SOFTMAX_TABLE_MAX and (t >= 0).all() and (t <= t[255]).all()):
+        return C7X_ERR_PARAM
+    x = _array("in", in_, sh["in"], _I8).astype(np.int64)
+    y = _array("out", out, sh["out"], _I8, output=True)
+    e = t[x - x.max(axis=1, keepdims=True) + 255]
+    total = e.sum(axis=1, keepdims=True)
+    inv = (1 << 40) // total
+    y[...] = np.minimum(((e * inv + (1 << 31)) >> 32) - 128, 127)
+    return C7X_OK
+
+
+#: LayerNorm: the longest normalised axis (keeps every product below 2^62) and the beta bound
+LAYER_NORM_MAX_N, LAYER_NORM_MAX_BETA = 4096, 1 << 56
+
+
+def layer_norm_constants(gamma: np.ndarray, beta: np.ndarray, eps: float, s_in: float, s_out: float,
+                         zp_out: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The compile-time constants of :func:`c7x_int8_layer_norm` for float ``gamma``, ``beta``
+    [n], ``eps``, the input scale ``s_in`` and the output qparams: ``gamma_q`` int32 [n] =
+    round(2^16 g / s_out), ``beta_q`` int64 [n] = round(2^40 (b / s_out + zp_out)), ``eps_q``
+    = round(eps n^2 / s_in^2) (docs/reference.md, "LayerNorm"; float64). Raises ValueError
+    when one does not fit (|g / s_out| >= 2^15, |b / s_out| >= 2^16, eps_q >= 2^31)."""
+    g = np.asarray(gamma, np.float64).reshape(-1)
+    b = np.asarray(beta, np.float64).reshape(-1)
+    n = g.size
+    gq = np.round(g / s_out * 2.0 ** 16)
+    bq = np.round((b / s_out + zp_out) * 2.0 ** 40)
+    eq = round(float(eps) * n * n / (float(s_in) ** 2))
+    if not (np.abs(gq) < 2.0 ** 31).all():
+        raise ValueError(f"LayerNorm weight / output scale reaches {np.abs(g / s_out).max():.3g} (limit 2^15)")
+    if not (np.abs(bq) < LAYER_NORM_MAX_BETA).all():
+        raise ValueError(f"LayerNorm bias / output scale reaches {np.abs(b / s_out).max():.3g} (limit 2^16)")
+    if not 0 <= eq < 2 ** 31:
+        raise ValueError(f"LayerNorm epsilon is {eq} input steps squared times n^2 (limit 2^31)")
+    return gq.astype(np.int32), bq.astype(np.int64), int(eq)
+
+
+@dataclass(frozen=True)
+class LayerNormGeometry(_Geometry):
+    """``rows`` rows of ``n`` int8 elements (the normalised last axis), per-element gamma / beta."""
+
+    rows: int
+    n: int
+
+    def status(self) -> int:
+        ok = 0 < self.n <= LAYER_NORM_MAX_N and self.rows > 0 and _elem_count(self.rows, self.n) > 0
+        return C7X_OK if ok else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"in": (self.rows, self.n), "gamma": (self.n,), "beta": (self.n,), "out": (self.rows, self.n)}
+
+
+def c7x_int8_layer_norm(in_, gamma, beta, out, rows, n, in_zp, eps_q, rounding=None) -> int:
+    """LayerNorm over the last axis of int8 ``in`` [rows, n] into int8 ``out`` [rows, n], integer
+    only, with :func:`layer_norm_constants`' ``gamma`` int32 [n], ``beta`` int64 [n] and
+    ``eps_q`` (the C body's steps in int64: docs/reference.md, "LayerNorm"). ``rounding`` is
+    unused (the kernel rounds half up by construction). C7X_ERR_SHAPE for n outside
+    [1, 4096]; C7X_ERR_PARAM for eps_q < 0, |in_zp| > 128 or |beta| > 2^56."""
+    if in_ is None or gamma is None or beta is None or out is None:
+        return C7X_ERR_NULL
+    g = LayerNormGeometry(_int32("rows", rows), _int32("n", n))
+    if g.status() != C7X_OK:
+        return g.status()
+    in_zp, eps_q = _int32("in_zp", in_zp), _int32("eps_q", eps_q)
+    sh = g.shapes()
+    b = _array("beta", beta, sh["beta"], _I64)
+    if eps_q < 0 or not -128 <= in_zp <= 128 or (np.abs(b) > LAYER_NORM_MAX_BETA).any():
+        return C7X_ERR_PARAM
+    x = _array("in", in_, sh["in"], _I8).astype(np.int64) - in_zp
+    gm = _array("gamma", gamma, sh["gamma"], _I32).astype(np.int64)
+    y = _array("out", out, sh["out"], _I8, output=True)
+    s1 = x.sum(axis=1, keepdims=True)
+    v = n * (x * x).sum(axis=1) - s1[:, 0] ** 2 + eps_q
+    d = np.array([math.isqrt(int(t) << 16) for t in v], np.int64).reshape(-1, 1)   # 8 fraction bits
+    inv = np.where(d > 0, (1 << 48) // np.maximum(d, 1), 0)
+    z = ((n * x - s1) * inv + (1 << 15)) // (1 << 16)
+    y[...] = np.clip((gm * z + b.astype(np.int64) + (1 << 39)) // (1 << 40), -128, 127)
     return C7X_OK
 
 
