@@ -47,6 +47,7 @@ run: nothing executes this ``main`` but our emitter and interpreter.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import tvm
@@ -106,6 +107,14 @@ def _mark_offload_opaque(mod: tvm.IRModule) -> tvm.IRModule:
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
+def _numel(expr) -> int | None:
+    shape = getattr(expr.ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(isinstance(d, tirx.IntImm) for d in values):
+        return None
+    return math.prod(int(d) for d in values)
+
+
 @mutator
 class _ReshapeToView(PyExprMutator):
     """``call_tir(<reshape PrimFunc>, x)`` -> ``R.reshape(x, shape)`` for
@@ -122,6 +131,9 @@ class _ReshapeToView(PyExprMutator):
         args = value.args[1].fields
         if (is_offload(func) or len(args) != 1 or not isinstance(func.body, s_tir.SBlockRealize)
                 or not relax.analysis.has_reshape_pattern(func)):  # (it asserts a block body; topk has none)
+            return None
+        # a prefix slice ([1, 32] -> [1, 10]) also has the reshape pattern, but R.reshape keeps the size
+        if _numel(args[0]) != _numel(value):
             return None
         return args[0]
 
