@@ -14,7 +14,9 @@ calibration sharded against one process (scripts/bench_calibration.py).
 Issue 25: the C7x estimate beside the document's figures (scripts/bench_estimate.py).
 Issue 26: the staged memory plan against its targets (scripts/bench_memory.py).
 Issue 27: 30 kill -9 trials of a tiny project (scripts/kill_trials.py).
-``--sections`` picks some of: list, stages, estimate, memory, runcache, dask, calibration, kill.
+Issue 30: a cold build with the calibration methods against one without
+(scripts/bench_methods.py).
+``--sections`` picks some of: list, stages, estimate, memory, runcache, dask, calibration, methods, kill.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def bench_runs(spec, L, x, summaries) -> None:
 VERIFY_GOAL = 1.5  # (verify + evaluate) / codegen, MobileNetV2 int8, 20 images, 2 cores (issue 13)
 VERIFY_REPEATS = 3  # codegen, evaluate and verify are timed this many times; the median ratio is the figure
 
-SECTIONS = ("list", "stages", "estimate", "memory", "runcache", "dask", "calibration", "kill")
+SECTIONS = ("list", "stages", "estimate", "memory", "runcache", "dask", "calibration", "methods", "kill")
 
 
 def main() -> None:
@@ -215,6 +217,9 @@ def main() -> None:
     if "calibration" in sections:
         from bench_calibration import bench_sharded_calibration
         bench_sharded_calibration(n_images=200, shards=2)
+    if "methods" in sections:
+        from bench_methods import bench_method_cost
+        bench_method_cost(args.model)
     if "kill" in sections:
         from kill_trials import trials
         trials(30, seed=7)

@@ -108,6 +108,9 @@ def deployed_methods() -> list[Method]:
             dataclasses.replace(p, name="affine int8 + output range search + exact requantize + AdaRound 200",
                                 symmetric=False, range_search="output", adaround_iterations=200,
                                 exact_requantize=True),
+            dataclasses.replace(p, name="affine int8 + output range search + exact requantize + AdaRound 100",
+                                symmetric=False, range_search="output", adaround_iterations=100,
+                                exact_requantize=True),
             dataclasses.replace(p, name="affine int8 + output range search + exact requantize", symmetric=False,
                                 range_search="output", exact_requantize=True),
             Method("percentile 99.999 + exact requantize", "percentile", percentile=99.999, exact_requantize=True)]

@@ -22,7 +22,7 @@ from tqdm import tqdm  # noqa: E402
 
 def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepared_table: Path,
                     calib_dir: Path, out_state: Path, out_info: Path,
-                    int16_selection: Path | None = None) -> dict:
+                    int16_selection: Path | None = None, diagnose: bool = True) -> dict:
     """Run the calibration images through the prepared model; save the full
     state (weights + filled observers) and a JSON record of what was used.
 
@@ -56,6 +56,8 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     unreadable image (nothing is written then). ``int16_selection``:
     ``int16_layers.json`` of a mixed-precision model. Raises ConfigError for
     shards > 1 with an observer that cannot be merged (moving_average).
+    ``diagnose=False`` leaves out the per-layer SQNR before / after the method
+    (``layer_sqnr``: False): the holdout stage's folds, whose records nobody reads.
     """
     cal = spec.calibration
     images = select_images(calib_dir, cal, spec.name) if cal.source == "images" else []
@@ -70,7 +72,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     # disable=None: a live img/s bar on a terminal, nothing in logs (the line below stays)
     seen = []  # the batches again, for the steps after observing (20 MobileNetV2 images: 12 MB)
     keep = bool(cal.bias_correction or cal.range_search or cal.adaround_iterations)
-    diagnose = []  # the first SQNR_IMAGES images, for the per-layer SQNR before / after the method
+    images_for_sqnr = []  # the first SQNR_IMAGES images, for the per-layer SQNR before / after the method
     with torch.no_grad(), tqdm(total=total, desc=f"calibrate {spec.name}", unit="img", leave=False,
                                disable=None) as bar:
         if len(slices) > 1:
@@ -83,17 +85,20 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
                 bar.update(len(batch))
                 if keep:
                     seen.append(batch)
-                if sum(map(len, diagnose)) < SQNR_IMAGES:
-                    diagnose.append(batch)
+                if sum(map(len, images_for_sqnr)) < SQNR_IMAGES:
+                    images_for_sqnr.append(batch)
     seconds = time.perf_counter() - t0
     if merge is not None and keep:  # the whole set, as one process sees it
         seen = list(calibration_batches(spec, images))
     if merge is not None:
-        diagnose = list(calibration_batches(spec, images[:SQNR_IMAGES]))
-    diagnose = _single_images(diagnose)[:SQNR_IMAGES]
-    before = layer_sqnr(gm, diagnose)
+        images_for_sqnr = list(calibration_batches(spec, images[:SQNR_IMAGES]))
+    images_for_sqnr = _single_images(images_for_sqnr)[:SQNR_IMAGES]
+    before = layer_sqnr(gm, images_for_sqnr) if diagnose else None
     refined = refine(gm, seen, cal)
-    sqnr = _sqnr_record(gm, before, layer_sqnr(gm, diagnose), len(diagnose))
+    sqnr = False
+    if diagnose:   # nothing refined: the model after is the model before
+        after = layer_sqnr(gm, images_for_sqnr) if any(refined.values()) else before
+        sqnr = _sqnr_record(gm, before, after, len(images_for_sqnr))
     torchenv.save_tensors(gm.state_dict(), out_state)
     info = {
         "model": spec.name,

@@ -118,7 +118,10 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], trai
     for name in FOLD_STAGES:
         stage = BY_NAME[name]
         if stage.applies(ctx) and (auto or name not in ("mixed_precision", "prepare")):
-            stage.function()(**_deployed_only(stage.args(ctx), variant))
+            args = _deployed_only(stage.args(ctx), variant)
+            if name == "calibrate":   # the fold's calibration.json is thrown away: no per-layer SQNR
+                args["diagnose"] = False
+            stage.function()(**args)
     qdq_outs = run_program_outputs(ctx.layout.quantized_pt2, test, spec.name)
     qdq = qdq_outs[0].numpy()
     build = ctx.layout.codegen_dir(variant)

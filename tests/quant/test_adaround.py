@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-from pipeline import torchenv  # noqa: F401  (torch settings before torchao)
+from pipeline import torchenv  # (torch settings before torchao)
 from pipeline.quant.adaround import adaround, round_layer
 from pipeline.quant.bias_correction import weighted_nodes
 from quant_graph import prepare
@@ -48,6 +48,28 @@ def test_adaround_writes_integers_that_convert_keeps():
     assert len(new) == len(old) == 10
     diffs = [(a.int() - b.int()).abs().max() for a, b in zip(new, old)]
     assert max(diffs) == 1
+
+
+def test_layers_side_by_side_give_the_same_weights_as_one_by_one():
+    """The layers run in a thread pool, one torch thread each: the result does not depend
+    on how many run at once, and the caller's thread count is restored."""
+    gen = torch.Generator().manual_seed(2)
+    xs = [torch.randn(1, 3, 16, 16, generator=gen) for _ in range(3)]
+    gm = prepare(residual_net(), xs[0], observer="minmax")
+    with torch.no_grad():
+        for x in xs:
+            gm(x)
+    results = []
+    before = torch.get_num_threads()
+    for threads in (1, 2):   # 1 or 2 layers at a time
+        m = copy.deepcopy(gm)
+        with torchenv.torch_threads(threads):
+            adaround(m, xs, iterations=20)
+            assert torch.get_num_threads() == threads
+        results.append({k: v for k, v in m.state_dict().items() if v.is_floating_point()})
+    assert torch.get_num_threads() == before
+    assert results[0].keys() == results[1].keys()
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
 
 
 def test_bad_arguments():

@@ -132,20 +132,49 @@ def test_output_search_never_raises_the_output_error(calibrated):
     assert after < 0.99 * before or all(r["gain"] == 1.0 for r in records)
 
 
-def test_output_search_picks_the_best_candidate_for_the_last_observer(calibrated):
-    """The logits' observer is the last one visited: its choice is the candidate with the
-    least output error, every other observer fixed (checked by hand)."""
+def test_output_search_ends_each_line_search_at_a_local_minimum(calibrated):
+    """The logits' observer is the last one visited: its choice has no more output error
+    than either neighbouring candidate, every other observer fixed (checked by hand)."""
     gm, xs = calibrated
     m = copy.deepcopy(gm)
     records = search_ranges_at_output(m, xs)
-    last = records[-1]["observer"]
-    obs = m.get_submodule(last)
+    last = records[-1]
+    obs = m.get_submodule(last["observer"])
+    ladder = sorted(set((*CANDIDATES, last["was"])))
+    k = ladder.index(last["percentile"])
     by_hand = {}
-    for p in CANDIDATES:
+    for p in ladder[max(k - 1, 0):k + 2]:
         obs.percentile.fill_(p)
-        by_hand[p] = _output_error(m, xs)
-    obs.percentile.fill_(records[-1]["percentile"])
-    assert by_hand[records[-1]["percentile"]] == pytest.approx(min(by_hand.values()), rel=1e-6)
+        by_hand[p] = sum(_output_error(m, [x]) for x in xs)   # each image by its own energy, as the search
+    obs.percentile.fill_(last["percentile"])
+    assert by_hand[last["percentile"]] == pytest.approx(min(by_hand.values()), rel=1e-6)
+    assert 2 <= last["tried"] <= len(ladder)
+
+
+def test_line_search_follows_the_falling_side_and_stops():
+    from pipeline.quant.range_search import _line_search
+    curve = [5.0, 3.0, 2.0, 4.0, 6.0, 7.0]
+    seen = []
+
+    def error(k):
+        seen.append(k)
+        return curve[k]
+    errors = _line_search(error, 4, len(curve))
+    assert min(errors, key=errors.get) == 2 and sorted(seen) == [1, 2, 3, 4, 5]
+    assert _line_search(lambda k: [1.0, 1.0][k], 0, 2) == {0: 1.0, 1: 1.0}   # flat: stops at once
+
+
+def test_stacked_batches_give_the_per_image_errors(calibrated):
+    """Stacking the images is only a speed-up: the same rows, each normalised alone."""
+    from pipeline.quant.range_search import _relative_error, _stack
+    gm, xs = calibrated
+    batches, refs = _stack(gm, xs)
+    assert len(batches) < len(xs) and sum(b.shape[0] for b in batches) == len(xs)
+    run = _Resumable(gm)
+    with torch.no_grad():
+        stacked = sum(_relative_error(run.advance({}, 0, len(run.nodes), (b,)), r) for b, r in zip(batches, refs))
+        single = sum(_output_error(gm, [x]) for x in xs)
+    assert stacked == pytest.approx(single, rel=1e-3)
 
 
 def test_output_search_without_images_is_an_error(calibrated):

@@ -90,3 +90,24 @@ def test_layer_sqnr_before_and_after_the_method_reach_the_summary(exported):
     assert before.startswith(f"  worst before   {worst['module']} {worst['before_db']:.1f} (after ")
     assert after.count("(before ") == 5 and "5 calibration images" in before
     assert not any(ln.startswith("  method") for ln in model_lines("tiny", rep, None, {}, calibration=plain))
+
+
+def test_without_diagnosis_the_state_is_the_same_and_no_sqnr_is_measured(exported, monkeypatch):
+    """The holdout's folds calibrate with diagnose=False: the same calibrated state, no
+    per-layer SQNR pass (layer_sqnr: False)."""
+    import torch
+    from pipeline.stages import calibrate as stage
+    from pipeline.stages.calibrate import calibrate_model
+    calls = []
+    real = stage.layer_sqnr
+    monkeypatch.setattr(stage, "layer_sqnr", lambda *a: calls.append(1) or real(*a))
+    spec = tiny_spec(exported, observer="minmax", exact_requantize=True)
+    d = exported
+    with_sqnr = calibrate_model(spec, d / "float.pt2", d / "prepared.pt", d / "obs.txt", d / "s",
+                                d / "diag.pt", d / "diag.json")
+    assert len(calls) == 2 and with_sqnr["layer_sqnr"]["layers"]
+    without = calibrate_model(spec, d / "float.pt2", d / "prepared.pt", d / "obs.txt", d / "s",
+                              d / "nodiag.pt", d / "nodiag.json", diagnose=False)
+    assert len(calls) == 2 and without["layer_sqnr"] is False
+    a, b = torch.load(d / "diag.pt", weights_only=True), torch.load(d / "nodiag.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

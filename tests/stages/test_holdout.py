@@ -43,11 +43,12 @@ def _run(ctx, **over):
 
 def test_kfold_holds_every_image_out_once_and_never_calibrates_on_it(built, monkeypatch):
     import pipeline.stages.calibrate as calibrate
-    seen = []
+    seen, diagnosed = [], []
     real = calibrate.calibrate_model
 
     def spy(spec, float_pt2, prepared_state, prepared_table, calib_dir, *a, **k):
         seen.append(sorted(p.name for p in Path(calib_dir).iterdir()))
+        diagnosed.append(k.get("diagnose", True))
         return real(spec, float_pt2, prepared_state, prepared_table, calib_dir, *a, **k)
 
     monkeypatch.setattr(calibrate, "calibrate_model", spy)
@@ -57,6 +58,7 @@ def test_kfold_holds_every_image_out_once_and_never_calibrates_on_it(built, monk
     names = {p.name for p in built.evaluation_images}
     assert held[0] | held[1] == names and not held[0] & held[1]
     assert [set(s) for s in seen] == [names - h for h in held]  # fold f calibrated on the rest only
+    assert diagnosed == [False, False]   # a fold's per-layer SQNR would be thrown away
     assert [f["calibrated_on"] for f in rec["folds_detail"]] == [3, 3]
     for key in ("qdq", "c"):
         assert 0 <= rec[key]["top1_agreement_with_float"] <= 6
