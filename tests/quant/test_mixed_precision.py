@@ -321,9 +321,11 @@ def test_mobilenet_v2_mixed_choice_and_simulation_fidelity(tmp_path):
     assert record["layer_count"] == 63 and record["total_macs"] == 300_774_272
     assert 0.05 < record["int16_share"] <= 0.10
     errors = record["errors"]
-    # measured with the entry's method (affine int8, exact requantize, AdaRound): all-int8 0.111,
-    # chosen 0.079, all-int16 0.039 (symmetric, no method: 0.26, 0.15, 0.08)
-    assert errors["all_int16"]["mse"] < errors["chosen"]["mse"] < 0.8 * errors["all_int8"]["mse"]
+    # measured with the entry's method (affine int8, output range search, exact requantize,
+    # AdaRound): all-int8 0.089, chosen 0.077, all-int16 0.038; without the range search 0.111,
+    # 0.079, 0.039 (symmetric, no method: 0.26, 0.15, 0.08). The range search already fixes much
+    # of what int16 fixed (the late residual stream), so the choice gains less than it did.
+    assert errors["all_int16"]["mse"] < errors["chosen"]["mse"] < 0.95 * errors["all_int8"]["mse"]
 
     prepare_model(spec, f["float.pt2"], f["prepared.pt"], f["table.txt"], f["int16.json"])
     x = load_images(select_images(cal, spec.calibration, spec.name), spec.preprocess, "images")
@@ -345,5 +347,5 @@ def test_mobilenet_v2_mixed_choice_and_simulation_fidelity(tmp_path):
     assert abs(mse - errors["chosen"]["mse"]) < 0.15 * errors["chosen"]["mse"], (mse, errors)
     # ... which improves on plain calibration for the same int16 choice
     plain = dataclasses.replace(spec, calibration=dataclasses.replace(
-        spec.calibration, exact_requantize=False, adaround_iterations=0))
+        spec.calibration, range_search=False, exact_requantize=False, adaround_iterations=0))
     assert mse < 0.85 * real_mse(plain)
