@@ -24,8 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_runcache import _project
+
 REPO = Path(__file__).resolve().parent.parent
-DODO = 'from pipeline.tasks import load_project\nglobals().update(load_project("models"))\n'
 GOAL = 2.0  # cold build with the methods / without them (issue 30, "Cost stays sane")
 
 
@@ -40,10 +41,7 @@ def _without_methods(entry: str) -> str:
 def _cold_build(root: Path, model: str, entry: str) -> dict:
     """Wall time of a cold ``doit`` of a one-entry project at ``root`` and the seconds
     its calibration.json and holdout.json record."""
-    (root / "models").mkdir(parents=True)
-    (root / "models" / f"{model}.toml").write_text(entry)
-    (root / "dodo.py").write_text(DODO)
-    (root / "calib_data").symlink_to(REPO / "calib_data")
+    _project(root, model, entry)
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "doit"], cwd=root, capture_output=True, text=True,
                          env=dict(os.environ, DOIT_C7X_CACHE="off"))

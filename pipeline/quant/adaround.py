@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 from tqdm import tqdm
 
+from ..torchenv import torch_threads
 from .bias_correction import weighted_nodes
 from .graph import FloatPass, attr_tensor, observer_of
 
@@ -143,23 +145,18 @@ def adaround(gm: GraphModule, images: list[torch.Tensor], iterations: int = 200)
                    for t in x]
         else:
             x_q = x
-        jobs.append((node, w, scale, (_layer_fn(node), w.detach(), scale, wobs.quant_min, wobs.quant_max,
-                                      x, x_q, iterations, k)))
+        jobs.append((node, w, scale, partial(round_layer, _layer_fn(node), w.detach(), scale, wobs.quant_min,
+                                             wobs.quant_max, x, x_q, iterations, k)))
     # The layers are independent (float inputs, their own input qparams): they run side by
     # side, one torch thread each, so the per-step small ops of one layer do not wait for a
     # second thread to wake (OpenMP's passive wait, pipeline/torchenv.py; measured on
     # MobileNetV2: 50 s with 2 threads per layer, 18 s with 2 layers of 1 thread).
     # Each layer's result does not depend on the scheduling.
     workers = max(1, torch.get_num_threads())
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            # disable=None: a live bar on a terminal, nothing in logs
-            results = list(tqdm(pool.map(lambda job: round_layer(*job[3]), jobs), total=len(jobs),
-                                desc="adaround", unit="layer", leave=False, disable=None))
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(1), ThreadPoolExecutor(workers) as pool:
+        # disable=None: a live bar on a terminal, nothing in logs
+        results = list(tqdm(pool.map(lambda job: job[3](), jobs), total=len(jobs),
+                            desc="adaround", unit="layer", leave=False, disable=None))
     records = []
     for (node, w, scale, _), (q, rec) in zip(jobs, results):
         with torch.no_grad():

@@ -210,10 +210,11 @@ def _floats(out) -> list[torch.Tensor]:
 def _relative_error(out, ref: list[torch.Tensor]) -> float:
     """Sum over the float outputs and over their rows (axis 0: the images of a stacked
     batch) of ||out - ref||^2 / ||ref||^2, each row normalised by its own energy."""
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t.double().flatten(1) if t.dim() > 1 else t.double()[None]
     total = 0.0
     for g, r in zip(_floats(out), ref):
-        g, r = g.double().flatten(1) if g.dim() > 1 else g.double()[None], \
-            r.double().flatten(1) if r.dim() > 1 else r.double()[None]
+        g, r = rows(g), rows(r)
         energy = r.pow(2).sum(1)
         total += float(((g - r).pow(2).sum(1) / torch.where(energy > 0, energy, 1.0)).sum())
     return total
@@ -237,12 +238,13 @@ def _stack(gm: GraphModule, images: list[torch.Tensor]) -> tuple[list[torch.Tens
         try:
             stacked = [_floats(_Stacked(gm).run(g)) for g in groups]
         except Exception:  # noqa: BLE001 - any failure on a batch means: run per image
-            stacked = None
-        rows = [torch.cat([o[k] for o in single[i:i + BATCH]]) for i in range(0, len(images), BATCH)
-                for k in range(len(single[0]))] if stacked is not None else None
-        if stacked is not None and all(len(o) == len(single[0]) for o in stacked) and all(
+            return list(images), single
+        # each batch's outputs against its images' own outputs, concatenated
+        expected = [[torch.cat([o[k] for o in single[i:i + BATCH]]) for k in range(len(single[0]))]
+                    for i in range(0, len(images), BATCH)]
+        if all(len(got) == len(want) and all(
                 a.shape == b.shape and torch.allclose(a, b, rtol=1e-3, atol=1e-3 * float(b.abs().max() or 1))
-                for a, b in zip((t for o in stacked for t in o), rows)):
+                for a, b in zip(got, want)) for got, want in zip(stacked, expected)):
             return groups, stacked
     return list(images), single
 

@@ -96,7 +96,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     before = layer_sqnr(gm, images_for_sqnr) if diagnose else None
     refined = refine(gm, seen, cal)
     sqnr = False
-    if diagnose:   # nothing refined: the model after is the model before
+    if diagnose:   # with nothing refined the model after is the model before: no second pass
         after = layer_sqnr(gm, images_for_sqnr) if any(refined.values()) else before
         sqnr = _sqnr_record(gm, before, after, len(images_for_sqnr))
     torchenv.save_tensors(gm.state_dict(), out_state)
