@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from ..torchenv import torch_threads
 from .bias_correction import weighted_nodes
-from .graph import FloatPass, attr_tensor, observer_of
+from .graph import FloatPass, attr_tensor, fake_quantize_per_tensor, observer_of
 
 REFERENCE = "Nagel et al. 2020, Up or Down? Adaptive Rounding for Post-Training Quantization, eq. 21-25"
 ZETA, GAMMA = 1.1, -0.1
@@ -77,6 +77,58 @@ def _h(v: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.sigmoid(v) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
 
 
+def _beta(it: int, iterations: int) -> float | None:
+    """The regularizer's annealed exponent at step ``it``, None during the warm-up."""
+    warm = int(WARMUP * iterations)
+    if it < warm:
+        return None
+    frac = (it - warm) / max(iterations - warm, 1)
+    return BETA[1] + 0.5 * (BETA[0] - BETA[1]) * (1 + math.cos(math.pi * frac))
+
+
+class _Rounding:
+    """``W~(V)`` of the module doc and the gradient of the loss with respect to ``V``,
+    derived by hand, in preallocated buffers. Autograd runs about 35 weight-sized
+    passes per step, two float powers among them, each into a fresh tensor (a fresh
+    5 MB tensor costs more in page faults than the arithmetic); this runs about 20 in
+    place, with ``|a|^(beta-1)`` as ``exp((beta-1) log|a|)`` (half a power's time).
+    That is what a step of a large layer costs (MobileNetV2's classifier: 1.28 M
+    weights, a [1, 1280] input). ``test_adaround.py`` checks it against autograd."""
+
+    def __init__(self, base: torch.Tensor, s: torch.Tensor, qmin: int, qmax: int):
+        self.base, self.s, self.qmin, self.qmax = base, s, qmin, qmax
+        # base + h, h in [0, 1], leaves [qmin, qmax] only where base is qmax or outside
+        self.edge = ((base < qmin) | (base >= qmax)).nonzero(as_tuple=True)
+        self.sig, self.hu, self.h, self.bq, self.tmp, self.pw = (torch.empty_like(base) for _ in range(6))
+        self.wq = torch.empty_like(base).requires_grad_(True)
+
+    @torch.no_grad()
+    def weight(self, v: torch.Tensor) -> torch.Tensor:
+        """``s * clamp(base + h(V), qmin, qmax)`` (a leaf that requires grad, reused)."""
+        torch.sigmoid(v, out=self.sig)
+        torch.mul(self.sig, ZETA - GAMMA, out=self.hu).add_(GAMMA)
+        torch.clamp(self.hu, 0.0, 1.0, out=self.h)
+        torch.add(self.base, self.h, out=self.bq)
+        torch.clamp(self.bq, self.qmin, self.qmax, out=self.wq).mul_(self.s)
+        return self.wq
+
+    @torch.no_grad()
+    def grad(self, g_w: torch.Tensor, beta: float | None) -> torch.Tensor:
+        """dLoss/dV from ``g_w`` = dLoss/dW~ (overwritten) and the regularizer at
+        ``beta`` (None: off)."""
+        g = g_w.mul_(self.s)                               # through s * clamp(...)
+        if self.edge[0].numel():                           # clamp's gradient: x in [min, max]
+            b = self.bq[self.edge]
+            g[self.edge] *= ((b >= self.qmin) & (b <= self.qmax)).to(g.dtype)
+        if beta is not None:   # d/dh LAMBDA * mean(1 - |2h - 1|^beta)
+            a = torch.mul(self.h, 2, out=self.tmp).sub_(1)
+            p = torch.abs(a, out=self.pw).log_().mul_(beta - 1).exp_().mul_(a.sign_())   # sign(a) |a|^(beta-1)
+            g.add_(p, alpha=-2 * beta * LAMBDA / g.numel())
+        g.masked_fill_(self.hu != self.h, 0.0)             # clamp to [0, 1]: passes inside
+        torch.mul(self.sig, self.sig, out=self.tmp)
+        return g.mul_(torch.sub(self.sig, self.tmp, out=self.tmp)).mul_(ZETA - GAMMA)   # sigmoid'
+
+
 def round_layer(fn, w: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int,
                 x: list[torch.Tensor], x_q: list[torch.Tensor], iterations: int,
                 seed: int = 0) -> tuple[torch.Tensor, dict]:
@@ -88,25 +140,20 @@ def round_layer(fn, w: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int,
     s = scale.view(-1, *([1] * (w.dim() - 1))).to(w.dtype)
     base = torch.floor(w / s)
     rest = (w / s - base).clamp(1e-4, 1 - 1e-4)
-    v = (-torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1.0)).requires_grad_(True)
+    v = -torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1.0)
     target = [fn(xi, w).detach() for xi in x]
     nearest = torch.clamp(torch.round(w / s), qmin, qmax)
     mse = lambda q: sum(float((fn(xq, s * q) - t).pow(2).mean()) for xq, t in zip(x_q, target)) / len(x)
     before = mse(nearest)
     opt = torch.optim.Adam([v], lr=LR, fused=True)
     gen = torch.Generator().manual_seed(seed)
-    warm = int(WARMUP * iterations)
+    rounding = _Rounding(base, s, qmin, qmax)
     for it in range(iterations):
         i = int(torch.randint(len(x), (1,), generator=gen))
-        h = _h(v)   # once per step: the weight-sized ops are most of a step's time
-        wq = s * torch.clamp(base + h, qmin, qmax)
+        wq = rounding.weight(v).requires_grad_(True)
         loss = (fn(x_q[i], wq) - target[i]).pow(2).mean()
-        if it >= warm:
-            frac = (it - warm) / max(iterations - warm, 1)
-            beta = BETA[1] + 0.5 * (BETA[0] - BETA[1]) * (1 + math.cos(math.pi * frac))
-            loss = loss + LAMBDA * (1 - (2 * h - 1).abs().pow(beta)).sum() / v.numel()
-        opt.zero_grad()
-        loss.backward()
+        g_w, = torch.autograd.grad(loss, wq)
+        v.grad = rounding.grad(g_w, _beta(it, iterations))
         opt.step()
     with torch.no_grad():
         q = torch.clamp(base + (_h(v) >= 0.5).to(w.dtype), qmin, qmax)
@@ -141,7 +188,7 @@ def adaround(gm: GraphModule, images: list[torch.Tensor], iterations: int = 200)
         iobs = observer_of(gm, node.args[0])
         if iobs is not None:
             s_in, zp = iobs.calculate_qparams()
-            x_q = [torch.fake_quantize_per_tensor_affine(t, float(s_in), int(zp), iobs.quant_min, iobs.quant_max)
+            x_q = [fake_quantize_per_tensor(t, float(s_in), int(zp), iobs.quant_min, iobs.quant_max)
                    for t in x]
         else:
             x_q = x

@@ -8,7 +8,7 @@ At every activation observer of the prepared graph (a layer's output point: afte
 fused ReLU / ReLU6, conv-BN folded) the Q/DQ value is compared with the float value,
 each model running on its own upstream values (propagation, as the layers stage and
 PT2E's numeric debugger do), so the error is cumulative. The Q/DQ model fake-quantizes
-each observed tensor with its observer's qparams (``torch.fake_quantize_per_tensor_affine``;
+each observed tensor with its observer's qparams (``torch.fake_quantize_per_tensor_affine``'s values;
 weights per channel), which is what ``convert_pt2e`` makes of the observers, without
 the int8 <-> int16 boundary requantizes of a mixed model (one dtype per tensor: the
 observer's).

@@ -9,9 +9,9 @@ both saw exactly the float tensors, and an observer of a real mixed model at
 the same place would compute the same qparams as one of the two.
 
 The simulation replaces every observer of the all-int8 model by Q/DQ per
-(observer, consumer) edge (``torch.fake_quantize_per_tensor_affine``: the
-rounding and clamping of ``convert_pt2e``'s ``quantize_per_tensor`` +
-``dequantize_per_tensor`` in one kernel, half their time), with the rule the
+(observer, consumer) edge (``torch.fake_quantize_per_tensor_affine``'s values,
+:func:`~pipeline.quant.graph.fake_quantize_per_tensor`: the rounding and clamping
+of ``convert_pt2e``'s ``quantize_per_tensor`` + ``dequantize_per_tensor``), with the rule the
 real mixed graph follows (:mod:`pipeline.quant.quantizer`, "Mixed precision"):
 
 * the producer's output is quantized in the producer's dtype, when its
@@ -53,7 +53,7 @@ from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_
 
 from .. import torchenv
-from .graph import PER_CHANNEL, attr_tensor, observer_of
+from .graph import PER_CHANNEL, attr_tensor, fake_quantize_per_tensor, observer_of
 
 _qd = torch.ops.quantized_decomposed
 _DTYPE_NAMES = {torch.int8: "int8", torch.int16: "int16"}
@@ -75,8 +75,8 @@ class QParams:
         return cls(float(scale), int(zp), obs.quant_min, obs.quant_max, obs.dtype)
 
     def qdq(self, x: torch.Tensor) -> torch.Tensor:
-        """``dequantize(quantize(x))`` in one fused kernel (fake quantize)."""
-        return torch.fake_quantize_per_tensor_affine(x, self.scale, self.zero_point, self.qmin, self.qmax)
+        """``dequantize(quantize(x))``, as ``torch.fake_quantize_per_tensor_affine`` (no gradient)."""
+        return fake_quantize_per_tensor(x, self.scale, self.zero_point, self.qmin, self.qmax)
 
 
 class _EdgeQDQ(torch.nn.Module):

@@ -54,7 +54,7 @@ from torch.fx import GraphModule, Node
 from torch.utils._pytree import tree_leaves
 from tqdm import tqdm
 
-from .graph import FloatPass, fake_quantize, observer_of, out_of_place
+from .graph import FloatPass, fake_quantize, fake_quantize_per_tensor, observer_of, out_of_place
 from .observers import PercentileObserver
 
 #: default candidate percentiles (percent of |x| kept); 100 = the observed max
@@ -94,7 +94,7 @@ class _Errors(FloatPass):
     def _score(self, fn, args, kwargs, i: int, target: str, ref: torch.Tensor) -> None:
         energy = float(ref.double().pow(2).sum()) or 1.0
         for k, (_, scale, zp, qmin, qmax) in enumerate(self.candidates[target]):
-            q = torch.fake_quantize_per_tensor_affine(args[i], scale, zp, qmin, qmax)
+            q = fake_quantize_per_tensor(args[i], scale, zp, qmin, qmax)
             y = fn(*args[:i], q, *args[i + 1:], **kwargs)
             self.errors[target][k] += float((y.double() - ref.double()).pow(2).sum()) / energy
 
@@ -178,7 +178,7 @@ class _Resumable(FloatPass):
         x = self.env[n.args[0]]
         if n.target in self.override:
             scale, zp = self.override[n.target]
-            return torch.fake_quantize_per_tensor_affine(x, scale, zp, obs.quant_min, obs.quant_max)
+            return fake_quantize_per_tensor(x, scale, zp, obs.quant_min, obs.quant_max)
         return fake_quantize(obs, x)
 
     def call_function(self, target, args, kwargs):

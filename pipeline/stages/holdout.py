@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import torchenv  # noqa: F401
+from .. import torchenv
 from ..config import ModelSpec, list_images
 from ..data.images import label_of, load_images, select_images
 from ..errors import CalibrationDataError
@@ -130,6 +130,36 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], trai
     return {"qdq": qdq.astype(np.float32), "c": c_out.reshape(qdq.shape), "outputs": len(qdq_outs)}
 
 
+def _run_folds(jobs: list[tuple]):
+    """Yield (fold index, :func:`run_fold` result) for every argument tuple in ``jobs``.
+
+    The folds are independent projects: with several cores they run side by side in
+    joblib's loky processes, ``min(folds, cores)`` at a time, each with its share of
+    this process's torch threads (on 2 cores: two folds of one thread each, where one
+    fold of two threads leaves the second core idle through the single-threaded
+    relax import, codegen and gcc build; MobileNetV2's holdout, measured:
+    scripts/benchmark.py --sections methods). A fold's numbers may then differ in
+    float summation order from a one-process run, as they do across machines with
+    other core counts. Inside a task on a Dask worker they run one after another,
+    in the slot the cluster gave the stage. A fold's exception is re-raised here."""
+    from .calibrate_shards import on_dask_worker
+    n_jobs = min(len(jobs), os.cpu_count() or 1)
+    if n_jobs < 2 or on_dask_worker():
+        for f, a in enumerate(jobs):
+            yield f, run_fold(*a)
+        return
+    import joblib
+    threads = max(1, torch.get_num_threads() // n_jobs)
+    with joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered") as parallel:
+        yield from parallel(joblib.delayed(_fold_with_threads)(f, threads, a) for f, a in enumerate(jobs))
+
+
+def _fold_with_threads(f: int, threads: int, a: tuple) -> tuple[int, dict]:
+    """(fold index, :func:`run_fold` with ``threads`` torch threads) in a loky worker."""
+    with torchenv.torch_threads(threads):
+        return f, run_fold(*a)
+
+
 def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
     """Top-1 against labels and the float model, and mean |logit - float logit| (logit units)."""
     top1 = logits.argmax(1)
@@ -175,19 +205,21 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     folds = folds_of(eval_images, k)
     fold_records, outputs = [], 1
     work_root = Path(tempfile.mkdtemp(prefix=".holdout-", dir=out.parent))
+    jobs = []
+    for f, test_paths in enumerate(folds):
+        held = {p.resolve() for p in test_paths}
+        train = [p for p in calib_images if p.resolve() not in held]
+        rows = [index[p] for p in test_paths]
+        jobs.append((rows, (spec, float_pt2, (prepared_state, prepared_table), train, x[rows],
+                            work_root / f"fold{f}", int16_selection)))
+        fold_records.append({"fold": f, "calibrated_on": len(train), "held_out": [p.name for p in test_paths]})
     try:
-        for f, test_paths in enumerate(folds):
-            held = {p.resolve() for p in test_paths}
-            train = [p for p in calib_images if p.resolve() not in held]
-            rows = [index[p] for p in test_paths]
-            got = run_fold(spec, float_pt2, (prepared_state, prepared_table), train, x[rows],
-                           work_root / f"fold{f}", int16_selection)
+        for f, got in _run_folds([a for _, a in jobs]):
+            rows = jobs[f][0]
             qdq[rows], c_out[rows] = got["qdq"], got["c"]
             outputs = got["outputs"]
-            fold_records.append({"fold": f, "calibrated_on": len(train), "held_out": [p.name for p in test_paths]})
-            shutil.rmtree(work_root / f"fold{f}")
-            print(f"holdout {spec.name}: fold {f + 1}/{k} done (calibrated on {len(train)}, "
-                  f"held out {len(test_paths)})", file=sys.stderr)
+            print(f"holdout {spec.name}: fold {f + 1}/{k} done (calibrated on {fold_records[f]['calibrated_on']}, "
+                  f"held out {len(rows)})", file=sys.stderr)
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
     record.update({"folds": k, "images": len(eval_images), "folds_detail": fold_records})

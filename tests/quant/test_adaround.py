@@ -75,3 +75,30 @@ def test_layers_side_by_side_give_the_same_weights_as_one_by_one():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="iterations"):
         adaround(None, [torch.zeros(1)], iterations=0)
+
+
+@pytest.mark.parametrize("beta", [None, 2.0, 11.3])
+def test_hand_derived_gradient_matches_autograd(beta):
+    """The step's gradient (adaround._Rounding) is autograd's gradient of the module
+    doc's loss, including weights at the clamp's edges (base = qmax and below qmin)."""
+    from pipeline.quant.adaround import GAMMA, LAMBDA, ZETA, _Rounding
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(8, 24, generator=gen) * 0.1
+    scale = w.abs().amax(1) / 7
+    s = scale[:, None]
+    w[0, 0], w[1, 1] = 7.2 * s[0, 0], -9.4 * s[1, 0]      # floor = qmax, below qmin
+    base = torch.floor(w / s)
+    v = torch.randn(w.shape, generator=gen) * 2            # some h clamped at 0 and 1
+    x, t = torch.randn(5, 24, generator=gen), torch.randn(5, 8, generator=gen)
+    va = v.clone().requires_grad_(True)
+    h = torch.clamp(torch.sigmoid(va) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
+    loss = (F.linear(x, s * torch.clamp(base + h, -8, 7)) - t).pow(2).mean()
+    if beta is not None:
+        loss = loss + LAMBDA * (1 - (2 * h - 1).abs().pow(beta)).sum() / v.numel()
+    loss.backward()
+    r = _Rounding(base, s, -8, 7)
+    wq = r.weight(v)
+    g_w, = torch.autograd.grad((F.linear(x, wq) - t).pow(2).mean(), wq)
+    got = r.grad(g_w, beta)
+    assert torch.allclose(got, va.grad, rtol=1e-5, atol=1e-9)
+    assert (va.grad == 0).any() and (va.grad != 0).any()   # both sides of the clamps exercised

@@ -8,11 +8,13 @@ set is recognised as already held out, and how the summary shows both.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from doitproj import Project, build_through
+from pipeline import torchenv
 from pipeline.errors import CalibrationDataError
 from pipeline.stages import holdout
 from pipeline.stages.registry import get
@@ -52,6 +54,7 @@ def test_kfold_holds_every_image_out_once_and_never_calibrates_on_it(built, monk
         return real(spec, float_pt2, prepared_state, prepared_table, calib_dir, *a, **k)
 
     monkeypatch.setattr(calibrate, "calibrate_model", spy)
+    monkeypatch.setattr(holdout.os, "cpu_count", lambda: 1)   # folds in this process: the spy sees them
     rec = _run(built)
     assert rec["method"] == "k-fold" and rec["folds"] == 2 and rec["images"] == 6
     held = [set(f["held_out"]) for f in rec["folds_detail"]]
@@ -70,6 +73,20 @@ def test_kfold_holds_every_image_out_once_and_never_calibrates_on_it(built, monk
     saved = json.loads(built.layout.holdout.read_text())
     assert saved == json.loads(json.dumps(rec))
     assert not list(built.layout.dir.glob(".holdout-*")), "fold folders must be removed"
+
+
+def test_folds_side_by_side_give_what_one_process_gives(built, monkeypatch):
+    """On several cores the folds run in loky processes with their share of the torch
+    threads; with the same thread count in one process every number is the same."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: the folds never run side by side")
+    with torchenv.torch_threads(2):
+        side = _run(built)                       # two folds of one thread each
+    monkeypatch.setattr(holdout.os, "cpu_count", lambda: 1)
+    with torchenv.torch_threads(1):
+        one = _run(built)
+    drop = lambda r: {k: v for k, v in r.items() if k != "seconds"}
+    assert drop(side) == drop(one)
 
 
 def test_separate_evaluation_set_is_already_held_out(built, tmp_path):
