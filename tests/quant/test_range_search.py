@@ -55,6 +55,7 @@ def test_the_error_is_the_readers_output_error(calibrated):
         m.get_buffer(conv.args[1].args[0].target)
     bias = params.get(conv.args[2].target)
 
+    @torch.no_grad()
     def err(p):
         obs.percentile.fill_(p)
         scale, zp = obs.calculate_qparams()
