@@ -224,6 +224,7 @@ def _channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
 
 
+@torch.no_grad()
 def _stack(gm: GraphModule, images: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
     """The images as stacked batches of up to :data:`BATCH`, with their float outputs, if
     the graph runs on a batch and gives every image the outputs it gives it alone
