@@ -218,6 +218,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
             rows = jobs[f][0]
             qdq[rows], c_out[rows] = got["qdq"], got["c"]
             outputs = got["outputs"]
+            shutil.rmtree(work_root / f"fold{f}", ignore_errors=True)   # done: free its disk now
             print(f"holdout {spec.name}: fold {f + 1}/{k} done (calibrated on {fold_records[f]['calibrated_on']}, "
                   f"held out {len(rows)})", file=sys.stderr)
     finally:
