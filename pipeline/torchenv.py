@@ -107,6 +107,24 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+def process_map(fn, jobs: dict, threads: int):
+    """Yield ``(key, fn(*args))`` for every ``key -> args`` of ``jobs``, in completion
+    order, from joblib's loky processes (``min(len(jobs), cores)`` at a time), each call
+    with ``threads`` torch threads. ``fn`` must be a module-level function (pickled by
+    reference). A call's exception is re-raised here."""
+    import joblib
+    n_jobs = max(1, min(len(jobs), os.cpu_count() or 1))
+    with joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered") as parallel:
+        yield from parallel(joblib.delayed(_keyed_call)(key, fn, threads, args) for key, args in jobs.items())
+
+
+def _keyed_call(key, fn, threads: int, args: tuple):
+    """``(key, fn(*args))`` with ``threads`` torch threads (in a loky worker; importing
+    this module there sets its thread default first)."""
+    with torch_threads(threads):
+        return key, fn(*args)
+
+
 def strip_nondeterministic_meta(ep: "torch.export.ExportedProgram") -> None:
     """Drop node metadata that embeds Python object ids (``from_node`` holds
     ``graph_id = id(graph)``), so saving the same program twice gives the same

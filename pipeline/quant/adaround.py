@@ -150,7 +150,7 @@ def round_layer(fn, w: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int,
     rounding = _Rounding(base, s, qmin, qmax)
     for it in range(iterations):
         i = int(torch.randint(len(x), (1,), generator=gen))
-        wq = rounding.weight(v).requires_grad_(True)
+        wq = rounding.weight(v)
         loss = (fn(x_q[i], wq) - target[i]).pow(2).mean()
         g_w, = torch.autograd.grad(loss, wq)
         v.grad = rounding.grad(g_w, _beta(it, iterations))

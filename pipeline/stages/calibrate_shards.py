@@ -137,17 +137,10 @@ def _run_dask(args: dict[int, tuple]):
 
 
 def _run_local(args: dict[int, tuple]):
-    """Yield (job index, states) as the shards finish in loky processes."""
-    import joblib
-    n_jobs = max(1, min(len(args), os.cpu_count() or 1))
-    threads = torch.get_num_threads()
-    with joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered") as parallel:
-        yield from parallel(joblib.delayed(_indexed)(i, threads, a) for i, a in args.items())
-
-
-def _indexed(i: int, threads: int, a: tuple) -> tuple[int, dict]:
-    """(job index, its states): generator_unordered yields in completion order."""
-    return i, _with_threads(threads, *a)
+    """Yield (job index, states) as the shards finish in loky processes, each with this
+    process's torch thread count (:func:`_with_threads` says why)."""
+    from .. import torchenv
+    yield from torchenv.process_map(calibrate_shard, args, torch.get_num_threads())
 
 
 def _with_threads(threads: int, *a) -> dict:

@@ -148,16 +148,8 @@ def _run_folds(jobs: list[tuple]):
         for f, a in enumerate(jobs):
             yield f, run_fold(*a)
         return
-    import joblib
     threads = max(1, torch.get_num_threads() // n_jobs)
-    with joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered") as parallel:
-        yield from parallel(joblib.delayed(_fold_with_threads)(f, threads, a) for f, a in enumerate(jobs))
-
-
-def _fold_with_threads(f: int, threads: int, a: tuple) -> tuple[int, dict]:
-    """(fold index, :func:`run_fold` with ``threads`` torch threads) in a loky worker."""
-    with torchenv.torch_threads(threads):
-        return f, run_fold(*a)
+    yield from torchenv.process_map(run_fold, dict(enumerate(jobs)), threads)
 
 
 def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
