@@ -91,7 +91,15 @@ def stmt_work(stmt) -> tuple[int, int]:
     return stmt_work(body) if body is not None else (0, 0)
 
 
-def _offload_work(kernel: str, args: list[Tensor], out: Tensor) -> dict:
+def _extern_scalars(func) -> list[int]:
+    """The scalar arguments of an offload PrimFunc's extern call (after the buffer pointers)."""
+    call = func.body.value
+    return [int(a.value) for a in call.args[1 + len(func.params):]]
+
+
+def _offload_work(kernel: str, args: list[Tensor], out: Tensor, func) -> dict:
+    if hasattr(catalog.kernel(kernel).geometry, "macs"):  # activation x activation: no weight gives K
+        return {"macs": catalog.geometry(kernel, *([None] * len(func.params)), *_extern_scalars(func)).macs()}
     if catalog.kernel(kernel).macs:
         w = next(a for a in args if a.home == "weight")
         c_out = out.shape[1] if len(out.shape) == 4 else out.shape[-1]
@@ -113,7 +121,7 @@ def call_work(mod, plan: Plan, n_outputs: list[int]) -> list[dict]:
         func = mod[name]
         ins, outs = args[:-n_out], args[-n_out:]
         if is_offload(func):
-            work = _offload_work(str(func.attrs["c7x_kernel"]), args, outs[-1])
+            work = _offload_work(str(func.attrs["c7x_kernel"]), args, outs[-1], func)
         else:
             stores, macs = stmt_work(func.body)
             work = {"iterations": stores, "macs": macs}

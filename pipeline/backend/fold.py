@@ -323,6 +323,28 @@ CHANNEL_MUL_BITS = {"int8": 31, "int16": 29}
 CHANNEL_MUL_SHIFT_MAX = 62
 
 
+def product_params(r: float, zp_x: int, zp_g: int, zp_out: int, bits: int, what: str) -> np.ndarray:
+    """16-byte blob ``<int32 M, int32 shift, int32 0, int8 zp_x, int8 zp_g, int8 zp_out, pad>``
+    of a kernel that rescales a product of two operands by ``r``: ``M = round_half_even(r *
+    2**shift)`` with the largest ``shift <= 62`` keeping ``M < 2**bits``. Returns uint8[16].
+    Raises :class:`Declined` (``what`` names the kernel) if ``r`` is not a positive number,
+    needs ``M >= 2**bits`` at shift 0, or a zero point leaves int8."""
+    if not (np.isfinite(r) and r > 0.0):
+        raise Declined(f"{what} rescale {r:.6g} is not a positive number")
+    shift = int(np.clip(np.floor(np.log2(2.0**bits / r)), 0, CHANNEL_MUL_SHIFT_MAX))
+    m = int(np.rint(r * 2.0**shift))
+    while m >= 2**bits and shift > 0:
+        shift -= 1
+        m = int(np.rint(r * 2.0**shift))
+    if m >= 2**bits:
+        raise Declined(f"{what} rescale {r:.6g} does not fit M < 2^{bits}")
+    for name, zp in (("zp_x", zp_x), ("zp_g", zp_g), ("zp_out", zp_out)):
+        if not -128 <= int(zp) <= 127:
+            raise Declined(f"{name}={int(zp)} does not fit the int8 field of the {what} params")
+    blob = struct.pack("<iiibbbx", m, shift, 0, int(zp_x), int(zp_g), int(zp_out))
+    return np.frombuffer(blob, dtype=np.uint8).copy()
+
+
 def channel_mul_params(s_x: float, zp_x: int, s_g: float, zp_g: int, s_out: float, zp_out: int,
                        dtype: str) -> np.ndarray:
     """16-byte parameter blob of ``c7x_int{8,16}_channel_mul`` (``docs/reference.md``,
@@ -334,26 +356,23 @@ def channel_mul_params(s_x: float, zp_x: int, s_g: float, zp_g: int, s_out: floa
     float32 scales) and the largest ``shift <= 62`` keeping ``M < 2**bits``
     (:data:`CHANNEL_MUL_BITS`: 31 for int8, 29 for int16), i.e. a relative
     precision of 2^-30 / 2^-28 instead of the residual add's Q15.
-    Layout (little-endian): int32 M, int32 shift, int32 0, int8 zp_x, int8 zp_g,
-    int8 zp_out, pad. Returns uint8[16]. Raises :class:`Declined` if ``r`` is not
+    Layout: :func:`product_params`. Returns uint8[16]. Raises :class:`Declined` if ``r`` is not
     a positive number, needs ``M >= 2**bits`` at shift 0, or a zero point leaves int8.
     """
-    bits = CHANNEL_MUL_BITS[str(dtype)]
     r = float(s_x) * float(s_g) / float(s_out)
-    if not (np.isfinite(r) and r > 0.0):
-        raise Declined(f"channel-multiply rescale {r:.6g} is not a positive number")
-    shift = int(np.clip(np.floor(np.log2(2.0**bits / r)), 0, CHANNEL_MUL_SHIFT_MAX))
-    m = int(np.rint(r * 2.0**shift))
-    while m >= 2**bits and shift > 0:
-        shift -= 1
-        m = int(np.rint(r * 2.0**shift))
-    if m >= 2**bits:
-        raise Declined(f"channel-multiply rescale {r:.6g} does not fit M < 2^{bits}")
-    for name, zp in (("zp_x", zp_x), ("zp_g", zp_g), ("zp_out", zp_out)):
-        if not -128 <= int(zp) <= 127:
-            raise Declined(f"{name}={int(zp)} does not fit the int8 field of the channel-multiply params")
-    blob = struct.pack("<iiibbbx", m, shift, 0, int(zp_x), int(zp_g), int(zp_out))
-    return np.frombuffer(blob, dtype=np.uint8).copy()
+    return product_params(r, zp_x, zp_g, zp_out, CHANNEL_MUL_BITS[str(dtype)], "channel-multiply")
+
+
+def batch_matmul_params(s_a: float, zp_a: int, s_b: float, zp_b: int, s_out: float, zp_out: int,
+                        factor: float, dtype: str) -> np.ndarray:
+    """16-byte parameter blob of ``mmalib_batch_matmul_i8`` / ``_i16`` (``docs/reference.md``,
+    "Attention matmul"): :func:`product_params` of ``r = s_a * s_b * factor / s_out`` (float64;
+    ``factor``: the product of the scalar multiplies folded after the matmul) with
+    ``M < 2**bits``, bits = ``reference.BATCH_MATMUL_M_BITS`` (31 for int8, 17 for int16).
+    Raises :class:`Declined` as :func:`product_params`."""
+    from .kernels.reference import BATCH_MATMUL_M_BITS
+    r = float(s_a) * float(s_b) * float(factor) / float(s_out)
+    return product_params(r, zp_a, zp_b, zp_out, BATCH_MATMUL_M_BITS[np.dtype(dtype)], "batch-matmul")
 
 
 def quantize_value(v: float, scale: float, zp: int, dtype: str) -> int:

@@ -49,7 +49,7 @@ import tvm
 from tvm import relax, tirx
 
 from .passes.activation import match_activation
-from .passes.graph import Graph, const_array, prim_number, static_shape
+from .passes.graph import Graph, const_array, const_scalar, prim_number, static_shape
 from .passes.log import OFFLOADED, SIMPLIFIED, OffloadLog
 
 SCALAR = "scalar"
@@ -138,6 +138,8 @@ def _classify(graph: Graph, var, call) -> str | None:
         if other is not None and graph.call(other, "relax.nn.conv2d", "relax.matmul") is not None:
             return None  # bias add: part of the conv / FC
         return "add"
+    if name == "relax.multiply" and _scales_matmul(graph, call):
+        return None  # attention's scale: part of the matmul (its kernel folds the factor)
     if name in _POOLS:
         return _POOLS[name]
     if name in ("relax.nn.relu", "relax.clip"):
@@ -145,6 +147,26 @@ def _classify(graph: Graph, var, call) -> str | None:
     if name in _MOVEMENT or not name:
         return None
     return name.split(".")[-1]
+
+
+def _scales_matmul(graph: Graph, call) -> bool:
+    """``call`` multiplies an activation matmul's output (through other such multiplies) by a
+    constant scalar."""
+    while call is not None:
+        scalars = [const_scalar(a) is not None for a in call.args]
+        if scalars.count(True) != 1:
+            return False
+        x = call.args[scalars.index(False)]
+        mm = graph.call(x, "relax.matmul")
+        if mm is not None:
+            return _classify(graph, x, mm) == "matmul"
+        while (reshape := graph.call(x, "relax.reshape")) is not None:
+            x = reshape.args[0]
+        mm = graph.call(x, "relax.matmul")
+        if mm is not None:
+            return _classify(graph, x, mm) == "matmul"
+        call = graph.call(x, "relax.multiply")
+    return False
 
 
 def _fused_into(graph: Graph, call, layers: dict):

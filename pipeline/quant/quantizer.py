@@ -116,7 +116,8 @@ class C7xMMAQuantizer(Quantizer):
                                  (rules.INDEPENDENT | rules.LAYER_NORM, self._annotate_independent),
                                  (rules.TRANSPARENT, self._annotate_transparent),
                                  (rules.SE_GATE, self._annotate_se_gate),
-                                 (rules.SOFTMAX, self._annotate_softmax)):
+                                 (rules.SOFTMAX, self._annotate_softmax),
+                                 (rules.MATMUL, self._annotate_matmul)):
             self._handlers.update(dict.fromkeys(targets, handler))
 
     def __repr__(self) -> str:
@@ -128,6 +129,13 @@ class C7xMMAQuantizer(Quantizer):
                 + (f", int16_layers={sorted(self.int16_layers)}" if self.int16_layers else "") + ")")
 
     # ------------------------------------------------------------------ annotate
+    def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        """Before annotating: a plain ``scaled_dot_product_attention`` becomes its two matmuls and
+        softmax (:func:`rules.decompose_attention`), and a scalar multiply on an activation matmul's
+        operand moves behind the matmul (:func:`rules.hoist_scalar_multiplies`), so the operand is
+        a view of its producer (rules.MATMUL)."""
+        return rules.hoist_scalar_multiplies(rules.decompose_attention(model))
+
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         """Attach ``meta["quantization_annotation"]`` to the supported call_function
         nodes of ``model`` (in place; also returned), in graph order.
@@ -193,6 +201,22 @@ class C7xMMAQuantizer(Quantizer):
         if (rules.is_float_tensor(src) and rules.is_last_axis_softmax(node) and self._dtype_of(node) == "int8"
                 and not rules.reaches_topk(node)):
             self._set(node, {src: self._act(node)}, specs.softmax_output_spec())
+
+    def _annotate_matmul(self, node: Node) -> None:
+        # ours (rules.MATMUL): each operand shares its producer's observer when it is a view of an
+        # observed tensor; the output observer goes after a chain of scalar multiplies
+        if not rules.is_activation_matmul(node) or rules.reaches_topk(node):
+            return
+        inputs = {a: self._shared_with(rules.view_source(a)) for a in node.args}
+        last = node
+        while len(last.users) == 1 and rules.scalar_factor(next(iter(last.users))) is not None:
+            last = next(iter(last.users))
+        if last is node:
+            self._set(node, inputs, self._act(node))
+            return
+        self._set(node, inputs, None)
+        self._node_dtype[last] = self._dtype_of(node)
+        self._set(last, {}, self._act(node))
 
     def _annotate_transparent(self, node: Node) -> None:
         src = node.args[0]

@@ -36,6 +36,17 @@ Per kind: the ops, what is observed on the inputs, and the output.
   (:func:`pipeline.quant.specs.softmax_output_spec`; the ``c7x_int8_softmax``
   kernel's output, docs/reference.md, "Softmax"). int16 nodes keep a float softmax
   (no int16 kernel). The reference leaves softmax float.
+* MATMUL (*ours*, an extension; issue 28) -- matmul / bmm of two activations
+  (:func:`is_activation_matmul`: neither operand is a weight): attention's Q.K^T and
+  attention.V. Each input shares the observer of the node it is a view of
+  (:func:`view_source`: through transpose, permute, view, reshape, expand, split /
+  chunk and getitem), else gets its own act, so that the ``mmalib_batch_matmul``
+  kernel reads the producer's int8/int16 tensor through strides. Output act; when
+  its only users are a chain of multiplies by Python scalars (attention's ``*
+  scale``), the last of them carries the output observer instead (the kernel folds
+  the factor into its rescale). Before annotating, :func:`hoist_scalar_multiplies`
+  moves a scalar multiply on an operand (``(q * scale) @ k``) behind the matmul.
+  The reference leaves these matmuls float.
 * Not annotated: cat (deliberately), group_norm, any other sigmoid, mul
   (its SE operands are quantized by their producers), anything else.
 
@@ -90,6 +101,19 @@ SE_MULTIPLY = frozenset({aten.mul.Tensor, aten.mul_.Tensor})
 
 #: ours: softmax over the last axis (see :func:`is_last_axis_softmax`)
 SOFTMAX = frozenset({aten.softmax.int, aten._softmax.default})
+
+#: ours: activation x activation matmuls (see :func:`is_activation_matmul`)
+MATMUL = frozenset({aten.matmul.default, aten.bmm.default})
+#: ops that only re-index their first argument (a view of it): an activation matmul's operand
+#: may reach its producer through them (:func:`view_source`)
+VIEW_OPS = frozenset({aten.transpose.int, aten.permute.default, aten.view.default, aten.reshape.default,
+                      aten.expand.default, aten.split.Tensor, aten.split_with_sizes.default,
+                      aten.chunk.default, aten.t.default, operator.getitem, aten.select.int,
+                      aten.unflatten.int, aten.unsqueeze.default, aten.squeeze.dim, aten.contiguous.default,
+                      aten.clone.default})
+#: torch's fused attention (nn.MultiheadAttention, ViT): decomposed before annotation
+SDPA = frozenset({aten.scaled_dot_product_attention.default})
+SCALAR_MULTIPLY = frozenset({aten.mul.Tensor})
 
 TOPK = frozenset({aten.topk.default})
 #: ops a detection score may pass through on its way to topk and still count as
@@ -173,3 +197,134 @@ def is_last_axis_softmax(node: Node) -> bool:
     shape = _shape(node.args[0]) if node.args else None
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     return shape is not None and isinstance(dim, int) and len(shape) > 0 and dim % len(shape) == len(shape) - 1
+
+
+def view_source(node: Node) -> Node:
+    """The first node up ``node``'s chain of :data:`VIEW_OPS` (first arguments) that is not
+    one: the tensor ``node`` is a view of (``node`` itself when it is no view op)."""
+    while node.op == "call_function" and node.target in VIEW_OPS and isinstance(node.args[0], Node):
+        node = node.args[0]
+    return node
+
+
+def scalar_factor(node: Node) -> float | None:
+    """The Python number ``c`` of ``node`` = ``mul.Tensor(x, c)`` (or ``(c, x)``), else None."""
+    if node.op != "call_function" or node.target not in SCALAR_MULTIPLY or len(node.args) != 2:
+        return None
+    numbers = [a for a in node.args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    return float(numbers[0]) if len(numbers) == 1 else None
+
+
+def is_activation_matmul(node: Node) -> bool:
+    """``node`` is a matmul / bmm of two float activations of rank >= 2: neither operand is a
+    view of a parameter (``get_attr``), which a linear layer's weight would be."""
+    if node.op != "call_function" or node.target not in MATMUL or len(node.args) != 2:
+        return False
+    return all(is_float_tensor(a) and len(_shape(a) or ()) >= 2 and view_source(a).op != "get_attr"
+               for a in node.args)
+
+
+def _scalar_multiply_on(operand: Node) -> Node | None:
+    """The scalar multiply at the top of ``operand``'s single-user view chain, if any."""
+    node = operand
+    while len(node.users) == 1:
+        if scalar_factor(node) is not None:
+            return node
+        if not (node.op == "call_function" and node.target in VIEW_OPS and isinstance(node.args[0], Node)):
+            return None
+        node = node.args[0]
+    return None
+
+
+def hoist_scalar_multiplies(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rewrite ``matmul(view(x * c), b)`` as ``matmul(view(x), b) * c`` (either operand, every
+    activation matmul of ``gm``; in place, also returned). Exact in real arithmetic, within float32
+    rounding in torch; the quantized program is built from the rewritten graph, so the deployed
+    kernel and the Q/DQ reference agree on it. Attention scales its queries this way
+    (``(q * scale) @ k``, YOLO26's C2PSA, Swin); with the factor behind the matmul the operand is a
+    plain view of the producer and the factor joins the kernel's rescale."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if not is_activation_matmul(node):
+            continue
+        for operand in node.args:
+            mul = _scalar_multiply_on(operand)
+            if mul is None:
+                continue
+            x = next(a for a in mul.args if isinstance(a, Node))
+            factor = scalar_factor(mul)
+            mul.replace_all_uses_with(x)
+            gm.graph.erase_node(mul)
+            with gm.graph.inserting_after(node):
+                moved = gm.graph.call_function(aten.mul.Tensor, (node, factor))
+            node.replace_all_uses_with(moved, delete_user_cb=lambda user, moved=moved: user is not moved)
+            moved.meta.update({k: v for k, v in mul.meta.items() if k != "val"})
+            moved.meta["val"] = node.meta.get("val")
+            changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return gm
+
+
+def _fake_value(model_val, fn):
+    """``fn()`` under the fake mode of ``model_val`` (a node's ``meta["val"]``), for new nodes' meta."""
+    from torch._guards import detect_fake_mode
+    mode = detect_fake_mode([model_val])
+    if mode is None:
+        return fn()
+    with mode:
+        return fn()
+
+
+def _plain_attention(node: Node) -> tuple[Node, Node, Node, float] | None:
+    """``(q, k, v, scale)`` of an ``scaled_dot_product_attention`` without mask, dropout, causal
+    mask or grouped heads (inference attention), else None. ``scale`` defaults to 1/sqrt(E)."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    bound = dict(zip(names, node.args)) | dict(node.kwargs)
+    if (bound.get("attn_mask") is not None or bound.get("dropout_p", 0.0) != 0.0 or bound.get("is_causal", False)
+            or bound.get("enable_gqa", False)):
+        return None
+    q, k, v = bound["query"], bound["key"], bound["value"]
+    shape = _shape(q)
+    if not all(is_float_tensor(a) for a in (q, k, v)) or not shape:
+        return None
+    scale = bound.get("scale")
+    return q, k, v, float(scale) if scale is not None else shape[-1] ** -0.5
+
+
+def decompose_attention(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rewrite each plain ``scaled_dot_product_attention(q, k, v)`` (:func:`_plain_attention`) as
+    ``softmax((q @ k^T) * scale, -1) @ v``, torch's own math path (in place, also returned), so
+    the quantizer sees the two matmuls and the softmax (rules MATMUL, SOFTMAX). Equal to torch's
+    fused kernel within float32 rounding; the Q/DQ model is built from the rewritten graph."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in SDPA:
+            continue
+        plain = _plain_attention(node)
+        if plain is None:
+            continue
+        q, k, v, scale = plain
+        g = gm.graph
+        qv, kv, vv = (a.meta["val"] for a in (q, k, v))
+        with g.inserting_before(node):
+            kt = g.call_function(aten.transpose.int, (k, -2, -1))
+            kt.meta["val"] = _fake_value(kv, lambda: kv.transpose(-2, -1))
+            scores = g.call_function(aten.matmul.default, (q, kt))
+            scores.meta["val"] = _fake_value(qv, lambda: torch.matmul(qv, kt.meta["val"]))
+            scaled = g.call_function(aten.mul.Tensor, (scores, scale))
+            scaled.meta["val"] = scores.meta["val"]
+            probs = g.call_function(aten.softmax.int, (scaled, -1))
+            probs.meta["val"] = scores.meta["val"]
+            out = g.call_function(aten.matmul.default, (probs, v))
+            out.meta["val"] = _fake_value(vv, lambda: torch.matmul(probs.meta["val"], vv))
+        for new in (kt, scores, scaled, probs, out):
+            new.meta.update({key: val for key, val in node.meta.items() if key not in ("val", "tensor_meta")})
+        node.replace_all_uses_with(out)
+        g.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return gm

@@ -222,8 +222,8 @@ def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     # the 13 of docs/reference.md, "Kernel ABI", our 4 requantize kernels, c7x_int8_lut, c7x_int8_softmax, c7x_int8_layer_norm, the
     # two channel multiplies, the four average pools, the two channel affines, the four
     # quantize / dequantize kernels of the model's edges, the int16 max pool and the eight
-    # concat / split kernels (1 to 4 segments, int8 and int16)
-    assert len(SIGS) == 41
+    # concat / split kernels (1 to 4 segments, int8 and int16), the two activation x activation matmuls
+    assert len(SIGS) == 43
     for name, params in SIGS.items():
         py = list(inspect.signature(KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -726,6 +726,11 @@ def valid_args(name: str, rng) -> list:
         return dw_args(rng, dtype, (3, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1), "moderate")
     if name.startswith("mmalib_matmul"):
         return fc_args(rng, dtype, (2, 8, 3), "moderate")
+    if name.startswith("mmalib_batch_matmul"):           # tests/backend/test_batch_matmul.py
+        # A = rows of a [2, 3, 4]; B = b [2, 5, 4] transposed (unit stride on k)
+        blob = np.frombuffer(struct.pack("<iiibbbx", 2**14, 20, 0, 0, 0, 0), np.uint8).copy()
+        return [rand(rng, dtype, (2, 3, 4)), rand(rng, dtype, (2, 5, 4)), blob, np.zeros((2, 3, 5), dtype),
+                24, 40, 2, 3, 4, 5, 0, 12, 4, 1, 0, 20, 1, 4]
     if "residual" in name:
         return [rand(rng, dtype, 10), rand(rng, dtype, 10),
                 residual_blob(20000, 10000, 15, 0, 0, 0), np.zeros(10, dtype), 10, 1]

@@ -127,6 +127,25 @@ int32_t mmalib_matmul_bias_i16(const int16_t* in, const int16_t* w, const int64_
                                const uint8_t* scale, const uint8_t* shift, int16_t* out,
                                int32_t M, int32_t K, int32_t N,
                          int32_t act_min, int32_t act_max);
+/* Activation x activation matmul, batched (docs/reference.md, "Attention matmul"): attention's
+ * Q.K^T and attention.V, both operands quantized per tensor. a [a_size] and b [b_size] are whole
+ * buffers read through strided views (element strides >= 0, the streaming engine's addressing):
+ *   A[i, m, k] = a[a_offset + i a_sb + m a_sm + k a_sk],  B[i, k, n] = b[b_offset + i b_sb + k b_sk + n b_sn],
+ *   out[i, m, n] = saturate(rshift(sum_k (A - za)(B - zb) * M, shift) + zo)     (out [batch, M, N] contiguous)
+ * with params = the channel multiply's 16-byte blob (int32 M, int32 shift <= 62, int32 0, int8 za, zb,
+ * zo). za, zb in {0, -128} for int8 (a signed or an unsigned MMA operand), 0 for int16 (zo too);
+ * M < 2^31 (int8) / 2^17 (int16) and K <= 2^14 keep |acc * M| below 2^61 (else C7X_ERR_PARAM /
+ * C7X_ERR_SHAPE). Each operand needs a unit stride on one matrix axis (a transposed operand is
+ * read by the streaming engine's transpose mode), else C7X_ERR_PARAM; a view reaching past its
+ * buffer is C7X_ERR_SHAPE. */
+int32_t mmalib_batch_matmul_i8(const int8_t* a, const int8_t* b, const uint8_t* params, int8_t* out,
+                               int32_t a_size, int32_t b_size, int32_t batch, int32_t M, int32_t K,
+                               int32_t N, int32_t a_offset, int32_t a_sb, int32_t a_sm, int32_t a_sk,
+                               int32_t b_offset, int32_t b_sb, int32_t b_sk, int32_t b_sn);
+int32_t mmalib_batch_matmul_i16(const int16_t* a, const int16_t* b, const uint8_t* params, int16_t* out,
+                                int32_t a_size, int32_t b_size, int32_t batch, int32_t M, int32_t K,
+                                int32_t N, int32_t a_offset, int32_t a_sb, int32_t a_sm, int32_t a_sk,
+                                int32_t b_offset, int32_t b_sb, int32_t b_sk, int32_t b_sn);
 
 /* ---- C7x kernels (not MMALIB) ---- */
 

@@ -927,6 +927,89 @@ C7X_DEFINE_CHANNEL_MUL(int8, int8_t, ELEM_I8)
 C7X_DEFINE_CHANNEL_MUL(int16, int16_t, ELEM_I16)
 
 /* ------------------------------------------------------------------------- */
+/* Activation x activation matmul on strided views (attention)                */
+/* ------------------------------------------------------------------------- */
+
+#define BATCH_MATMUL_MAX_K 16384
+
+typedef struct {
+    int64_t offset, sb, s_row, s_col; /* element strides of [batch, rows, cols] */
+} strided_view;
+
+/* One past the largest index the view reads, or -1 for a negative offset or stride. */
+static int64_t view_end(const strided_view* v, int32_t batch, int32_t rows, int32_t cols)
+{
+    if (v->offset < 0 || v->sb < 0 || v->s_row < 0 || v->s_col < 0) {
+        return -1;
+    }
+    return v->offset + v->sb * (batch - 1) + v->s_row * (rows - 1) + v->s_col * (cols - 1) + 1;
+}
+
+static int32_t batch_matmul_run(const void* a, const void* b, const uint8_t* params, void* out,
+                                int32_t a_size, int32_t b_size, int32_t batch, int32_t M, int32_t K,
+                                int32_t N, const strided_view* va, const strided_view* vb, elem_type t)
+{
+    int64_t m, shift, za, zb, zo, a_end, b_end;
+    int32_t i, r, c, k;
+    const int64_t m_limit = t == ELEM_I8 ? (INT64_C(1) << 31) : (INT64_C(1) << 17);
+    if (a == NULL || b == NULL || params == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (elem_count(batch, M, N, 1) < 0 || a_size <= 0 || b_size <= 0 || K <= 0 || K > BATCH_MATMUL_MAX_K) {
+        return C7X_ERR_SHAPE;
+    }
+    a_end = view_end(va, batch, M, K);
+    b_end = view_end(vb, batch, K, N);
+    if (a_end <= 0 || a_end > a_size || b_end <= 0 || b_end > b_size) {
+        return C7X_ERR_SHAPE;
+    }
+    if ((va->s_col != 1 && va->s_row != 1) || (vb->s_col != 1 && vb->s_row != 1)) {
+        return C7X_ERR_PARAM;
+    }
+    m = read_le_i32(params);
+    shift = read_le_i32(params + 4);
+    za = read_i8(params[12]);
+    zb = read_i8(params[13]);
+    zo = read_i8(params[14]);
+    if (m < 0 || m >= m_limit || shift < 0 || shift > CHANNEL_MUL_SHIFT_MAX ||
+        (za != 0 && (t != ELEM_I8 || za != -128)) || (zb != 0 && (t != ELEM_I8 || zb != -128)) ||
+        (t != ELEM_I8 && zo != 0)) {
+        return C7X_ERR_PARAM;
+    }
+    for (i = 0; i < batch; ++i) {
+        for (r = 0; r < M; ++r) {
+            const int64_t arow = va->offset + va->sb * i + va->s_row * r;
+            for (c = 0; c < N; ++c) {
+                const int64_t bcol = vb->offset + vb->sb * i + vb->s_col * c;
+                int64_t acc = 0; /* |acc| < K 2^30 <= 2^44, |acc * m| < 2^61 */
+                for (k = 0; k < K; ++k) {
+                    acc += (load_elem(a, arow + va->s_col * k, t) - za) *
+                           (load_elem(b, bcol + vb->s_row * k, t) - zb);
+                }
+                store_saturated(out, ((int64_t)i * M + r) * N + c, rshift_round_wide(acc * m, (int32_t)shift) + zo, t);
+            }
+        }
+    }
+    return C7X_OK;
+}
+
+/* mmalib_batch_matmul_i8 / _i16: one body. */
+#define C7X_DEFINE_BATCH_MATMUL(SUF, T, ET)                                                        \
+    int32_t mmalib_batch_matmul_##SUF(const T* a, const T* b, const uint8_t* params, T* out,      \
+                                      int32_t a_size, int32_t b_size, int32_t batch, int32_t M,   \
+                                      int32_t K, int32_t N, int32_t a_offset, int32_t a_sb,       \
+                                      int32_t a_sm, int32_t a_sk, int32_t b_offset, int32_t b_sb, \
+                                      int32_t b_sk, int32_t b_sn)                                 \
+    {                                                                                              \
+        const strided_view va = {a_offset, a_sb, a_sm, a_sk};                                      \
+        const strided_view vb = {b_offset, b_sb, b_sk, b_sn};                                      \
+        return batch_matmul_run(a, b, params, out, a_size, b_size, batch, M, K, N, &va, &vb, ET); \
+    }
+
+C7X_DEFINE_BATCH_MATMUL(i8, int8_t, ELEM_I8)
+C7X_DEFINE_BATCH_MATMUL(i16, int16_t, ELEM_I16)
+
+/* ------------------------------------------------------------------------- */
 /* Table lookup (element-wise activations)                                    */
 /* ------------------------------------------------------------------------- */
 

@@ -116,6 +116,11 @@ def _records() -> tuple[Kernel, ...]:
         K("mmalib_matmul_bias_i8", "fc.offload_fc_i8", ref.mmalib_matmul_bias_i8, ref.MatmulGeometry, "mma", _FC),
         K("mmalib_matmul_bias_i16", "fc.offload_fc_i16", ref.mmalib_matmul_bias_i16, ref.MatmulGeometry, "mma",
           _FC),
+        # an activation x activation matmul: MACs on the MMA, never tiled (both operands are activations)
+        K("mmalib_batch_matmul_i8", "matmul.offload_batch_matmul_i8", ref.mmalib_batch_matmul_i8,
+          ref.BatchMatmulGeometry, "mma"),
+        K("mmalib_batch_matmul_i16", "matmul.offload_batch_matmul_i16", ref.mmalib_batch_matmul_i16,
+          ref.BatchMatmulGeometry, "mma"),
         K("c7x_int8_residual_add_relu", "residual.offload_residual_add_i8", ref.c7x_int8_residual_add_relu,
           ref.ElementwiseGeometry, "vector"),
         K("c7x_int16_residual_add_relu", "residual.offload_residual_add_i16", ref.c7x_int16_residual_add_relu,
@@ -187,14 +192,19 @@ def kernel(name: str) -> Kernel:
 KERNELS: dict[str, Callable[..., int]] = {name: k.reference for name, k in CATALOG.items()}
 
 
+def geometry(name: str, *args):
+    """The geometry (:mod:`.reference`) of kernel ``name`` called with ``args`` in the C order.
+    Raises ``KeyError`` for an unknown kernel, ``TypeError`` for a wrong argument count."""
+    rec = kernel(name)
+    arguments = inspect.signature(rec.reference).bind(*args).arguments
+    return rec.geometry.from_arguments({k.rstrip("_"): v for k, v in arguments.items()})
+
+
 def buffer_shapes(name: str, *args) -> dict[str, tuple[int, ...]]:
     """Shapes of the pointer arguments of kernel ``name`` (keys: C parameter
     names, e.g. "in", "w", "out") implied by its scalar arguments, given in the
     C order like a call. Empty when the scalars are invalid: the kernel then
     returns an error before touching any buffer. Raises ``KeyError`` for an
     unknown kernel, ``TypeError`` for a wrong argument count."""
-    rec = kernel(name)
-    arguments = inspect.signature(rec.reference).bind(*args).arguments
-    arguments = {k.rstrip("_"): v for k, v in arguments.items()}
-    geometry = rec.geometry.from_arguments(arguments)
-    return geometry.shapes() if geometry.status() == ref.C7X_OK else {}
+    g = geometry(name, *args)
+    return g.shapes() if g.status() == ref.C7X_OK else {}

@@ -706,6 +706,111 @@ def c7x_int16_channel_mul(x, gate, params, out, planes, hw, rounding=None) -> in
     return _channel_mul(x, gate, params, out, planes, hw, _I16, rounding)
 
 
+#: activation x activation matmul: the longest reduction (keeps |acc * M| below 2^61) and the
+#: multiplier width per dtype (|acc| < K 2^16 for int8 with zero points 0 / -128, K 2^30 for int16)
+BATCH_MATMUL_MAX_K = 1 << 14
+BATCH_MATMUL_M_BITS = {_I8: 31, _I16: 17}
+#: zero points an MMA operand can carry: a signed (0) or an unsigned (-128) int8 operand; int16 is symmetric
+BATCH_MATMUL_ZERO_POINTS = {_I8: (0, -128), _I16: (0,)}
+
+
+def _operand_span(offset: int, strides: tuple[int, ...], dims: tuple[int, ...]) -> int:
+    """One past the largest flat index of a strided view, or -1 for a negative offset or stride."""
+    if offset < 0 or any(s < 0 for s in strides):
+        return -1
+    return offset + sum(s * (d - 1) for s, d in zip(strides, dims)) + 1
+
+
+@dataclass(frozen=True)
+class BatchMatmulGeometry(_Geometry):
+    """Activation x activation matmul on strided views: ``a`` [a_size] and ``b`` [b_size]
+    are whole source buffers; operand A[i, m, k] = a[a_offset + i a_sb + m a_sm + k a_sk],
+    B[i, k, n] = b[b_offset + i b_sb + k b_sk + n b_sn] (element strides, >= 0); out
+    [batch, M, N] contiguous; params the 16-byte blob. Each operand needs a unit stride on
+    one of its two matrix axes (rows or columns: the streaming engine reads either, a
+    transposed one by its transpose mode)."""
+
+    a_size: int
+    b_size: int
+    batch: int
+    M: int
+    K: int
+    N: int
+    a_offset: int
+    a_sb: int
+    a_sm: int
+    a_sk: int
+    b_offset: int
+    b_sb: int
+    b_sk: int
+    b_sn: int
+
+    def status(self) -> int:
+        if (_elem_count(self.batch, self.M, self.N) < 0 or _elem_count(self.a_size) < 0
+                or _elem_count(self.b_size) < 0 or not 0 < self.K <= BATCH_MATMUL_MAX_K):
+            return C7X_ERR_SHAPE
+        dims = (self.batch, self.M, self.K)
+        a_end = _operand_span(self.a_offset, (self.a_sb, self.a_sm, self.a_sk), dims)
+        b_end = _operand_span(self.b_offset, (self.b_sb, self.b_sk, self.b_sn), (self.batch, self.K, self.N))
+        if not (0 < a_end <= self.a_size and 0 < b_end <= self.b_size):
+            return C7X_ERR_SHAPE
+        if 1 not in (self.a_sk, self.a_sm) or 1 not in (self.b_sn, self.b_sk):
+            return C7X_ERR_PARAM
+        return C7X_OK
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"a": (self.a_size,), "b": (self.b_size,), "params": (16,), "out": (self.batch, self.M, self.N)}
+
+    def macs(self) -> int:
+        """Multiply-accumulates of one call: batch * M * K * N."""
+        return self.batch * self.M * self.K * self.N
+
+
+def _batch_matmul(a, b, params, out, dims: tuple, dtype: np.dtype, rounding) -> int:
+    """out[i, m, n] = saturate(rshift(sum_k (A[i,m,k] - za)(B[i,k,n] - zb) * M, shift) + zo)."""
+    rounding = _check_rounding(rounding)
+    if a is None or b is None or params is None or out is None:
+        return C7X_ERR_NULL
+    g = BatchMatmulGeometry(*(_int32(f.name, v) for f, v in zip(fields(BatchMatmulGeometry), dims)))
+    if g.status() != C7X_OK:
+        return g.status()
+    sh = g.shapes()
+    raw = _array("params", params, sh["params"], _U8).reshape(-1).tobytes()
+    m, shift = (int(v) for v in np.frombuffer(raw[:8], dtype="<i4"))
+    za, zb, zo = (int(v) for v in np.frombuffer(raw[12:15], dtype=np.int8))
+    if not (0 <= m < 2 ** BATCH_MATMUL_M_BITS[dtype] and 0 <= shift <= CHANNEL_MUL_SHIFT_MAX
+            and za in BATCH_MATMUL_ZERO_POINTS[dtype] and zb in BATCH_MATMUL_ZERO_POINTS[dtype]
+            and (dtype == _I8 or zo == 0)):
+        return C7X_ERR_PARAM
+    av = _array("a", a, sh["a"], dtype).astype(np.int64)
+    bv = _array("b", b, sh["b"], dtype).astype(np.int64)
+    y = _array("out", out, sh["out"], dtype, output=True)
+    i, r, k, n = (np.arange(d)[:, None, None] for d in (g.batch, g.M, g.K, g.N))
+    A = av[g.a_offset + i * g.a_sb + r.reshape(1, -1, 1) * g.a_sm + k.reshape(1, 1, -1) * g.a_sk] - za
+    B = bv[g.b_offset + i * g.b_sb + k.reshape(1, -1, 1) * g.b_sk + n.reshape(1, 1, -1) * g.b_sn] - zb
+    acc = np.matmul(A, B)                      # exact: |acc| < K 2^30 <= 2^44
+    y[...] = saturate(rshift(acc * m, shift, rounding) + zo, dtype)
+    return C7X_OK
+
+
+def mmalib_batch_matmul_i8(a, b, params, out, a_size, b_size, batch, M, K, N, a_offset, a_sb, a_sm, a_sk,
+                           b_offset, b_sb, b_sk, b_sn, rounding=None) -> int:
+    """int8 activation x activation matmul (attention's Q.K^T and attention.V; docs/reference.md,
+    "Attention matmul"): a int8 [a_size], b int8 [b_size] read through the strided views of
+    :class:`BatchMatmulGeometry`, params uint8 [16] (int32 M < 2^31, int32 shift <= 62 at bytes
+    0-7, int8 za, zb, zo at 12-14; za, zb in {0, -128}), out int8 [batch, M, N]; K <= 2^14."""
+    return _batch_matmul(a, b, params, out, (a_size, b_size, batch, M, K, N, a_offset, a_sb, a_sm, a_sk,
+                                             b_offset, b_sb, b_sk, b_sn), _I8, rounding)
+
+
+def mmalib_batch_matmul_i16(a, b, params, out, a_size, b_size, batch, M, K, N, a_offset, a_sb, a_sm, a_sk,
+                            b_offset, b_sb, b_sk, b_sn, rounding=None) -> int:
+    """int16 activation x activation matmul: as the int8 one with int16 tensors, zero points 0 and
+    M < 2^17."""
+    return _batch_matmul(a, b, params, out, (a_size, b_size, batch, M, K, N, a_offset, a_sb, a_sm, a_sk,
+                                             b_offset, b_sb, b_sk, b_sn), _I16, rounding)
+
+
 def c7x_int8_lut(in_, table, out, n, rounding=None) -> int:
     """out = table[in + 128]; in / out int8 [n], table int8 [256] (docs/reference.md,
     "Activation tables": table[v + 128] = q(f(dq(v))), built at compile time).

@@ -9,7 +9,8 @@ a binding from the reference's: the per-channel affine (an unfolded
 batch_norm) runs before relu/clip so it can take the relu that follows it; the activation tables after relu/clip, whose patterns are
 single clips that never contain an activation's chain, the softmax and the
 LayerNorm (their patterns start at the quantize of a softmax / layer_norm, which no
-other pass claims); the squeeze-excitation
+other pass claims), the activation x activation matmuls (their operands are no
+constants, so the FC passes left them); the squeeze-excitation
 multiply and the average pools (the reference's step 4 names an avgpool
 fusion), then concat and split (data movement between layers: their patterns
 start at a quantize of a concat or of a split piece, which no layer pass
@@ -48,6 +49,7 @@ from .edges import offload_input_quantize, offload_output_dequantize
 from .fc import offload_fc_i8, offload_fc_i16
 from .layer_norm import offload_layer_norm_i8
 from .log import OffloadLog
+from .matmul import offload_batch_matmul_i8, offload_batch_matmul_i16
 from .pool import offload_max_pool2d_i8, offload_max_pool2d_i16
 from .relu import offload_relu_i8
 from .requantize import offload_requantize
@@ -59,7 +61,8 @@ PASS_ORDER = (
     offload_conv2d_i8, offload_depthwise_conv2d_i8, offload_fc_i8, offload_residual_add_i8,
     offload_conv2d_i16, offload_fc_i16, offload_residual_add_i16, offload_depthwise_conv2d_i16,
     offload_max_pool2d_i8, offload_max_pool2d_i16, offload_channel_affine, offload_relu_i8,
-    offload_activation_lut_i8, offload_softmax_i8, offload_layer_norm_i8, offload_channel_mul,
+    offload_activation_lut_i8, offload_softmax_i8, offload_layer_norm_i8, offload_batch_matmul_i8,
+    offload_batch_matmul_i16, offload_channel_mul,
     offload_global_avg_pool, offload_avg_pool2d, offload_concat,
     offload_requantize,
     eliminate_qdq_transparent, eliminate_qdq_pairs, offload_input_quantize, offload_output_dequantize,

@@ -1,0 +1,342 @@
+"""Attention matmuls on the MMA (issue 28, item 2): the mmalib_batch_matmul kernels (C == numpy
+twin on strided, transposed and broadcast views; their checks), the strided-view resolution, the
+quantizer's rule (scale hoisted, operands sharing their producer's observer) and two attention
+blocks through codegen bit-exact with every MAC on MMALIB and no TVM scalar call."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from c_check import compile_and_compare, inputs
+from qflow import quantize
+
+from pipeline.backend import fold
+from pipeline.backend.kernels import catalog, hostlib
+from pipeline.backend.kernels import reference as ref
+from pipeline.backend.passes.log import OffloadLog
+from pipeline.backend.passes.matmul import strided_view
+from pipeline.backend.passes.pipeline import run_offload
+from pipeline.quant import rules
+
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the host kernels")
+KERNELS = {np.int8: "mmalib_batch_matmul_i8", np.int16: "mmalib_batch_matmul_i16"}
+
+
+def _rng(*parts):
+    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+def _dense(src: np.ndarray, off, sb, sr, sc, batch, rows, cols) -> np.ndarray:
+    """The [batch, rows, cols] operand a strided view reads from the flat ``src``."""
+    i, r, c = np.ix_(np.arange(batch), np.arange(rows), np.arange(cols))
+    return src.reshape(-1)[off + i * sb + r * sr + c * sc].astype(np.int64)
+
+
+# (batch, M, K, N, A view (offset, sb, s_m, s_k), B view (offset, sb, s_k, s_n), a_size, b_size)
+CASES = {
+    # q [T, 3D] split: A = q rows, B = k^T read through k's rows (transposed B)
+    "qk_t": (1, 6, 16, 6, (0, 0, 48, 1), (16, 0, 1, 48), 6 * 48, 6 * 48),
+    # attention . v: A contiguous, B = v columns of the fused qkv tensor
+    "attn_v": (1, 6, 6, 16, (0, 36, 6, 1), (32, 0, 48, 1), 36, 6 * 48),
+    # YOLO26's (q^T) @ k, heads batched: A transposed (unit stride on rows)
+    "heads_a_t": (2, 16, 8, 16, (0, 512, 1, 16), (128, 512, 16, 1), 1024, 1024),
+    # B broadcast over the batch (batch stride 0), odd sizes
+    "broadcast": (3, 5, 7, 9, (0, 35, 7, 1), (0, 0, 9, 1), 105, 63),
+}
+
+
+def _params(dtype, za, zb, zo, r=0.0031):
+    return fold.batch_matmul_params(1.0, za, 1.0, zb, 1.0 / r, zo, 1.0, np.dtype(dtype).name)
+
+
+@needs_gcc
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype,zps", [(np.int8, (0, 0, 0)), (np.int8, (-128, 0, 5)), (np.int8, (0, -128, -3)),
+                                       (np.int16, (0, 0, 0))])
+def test_c_equals_python_and_the_exact_rescale(case, dtype, zps):
+    batch, m, k, n, av, bv, a_size, b_size = CASES[case]
+    rng = _rng(case, dtype, zps)
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max + 1, a_size, dtype=dtype)
+    b = rng.integers(info.min, info.max + 1, b_size, dtype=dtype)
+    za, zb, zo = zps
+    r = 0.0031 if dtype == np.int8 else 3.1e-7
+    params = _params(dtype, za, zb, zo, r)
+    args = (a_size, b_size, batch, m, k, n, *av, *bv)
+    out_c, out_py = np.full((batch, m, n), 7, dtype), np.full((batch, m, n), 7, dtype)
+    assert hostlib.call_kernel(KERNELS[dtype], a, b, params, out_c, *args) == ref.C7X_OK
+    assert catalog.KERNELS[KERNELS[dtype]](a, b, params, out_py, *args) == ref.C7X_OK
+    np.testing.assert_array_equal(out_c, out_py)
+    # against the definition: round(r * sum (A - za)(B - zb)) + zo, saturated (r exact to 2^-16 or better)
+    acc = _dense(a, *av, batch, m, k) - za
+    acc = np.matmul(acc, _dense(b, *bv, batch, k, n) - zb)
+    ideal = np.clip(np.floor(acc * r + 0.5) + zo, info.min, info.max)
+    assert np.abs(out_py - ideal).max() <= 1
+    assert (out_py == ideal).mean() > 0.97
+
+
+@needs_gcc
+@pytest.mark.parametrize("bad,status", [
+    ("no_unit_stride", ref.C7X_ERR_PARAM), ("past_the_buffer", ref.C7X_ERR_SHAPE),
+    ("negative_stride", ref.C7X_ERR_SHAPE), ("k_too_long", ref.C7X_ERR_SHAPE),
+    ("zero_point", ref.C7X_ERR_PARAM), ("multiplier", ref.C7X_ERR_PARAM)])
+def test_invalid_arguments_are_refused_in_c_and_python_alike(bad, status):
+    batch, m, k, n, av, bv, a_size, b_size = CASES["qk_t"]
+    av, bv, za = list(av), list(bv), 0
+    if bad == "no_unit_stride":
+        av[3] = 2
+    elif bad == "past_the_buffer":
+        bv[0] = 33   # 33 + 15 + 5 * 48 + 1 = 289 > 288
+    elif bad == "negative_stride":
+        av[2] = -48
+    elif bad == "k_too_long":
+        k = ref.BATCH_MATMUL_MAX_K + 1
+    elif bad == "zero_point":
+        za = 5
+    params = _params(np.int8, 0, 0, 0)
+    if bad == "zero_point":
+        params[12] = np.uint8(za)
+    if bad == "multiplier":
+        params[:4] = np.frombuffer(np.int32(-1).tobytes(), np.uint8)
+    a, b = np.zeros(a_size, np.int8), np.zeros(b_size, np.int8)
+    args = (a_size, b_size, batch, m, k, n, *av, *bv)
+    for call in (lambda o: hostlib.call_kernel("mmalib_batch_matmul_i8", a, b, params, o, *args),
+                 lambda o: ref.mmalib_batch_matmul_i8(a, b, params, o, *args)):
+        out = np.full((batch, m, n), 9, np.int8)
+        assert call(out) == status
+        assert (out == 9).all()   # nothing written
+
+
+def test_int16_refuses_zero_points():
+    batch, m, k, n, av, bv, a_size, b_size = CASES["qk_t"]
+    params = _params(np.int16, 0, 0, 0, 3e-7)
+    params[12] = np.uint8(128)  # za = -128: only int8 operands may be unsigned
+    out = np.zeros((batch, m, n), np.int16)
+    a, b = np.zeros(a_size, np.int16), np.zeros(b_size, np.int16)
+    assert ref.mmalib_batch_matmul_i16(a, b, params, out, a_size, b_size, batch, m, k, n, *av, *bv) == \
+        ref.C7X_ERR_PARAM
+
+
+def test_geometry_counts_the_macs():
+    g = catalog.geometry("mmalib_batch_matmul_i8", None, None, None, None, 1024, 1024, 2, 16, 8, 16,
+                         0, 512, 1, 16, 128, 512, 16, 1)
+    assert g.status() == ref.C7X_OK and g.macs() == 2 * 16 * 8 * 16
+
+
+# ------------------------------------------------------------------ strided views
+
+def test_strided_view_of_a_split_piece_transposed():
+    # qkv [1, 6, 48] -> split at 16, 32 -> piece 1 (k) -> permute to [1, 16, 6] (k^T)
+    steps = [lambda i: np.split(i, [16, 32], axis=-1)[1], lambda i: np.transpose(i, (0, 2, 1))]
+    assert strided_view((1, 6, 48), steps, (1,)) == (16, 0, 1, 48)
+
+
+def test_strided_view_of_heads_batches_them():
+    # [1, 2, 32, 16] (heads, channels, tokens) -> split channels [8, 8, 16] -> q -> [2, 8, 16]
+    steps = [lambda i: np.split(i, [8, 16], axis=2)[0], lambda i: i.reshape(2, 8, 16)]
+    assert strided_view((1, 2, 32, 16), steps, (2,)) == (0, 512, 16, 1)
+
+
+def test_a_gather_that_is_no_strided_view_is_refused():
+    # a permute then a reshape that merges the permuted axes: no single row stride
+    steps = [lambda i: np.transpose(i, (1, 0)), lambda i: i.reshape(2, 6)]
+    assert strided_view((3, 4), steps, ()) is None
+    assert strided_view((4,), [lambda i: i[::-1].reshape(2, 2)], ()) is None  # negative stride
+
+
+# ------------------------------------------------------------------ quantizer
+
+class Attention(nn.Module):
+    """One attention head, scale on the scores (``(q @ k^T) * scale``)."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.scale = dim ** -0.5
+
+    def forward(self, x):                      # x [1, tokens, dim]
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        attn = torch.softmax(q @ k.transpose(-2, -1) * self.scale, dim=-1)
+        return self.proj(attn @ v)
+
+
+class HeadsAttention(nn.Module):
+    """YOLO26's C2PSA attention (ultralytics ``Attention``): 1x1 conv qkv over [B, C, H, W],
+    heads split by a view, the scale on the queries, ``(q * scale)^T @ k``, ``v @ attn^T``."""
+
+    def __init__(self, dim: int = 32, heads: int = 2):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.key_dim = self.head_dim // 2
+        self.scale = self.key_dim ** -0.5
+        self.qkv = nn.Conv2d(dim, dim + 2 * self.key_dim * heads, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x):                      # x [1, C, H, W]
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(x).view(b, self.heads, 2 * self.key_dim + self.head_dim, h * w).split(
+            [self.key_dim, self.key_dim, self.head_dim], dim=2)
+        attn = ((q * self.scale).transpose(-2, -1) @ k).softmax(dim=-1)
+        return self.proj((v @ attn.transpose(-2, -1)).view(b, c, h, w))
+
+
+def _flow(model, shape, **kw):
+    torch.manual_seed(0)
+    model = model.eval()
+    torch.manual_seed(1)
+    return quantize(model, torch.randn(*shape), **kw)
+
+
+def _model(cls):
+    torch.manual_seed(3)
+    return cls().eval()
+
+
+def test_scale_is_hoisted_behind_the_matmul_and_the_float_model_is_unchanged():
+    model = _model(HeadsAttention)
+    x = torch.randn(1, 32, 4, 4)
+    gm = torch.export.export(model, (x,)).module()
+    with torch.no_grad():
+        before = gm(x)
+        rules.hoist_scalar_multiplies(gm)
+        after = gm(x)
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-6)
+    muls = [n for n in gm.graph.nodes if rules.scalar_factor(n) is not None]
+    assert len(muls) == 1 and muls[0].args[0].target in rules.MATMUL
+
+
+def test_operands_share_the_producers_observer():
+    """q, k (views of the qkv conv's output) reach the matmul at the conv's qparams: no requantize."""
+    flow = _flow(_model(HeadsAttention), (1, 32, 4, 4))
+    g = flow.qdq.graph
+    mms = [n for n in g.nodes if n.op == "call_function" and n.target in rules.MATMUL]
+    assert len(mms) == 2
+    scales = {n.args[1] for n in g.nodes if n.op == "call_function" and "dequantize_per_tensor" in str(n.target)
+              and any(u.target in rules.VIEW_OPS for u in n.users)}
+    conv_out = next(n for n in g.nodes if n.op == "call_function" and "quantize_per_tensor" in str(n.target)
+                    and n.args[0].target == torch.ops.aten.conv2d.default)
+    assert conv_out.args[1] in scales
+    first = mms[0]
+    for operand in first.args:
+        dq = next(a for a in [operand, *operand.all_input_nodes] if "dequantize" in str(getattr(a, "target", "")))
+        assert dq.args[1] == conv_out.args[1]
+
+
+@pytest.mark.parametrize("dtype,kernel", [("int8", "mmalib_batch_matmul_i8"), ("int16", "mmalib_batch_matmul_i16")])
+@pytest.mark.parametrize("cls", [Attention, HeadsAttention])
+def test_pass_offloads_both_matmuls(cls, dtype, kernel):
+    shape = (1, 6, 16) if cls is Attention else (1, 32, 4, 4)
+    flow = _flow(_model(cls), shape, dtype=dtype)
+    log = OffloadLog()
+    run_offload(flow.mod, log)
+    mm = [d for d in log.decisions if d.op == "matmul"]
+    assert [(d.status, d.kernel) for d in mm] == [("offloaded", kernel)] * 2
+    assert "folded into the rescale" in (mm[0].note or "")
+
+
+@needs_gcc
+@pytest.mark.parametrize("dtype", ["int8", "int16"])
+def test_heads_attention_block_is_bit_exact_on_mmalib_with_no_scalar_call(tmp_path, dtype):
+    """YOLO26's attention block: every MAC on MMALIB; C == reference bit for bit; within a few
+    output LSB of torch's Q/DQ program (the softmax's 1-LSB bound, carried). int8: no TVM scalar
+    call; int16: only the softmax (no int16 softmax kernel: the quantizer leaves it float)."""
+    model = _model(HeadsAttention)
+    flow = _flow(model, (1, 32, 4, 4), dtype=dtype)
+    x = inputs((1, 32, 4, 4), n=3)
+    summary, out = compile_and_compare(flow.mod, "attn", tmp_path / "c", x, mmalib=True)
+    assert summary["macs_offloaded"] == summary["macs_total"] > 0
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    scalar = [e["op"] for e in manifest["layers"] if e["backend"] == "scalar"]
+    assert scalar == ([] if dtype == "int8" else ["softmax"])
+    if dtype == "int8":
+        assert summary["calls_by_backend"]["tvm"] == 0
+    assert sorted((e["op"], e["backend"]) for e in manifest["layers"] if e["op"] == "matmul") == \
+        [("matmul", "mmalib")] * 2
+    with torch.no_grad():
+        expect = np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(3)])
+    out_scale = max(abs(float(n.args[1])) for n in flow.qdq.graph.nodes
+                    if n.op == "call_function" and "dequantize_per_tensor" in str(n.target)
+                    and n.users and all(u.op == "output" for u in n.users))
+    # int16's LSB is 256 times finer: the float32 rounding inside torch's chain shows as a few more LSB
+    assert np.abs(out - expect).max() <= (4 if dtype == "int8" else 16) * out_scale
+
+
+@needs_gcc
+def test_call_work_records_the_matmul_macs(tmp_path):
+    flow = _flow(_model(HeadsAttention), (1, 32, 4, 4))
+    compile_and_compare(flow.mod, "attn", tmp_path / "c", inputs((1, 32, 4, 4), n=1), mmalib=True)
+    calls = json.loads((tmp_path / "c" / "manifest.json").read_text())["calls"]
+    macs = sorted(c["work"]["macs"] for c in calls if c["kernel"] == "mmalib_batch_matmul_i8")
+    # q^T k: 2 heads x [16 tokens, 8] x [8, 16 tokens]; v attn^T: 2 x [16, 16] x [16, 16]
+    assert macs == [2 * 16 * 8 * 16, 2 * 16 * 16 * 16]
+
+
+# ------------------------------------------------------------------ torch's fused attention (ViT)
+
+class MHABlock(nn.Module):
+    """A pre-norm encoder attention as torchvision's ViT writes it: nn.MultiheadAttention,
+    which exports as one scaled_dot_product_attention."""
+
+    def __init__(self, dim: int = 32, heads: int = 2):
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+
+    def forward(self, x):                      # x [1, tokens, dim]
+        y = self.ln(x)
+        return x + self.attn(y, y, y, need_weights=False)[0]
+
+
+def _sdpa_nodes(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in rules.SDPA]
+
+
+def test_fused_attention_is_decomposed_and_equal_in_float():
+    model, x = _model(MHABlock), torch.randn(1, 6, 32)
+    gm = torch.export.export(model, (x,)).module()
+    assert len(_sdpa_nodes(gm)) == 1
+    with torch.no_grad():
+        before = gm(x)
+        rules.decompose_attention(gm)
+        after = gm(x)
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-6)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert not _sdpa_nodes(gm) and targets.count(torch.ops.aten.matmul.default) == 2
+    assert torch.ops.aten.softmax.int in targets
+
+
+def test_masked_attention_is_left_fused():
+    """A mask (or causal attention) is not the plain form: scaled_dot_product_attention stays."""
+
+    class Masked(nn.Module):
+        def forward(self, q, k, v):
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q = torch.randn(1, 2, 4, 8)
+    gm = torch.export.export(Masked(), (q, q, q)).module()
+    rules.decompose_attention(gm)
+    assert len(_sdpa_nodes(gm)) == 1
+
+
+@needs_gcc
+def test_mha_block_runs_its_matmuls_and_softmax_on_kernels_bit_exact(tmp_path):
+    flow = _flow(_model(MHABlock), (1, 6, 32))
+    log = OffloadLog()
+    run_offload(flow.mod, log)
+    ops = [(d.op, d.status) for d in log.decisions if d.op in ("matmul", "softmax", "layer_norm")]
+    assert sorted(ops) == [("layer_norm", "offloaded"), ("matmul", "offloaded"), ("matmul", "offloaded"),
+                           ("softmax", "offloaded")]
+    x = inputs((1, 6, 32), n=2)
+    summary, out = compile_and_compare(flow.mod, "mha", tmp_path / "c", x, mmalib=True)
+    assert summary["macs_offloaded"] == summary["macs_total"] > 0
+    with torch.no_grad():
+        expect = np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(2)])
+    assert np.abs(out - expect).max() <= 0.05 * np.abs(expect).max()
