@@ -223,7 +223,18 @@ class C7xMMAQuantizer(Quantizer):
         if not rules.is_float_tensor(src) or rules.reaches_topk(node):
             return
         self._node_dtype[node] = self._output_dtype(src, default=self._dtype_of(node))
+        base = rules.view_source(src)
+        if base is not src and self._observed(base):
+            # a view of a view of an observed tensor (the q, k, v of a fused attention projection):
+            # the same qparams all the way, so no requantize between the views
+            self._set(node, {src: self._shared_with(base)}, SharedQuantizationSpec(base))
+            return
         self._set(node, {src: self._act(node)}, self._shared_with(src))
+
+    @staticmethod
+    def _observed(node: Node) -> bool:
+        ann = node.meta.get(Q_ANNOTATION_KEY)
+        return ann is not None and ann.output_qspec is not None
 
     def _output_dtype(self, src: Node, default: str) -> str:
         """The dtype ``src``'s output is observed in (its own, when annotated)."""
@@ -233,8 +244,7 @@ class C7xMMAQuantizer(Quantizer):
     def _shared_with(self, src: Node):
         """Share ``src``'s output observer if it has one; otherwise an independent spec
         (sharing with an unobserved output would reference no observer)."""
-        ann = src.meta.get(Q_ANNOTATION_KEY)
-        if ann is not None and ann.output_qspec is not None:
+        if self._observed(src):
             return SharedQuantizationSpec(src)
         return self._act_specs[self._output_dtype(src, self.dtype)]
 

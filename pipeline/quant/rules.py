@@ -22,7 +22,10 @@ Per kind: the ops, what is observed on the inputs, and the output.
   *ours*: hardtanh, hardtanh_, relu6 (ReLU6), reshape, dropout, dropout_
   (identity in eval). Input act; the output shares the input node's
   observer (SharedQuantizationSpec) when that output is observed, else an
-  independent act. Not annotated when it reaches ``topk`` (detection rule).
+  independent act. *Ours*: when the input is itself a view (:data:`VIEW_OPS`)
+  of an observed tensor, input and output share that tensor's observer
+  (nn.MultiheadAttention's select / view of its fused projection: no
+  requantize between views). Not annotated when it reaches ``topk`` (detection rule).
 * SE_GATE (*ours*, an extension) -- sigmoid / sigmoid_ that is a
   squeeze-excitation gate (:func:`is_se_gate`: its [N, C, 1, 1] output only
   feeds mul.Tensor / mul_.Tensor with an [N, C, H, W] float tensor, and it does

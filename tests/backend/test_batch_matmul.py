@@ -340,3 +340,33 @@ def test_mha_block_runs_its_matmuls_and_softmax_on_kernels_bit_exact(tmp_path):
     with torch.no_grad():
         expect = np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(2)])
     assert np.abs(out - expect).max() <= 0.05 * np.abs(expect).max()
+
+
+@needs_gcc
+def test_mha_block_reads_q_k_v_where_the_projection_wrote_them(tmp_path):
+    """nn.MultiheadAttention selects q, k, v from its fused projection through unflatten,
+    transpose, squeeze, select and view: those views share the projection's observer, so no
+    requantize is left between the projection and the matmuls, whose kernels read the projection's
+    output through strides; the batch-first transposes at batch 1 are reshapes. Left: the heads ->
+    tokens transpose after attention.V and one reshape pair (2 TVM calls; 8 when the views had
+    observers of their own)."""
+    from tvm import relax
+    flow = _flow(_model(MHABlock), (1, 6, 32))
+    mod, _ = run_offload(flow.mod, OffloadLog())
+    bindings = [b for blk in mod["main"].body.blocks for b in blk.bindings]
+    matmuls = [b.value for b in bindings if isinstance(b.value, relax.Call) and "batch_matmul" in str(b.value.args[0])]
+    fc_out = {b.var for b in bindings if isinstance(b.value, relax.Call) and "matmul_bias" in str(b.value.args[0])}
+    operands = [a for call in matmuls for a in call.args[1].fields[:2]]
+    assert len(matmuls) == 2 and sum(a in fc_out for a in operands) == 3   # q, k and v; the 4th is the softmax
+    assert not [b for b in bindings if isinstance(b.value, relax.Call) and str(b.value.op) == "relax.quantize"]
+    summary, _ = compile_and_compare(flow.mod, "mha", tmp_path / "c", inputs((1, 6, 32), n=1), mmalib=True)
+    assert summary["calls_by_backend"]["tvm"] <= 2
+
+
+def test_a_permute_of_unit_axes_is_a_reshape():
+    from tvm import relax
+    from pipeline.backend.passes.cleanup import _moves_only_unit_axes
+    x = relax.Var("x", relax.TensorType([1, 5, 16], "int8"))
+    assert _moves_only_unit_axes(relax.op.permute_dims(x, [1, 0, 2]))      # [1, T, E] -> [T, 1, E]
+    assert not _moves_only_unit_axes(relax.op.permute_dims(x, [0, 2, 1]))  # a real transpose
+    assert not _moves_only_unit_axes(relax.op.permute_dims(x))            # reverses T and E

@@ -7,7 +7,9 @@ Two rewrites, both exact:
   constant scalar parameters and ``q``'s dtype equal to ``x``'s: moving
   elements commutes with an element-wise dequantize/quantize round trip,
   which is the identity on ``x``'s integers (torch's flatten / view / permute
-  / dropout-free classifier paths).
+  / dropout-free classifier paths). A permute that moves only axes of length 1
+  (``[1, T, E] -> [T, 1, E]``, nn.MultiheadAttention's batch-first transposes at
+  batch 1) becomes a reshape: the same element order, a view instead of a call.
 - ``eliminate_qdq_pairs``: ``q(dq(x, s, zp), s, zp) -> x`` (same dtype and
   parameters; e.g. what an eval-mode dropout or identity leaves behind).
   Exact for the full-range quantize TVM imports: ``round((x - zp) * s / s) + zp == x``.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .graph import QDQ, Graph, dequantize_of, quantize_of, var_name
+from .graph import QDQ, Graph, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
 from .rewrite import Simplify, run_pass
 
@@ -38,11 +40,26 @@ def _transparent_planner(graph: Graph, binding):
     if dq is None or not _same(dq, q):
         return None
     name = op.op.name.split(".")[-1]
+    shape = static_shape(q.data)
+    as_reshape = name == "permute_dims" and shape is not None and _moves_only_unit_axes(op)
 
     def build(ctx):
+        if as_reshape:  # same element order: a view, not a transpose call
+            return relax.op.reshape(ctx.remap(dq.data), shape)
         return relax.Call(op.op, [ctx.remap(dq.data), *op.args[1:]], op.attrs)
 
     return Simplify(var_name(q.data), name, q.out_dtype, f"{name} on {q.out_dtype} without Q/DQ", build)
+
+
+def _moves_only_unit_axes(permute) -> bool:
+    """``permute_dims`` keeps the axes longer than 1 in their order (``[1, T, E] -> [T, 1, E]``): it
+    moves no element, so it is a reshape."""
+    shape = static_shape(permute.args[0])
+    if shape is None:
+        return False
+    axes = list(range(len(shape)))[::-1] if permute.attrs.axes is None else [int(a) for a in permute.attrs.axes]
+    kept = [a for a in axes if shape[a] != 1]
+    return kept == sorted(kept)
 
 
 def _pair_planner(graph: Graph, binding):

@@ -6,7 +6,7 @@ Pattern (``docs/reference.md``, "Attention matmul")::
       ->  call_tir(mmalib_batch_matmul_i8 | _i16, a, b, params)
 
 ``view_a`` / ``view_b`` are chains of layout ops (``permute_dims``, ``reshape``,
-``broadcast_to``, a ``split`` piece), possibly through ``q(view(dq(x)))`` pairs with
+``squeeze``, ``expand_dims``, ``broadcast_to``, a ``split`` piece, a ``take`` of one index), possibly through ``q(view(dq(x)))`` pairs with
 the same parameters (the quantizer shares the producer's observer along a view,
 ``pipeline.quant.rules`` MATMUL). They are resolved at compile time into a strided view
 of the producer's integer tensor (an offset and one stride per axis,
@@ -44,13 +44,19 @@ _KERNEL = {"int8": "mmalib_batch_matmul_i8", "int16": "mmalib_batch_matmul_i16"}
 def _layout_step(graph: Graph, expr):
     """``(input, apply)`` for a layout op bound to ``expr``: ``apply(idx)`` re-indexes a numpy
     array of ``input``'s shape as the op does; None for anything else."""
-    call = graph.call(expr, "relax.permute_dims", "relax.reshape", "relax.broadcast_to")
+    call = graph.call(expr, "relax.permute_dims", "relax.reshape", "relax.broadcast_to", "relax.squeeze",
+                      "relax.expand_dims", "relax.take")
     if call is not None:
         shape = static_shape(expr)
+        if call.op.name == "relax.take":
+            index = const_array(call.args[1])
+            if index is None or index.ndim != 0 or call.attrs.axis is None:
+                return None
+            return call.args[0], lambda idx: np.take(idx, int(index), axis=int(call.attrs.axis))
         if call.op.name == "relax.permute_dims":
             axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
             return call.args[0], lambda idx: np.transpose(idx, axes)
-        if call.op.name == "relax.reshape":
+        if call.op.name in ("relax.reshape", "relax.squeeze", "relax.expand_dims"):
             return call.args[0], lambda idx: idx.reshape(shape)
         return call.args[0], lambda idx: np.broadcast_to(idx, shape)
     item = graph.value.get(expr) if isinstance(expr, relax.Var) else None
