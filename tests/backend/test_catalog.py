@@ -18,7 +18,7 @@ from pipeline.backend.passes.pipeline import PASS_ORDER
 from pipeline.backend.passes.primfunc import backend_of
 from pipeline.perf import model
 
-CLEANUPS = {"eliminate_qdq_transparent", "eliminate_qdq_pairs"}
+CLEANUPS = {"eliminate_qdq_transparent", "eliminate_qdq_pairs", "collapse_reshapes"}
 
 
 def _pass(record: catalog.Kernel):

@@ -347,6 +347,18 @@ int32_t c7x_dequantize_i8_f32(const int8_t* in, float* out, int32_t n_in, int32_
 int32_t c7x_dequantize_i16_f32(const int16_t* in, float* out, int32_t n_in, int32_t n,
                                int32_t in_zp, float in_scale);
 
+/* Transpose of an int8 / int16 tensor (ours; docs/reference.md, "Permute"): in [d0, ..., d5]
+ * (C order; fewer axes are leading axes of length 1), out = in transposed by (p0, ..., p5), C
+ * order: out[i0..i5] = in[j] with j_{p_k} = i_k. Pure data movement (on the C7x a multi-dimensional
+ * DMA transfer). C7X_ERR_SHAPE for a non-positive axis or more than C7X_MAX_ELEMS elements,
+ * C7X_ERR_PARAM unless (p0..p5) is a permutation of 0..5. */
+int32_t c7x_permute_i8(const int8_t* in, int8_t* out, int32_t d0, int32_t d1, int32_t d2, int32_t d3,
+                       int32_t d4, int32_t d5, int32_t p0, int32_t p1, int32_t p2, int32_t p3, int32_t p4,
+                       int32_t p5);
+int32_t c7x_permute_i16(const int16_t* in, int16_t* out, int32_t d0, int32_t d1, int32_t d2, int32_t d3,
+                        int32_t d4, int32_t d5, int32_t p0, int32_t p1, int32_t p2, int32_t p3, int32_t p4,
+                        int32_t p5);
+
 /* Concatenate and slice with requantize (ours: the reference leaves concat and split to
  * TVM's scalar code; docs/reference.md, "Concat and split"). c7x_concat<K>_<t> writes
  * the concatenation of K segments, each requantized from its own quantization to the

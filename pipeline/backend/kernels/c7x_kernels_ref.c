@@ -1776,3 +1776,64 @@ static int32_t concat_run(const concat_segment* seg, int32_t k, void* out, int32
 
 C7X_DEFINE_CONCAT(i8, int8_t, ELEM_I8)
 C7X_DEFINE_CONCAT(i16, int16_t, ELEM_I16)
+
+/* ------------------------------------------------------------------------- */
+/* Permute (data movement)                                                    */
+/* ------------------------------------------------------------------------- */
+
+#define PERMUTE_RANK 6
+
+static int32_t permute_run(const void* in, void* out, const int32_t* dims, const int32_t* perm, elem_type t)
+{
+    int64_t in_stride[PERMUTE_RANK], src_stride[PERMUTE_RANK], idx[PERMUTE_RANK], n, o, src;
+    int32_t out_dims[PERMUTE_RANK], k, seen = 0;
+    if (in == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    n = elem_count(dims[0], dims[1], dims[2], dims[3]);
+    if (n < 0 || elem_count(dims[4], dims[5], 1, 1) < 0 || n > C7X_MAX_ELEMS / ((int64_t)dims[4] * dims[5])) {
+        return C7X_ERR_SHAPE;
+    }
+    n *= (int64_t)dims[4] * dims[5];
+    for (k = 0; k < PERMUTE_RANK; ++k) {
+        if (perm[k] < 0 || perm[k] >= PERMUTE_RANK || (seen & (1 << perm[k]))) {
+            return C7X_ERR_PARAM;
+        }
+        seen |= 1 << perm[k];
+    }
+    in_stride[PERMUTE_RANK - 1] = 1;
+    for (k = PERMUTE_RANK - 2; k >= 0; --k) {
+        in_stride[k] = in_stride[k + 1] * dims[k + 1];
+    }
+    for (k = 0; k < PERMUTE_RANK; ++k) {
+        out_dims[k] = dims[perm[k]];
+        src_stride[k] = in_stride[perm[k]]; /* output axis k walks input axis perm[k] */
+        idx[k] = 0;
+    }
+    src = 0;
+    for (o = 0; o < n; ++o) {
+        store_saturated(out, o, load_elem(in, src, t), t);
+        for (k = PERMUTE_RANK - 1; k >= 0; --k) { /* odometer over the output index */
+            if (++idx[k] < out_dims[k]) {
+                src += src_stride[k];
+                break;
+            }
+            src -= src_stride[k] * (out_dims[k] - 1);
+            idx[k] = 0;
+        }
+    }
+    return C7X_OK;
+}
+
+#define C7X_DEFINE_PERMUTE(SUF, T, ET)                                                             \
+    int32_t c7x_permute_##SUF(const T* in, T* out, int32_t d0, int32_t d1, int32_t d2, int32_t d3, \
+                              int32_t d4, int32_t d5, int32_t p0, int32_t p1, int32_t p2,          \
+                              int32_t p3, int32_t p4, int32_t p5)                                  \
+    {                                                                                              \
+        const int32_t dims[PERMUTE_RANK] = {d0, d1, d2, d3, d4, d5};                               \
+        const int32_t perm[PERMUTE_RANK] = {p0, p1, p2, p3, p4, p5};                               \
+        return permute_run(in, out, dims, perm, ET);                                               \
+    }
+
+C7X_DEFINE_PERMUTE(i8, int8_t, ELEM_I8)
+C7X_DEFINE_PERMUTE(i16, int16_t, ELEM_I16)

@@ -1590,3 +1590,70 @@ c7x_concat1_i8, c7x_concat1_i16 = _concat_twin(1, _I8), _concat_twin(1, _I16)
 c7x_concat2_i8, c7x_concat2_i16 = _concat_twin(2, _I8), _concat_twin(2, _I16)
 c7x_concat3_i8, c7x_concat3_i16 = _concat_twin(3, _I8), _concat_twin(3, _I16)
 c7x_concat4_i8, c7x_concat4_i16 = _concat_twin(4, _I8), _concat_twin(4, _I16)
+
+
+# --------------------------------------------------------------------------
+# Permute (data movement; docs/reference.md, "Permute")
+# --------------------------------------------------------------------------
+
+#: the permute kernels take exactly this many axes (fewer are padded with leading axes of length 1)
+PERMUTE_RANK = 6
+
+
+@dataclass(frozen=True)
+class PermuteGeometry(_Geometry):
+    """in [d0, ..., d5] (C order), out = in transposed by (p0, ..., p5), C order."""
+
+    d0: int
+    d1: int
+    d2: int
+    d3: int
+    d4: int
+    d5: int
+    p0: int
+    p1: int
+    p2: int
+    p3: int
+    p4: int
+    p5: int
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(getattr(self, f"d{j}") for j in range(PERMUTE_RANK))
+
+    @property
+    def perm(self) -> tuple[int, ...]:
+        return tuple(getattr(self, f"p{j}") for j in range(PERMUTE_RANK))
+
+    def status(self) -> int:
+        if _elem_count(*self.dims) < 0:
+            return C7X_ERR_SHAPE
+        return C7X_OK if sorted(self.perm) == list(range(PERMUTE_RANK)) else C7X_ERR_PARAM
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"in": self.dims, "out": tuple(self.dims[p] for p in self.perm)}
+
+
+def _permute(in_, out, args: tuple, dtype: np.dtype) -> int:
+    if in_ is None or out is None:
+        return C7X_ERR_NULL
+    g = PermuteGeometry(*(_int32(f.name, v) for f, v in zip(fields(PermuteGeometry), args)))
+    if g.status() != C7X_OK:
+        return g.status()
+    sh = g.shapes()
+    x = _array("in", in_, sh["in"], dtype)
+    y = _array("out", out, sh["out"], dtype, output=True)
+    y[...] = np.transpose(x, g.perm)
+    return C7X_OK
+
+
+def c7x_permute_i8(in_, out, d0, d1, d2, d3, d4, d5, p0, p1, p2, p3, p4, p5, rounding=None) -> int:
+    """int8 transpose (docs/reference.md, "Permute"): in int8 [d0..d5] (C order), out int8 = in
+    transposed by the axes (p0..p5), C order; a permutation of 0..5 (else C7X_ERR_PARAM).
+    ``rounding`` is unused (no arithmetic)."""
+    return _permute(in_, out, (d0, d1, d2, d3, d4, d5, p0, p1, p2, p3, p4, p5), _I8)
+
+
+def c7x_permute_i16(in_, out, d0, d1, d2, d3, d4, d5, p0, p1, p2, p3, p4, p5, rounding=None) -> int:
+    """int16 transpose: as :func:`c7x_permute_i8` with int16 tensors."""
+    return _permute(in_, out, (d0, d1, d2, d3, d4, d5, p0, p1, p2, p3, p4, p5), _I16)

@@ -1,6 +1,6 @@
 """Q/DQ cleanups that keep tensors integer between offloaded layers.
 
-Two rewrites, both exact:
+Three rewrites, all exact:
 
 - ``eliminate_qdq_transparent``: ``q(op(dq(x, s, zp)), s, zp) -> op(x)`` for
   a data-movement op (reshape, permute_dims, squeeze, expand_dims) with equal
@@ -13,6 +13,8 @@ Two rewrites, both exact:
 - ``eliminate_qdq_pairs``: ``q(dq(x, s, zp), s, zp) -> x`` (same dtype and
   parameters; e.g. what an eval-mode dropout or identity leaves behind).
   Exact for the full-range quantize TVM imports: ``round((x - zp) * s / s) + zp == x``.
+- ``collapse_reshapes``: ``reshape(reshape(x)) -> reshape(x)``, one view (TVM fuses a pair of
+  reshapes into a copy call).
 """
 
 from __future__ import annotations
@@ -72,6 +74,29 @@ def _pair_planner(graph: Graph, binding):
         return ctx.remap(dq.data)
 
     return Simplify(var_name(binding.var), "qdq_pair", q.out_dtype, "q(dq(x)) -> x", build)
+
+
+def _reshape_chain_planner(graph: Graph, binding):
+    outer = graph.call(binding.value, "relax.reshape")
+    inner = graph.call(outer.args[0], "relax.reshape") if outer is not None else None
+    shape = static_shape(binding.var)
+    if inner is None or shape is None:
+        return None
+    x = inner.args[0]
+    while (deeper := graph.call(x, "relax.reshape")) is not None:
+        x = deeper.args[0]
+
+    def build(ctx):
+        return relax.op.reshape(ctx.remap(x), shape)
+
+    return Simplify(var_name(binding.var), "reshape", str(binding.var.ty.dtype), "reshape of a reshape: one view",
+                    build)
+
+
+def collapse_reshapes(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
+    """``reshape(reshape(x))`` -> ``reshape(x)``: one view, where TVM would fuse the pair into a
+    copy."""
+    return run_pass(mod, log, "reshape_chain", _reshape_chain_planner)
 
 
 def eliminate_qdq_transparent(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:

@@ -14,7 +14,8 @@ constants, so the FC passes left them); the squeeze-excitation
 multiply and the average pools (the reference's step 4 names an avgpool
 fusion), then concat and split (data movement between layers: their patterns
 start at a quantize of a concat or of a split piece, which no layer pass
-claims) before the requantize. The model's edges (the input quantize, the
+claims) before the requantize. The integer transposes the cleanups leave go to
+the permute kernel right after them. The model's edges (the input quantize, the
 output dequantize) come last, after the cleanups: only the Q/DQ that are left
 are real passes over a tensor. CanonicalizeBindings and DeadCodeElimination
 follow (the float weights' dequantize bindings die there).
@@ -41,7 +42,7 @@ from .activation import offload_activation_lut_i8
 from .avg_pool import offload_avg_pool2d, offload_global_avg_pool
 from .channel_affine import offload_channel_affine
 from .channel_mul import offload_channel_mul
-from .cleanup import eliminate_qdq_pairs, eliminate_qdq_transparent
+from .cleanup import collapse_reshapes, eliminate_qdq_pairs, eliminate_qdq_transparent
 from .concat import offload_concat
 from .conv import offload_conv2d_i8, offload_conv2d_i16
 from .depthwise import offload_depthwise_conv2d_i8, offload_depthwise_conv2d_i16
@@ -50,6 +51,7 @@ from .fc import offload_fc_i8, offload_fc_i16
 from .layer_norm import offload_layer_norm_i8
 from .log import OffloadLog
 from .matmul import offload_batch_matmul_i8, offload_batch_matmul_i16
+from .permute import offload_permute
 from .pool import offload_max_pool2d_i8, offload_max_pool2d_i16
 from .relu import offload_relu_i8
 from .requantize import offload_requantize
@@ -65,7 +67,8 @@ PASS_ORDER = (
     offload_batch_matmul_i16, offload_channel_mul,
     offload_global_avg_pool, offload_avg_pool2d, offload_concat,
     offload_requantize,
-    eliminate_qdq_transparent, eliminate_qdq_pairs, offload_input_quantize, offload_output_dequantize,
+    eliminate_qdq_transparent, eliminate_qdq_pairs, offload_permute, collapse_reshapes,
+    offload_input_quantize, offload_output_dequantize,
 )
 
 
