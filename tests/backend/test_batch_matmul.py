@@ -370,3 +370,29 @@ def test_a_permute_of_unit_axes_is_a_reshape():
     assert _moves_only_unit_axes(relax.op.permute_dims(x, [1, 0, 2]))      # [1, T, E] -> [T, 1, E]
     assert not _moves_only_unit_axes(relax.op.permute_dims(x, [0, 2, 1]))  # a real transpose
     assert not _moves_only_unit_axes(relax.op.permute_dims(x))            # reverses T and E
+
+
+class WindowAttentionScores(nn.Module):
+    """Swin's window partition before Q.K^T: [1, 4, 4, C] -> 2x2 windows of 2x2 tokens. The
+    windows are no single strided view of the projection's output (window (i, j) starts at
+    8Ci + 2Cj), so the kernel reads the partitioned tensor the permute kernel writes."""
+
+    def __init__(self, c: int = 32):
+        super().__init__()
+        self.proj = nn.Linear(c, c)
+        self.out = nn.Linear(4, 4)
+
+    def forward(self, x):                      # x [1, 4, 4, C]
+        c = x.shape[-1]
+        w = self.proj(x).view(1, 2, 2, 2, 2, c).permute(0, 1, 3, 2, 4, 5).reshape(1, 4, 4, c)
+        return self.out(torch.softmax(w @ w.transpose(-2, -1), dim=-1))
+
+
+@needs_gcc
+def test_an_operand_with_no_strided_view_into_the_source_reads_the_nearer_tensor(tmp_path):
+    flow = _flow(_model(WindowAttentionScores), (1, 4, 4, 32))
+    log = OffloadLog()
+    run_offload(flow.mod, log)
+    assert [(d.status, d.kernel) for d in log.decisions if d.op == "matmul"] == [("offloaded", "mmalib_batch_matmul_i8")]
+    summary, _ = compile_and_compare(flow.mod, "win", tmp_path / "c", inputs((1, 4, 4, 32), n=2), mmalib=True)
+    assert summary["macs_offloaded"] == summary["macs_total"]

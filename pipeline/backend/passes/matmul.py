@@ -70,21 +70,21 @@ def _layout_step(graph: Graph, expr):
     return None
 
 
-def _trace(graph: Graph, expr, steps: list):
-    """``(dq, steps)``: the dequantize ``expr`` is a view of (through :func:`_layout_step` ops
-    and same-parameter ``q(view(dq))`` pairs), and the re-indexings from that dequantize's
-    data up to ``expr`` (last applied last). None when ``expr`` is no such view."""
+def _trace(graph: Graph, expr, steps: list) -> list:
+    """Every ``(dq, steps)`` that ``expr`` is a view of, nearest first: the dequantize reached
+    through :func:`_layout_step` ops, then, through each same-parameter ``q(view(dq))`` pair
+    below it, the deeper ones; ``steps`` are the re-indexings from that dequantize's data up to
+    ``expr`` (last applied last). Empty when ``expr`` is no such view."""
     dq = dequantize_of(graph, expr)
     if dq is not None:
+        found = [(dq, steps)]
         inner = quantize_of(graph, dq.data)
         if inner is not None and inner.same_params(dq) and inner.out_dtype == str(dq.data.ty.dtype):
-            deeper = _trace(graph, inner.data, steps)
-            if deeper is not None and deeper[0].same_params(dq):
-                return deeper
-        return dq, steps
+            found += [t for t in _trace(graph, inner.data, steps) if t[0].same_params(dq)]
+        return found
     step = _layout_step(graph, expr)
     if step is None or static_shape(expr) is None:
-        return None
+        return []
     return _trace(graph, step[0], [step[1]] + steps)
 
 
@@ -130,20 +130,21 @@ def _scale_chain(graph: Graph, expr) -> tuple[object, float, list]:
 
 
 def _operand(graph: Graph, expr, batch: tuple[int, ...], name: str):
-    """``(source var, dq, view)`` of one matmul operand, None when it is a constant (a weight)."""
+    """``(source var, dq, (size, *view))`` of one matmul operand: the deepest tensor it is a
+    strided view of (:func:`_trace`), else a nearer one. None when it is a constant (a weight)."""
     traced = _trace(graph, expr, [])
-    if traced is None:
+    if not traced:
         raise Declined(f"operand {name} is not a view of a dequantized tensor")
-    dq, steps = traced
-    if const_array(dq.data) is not None:
+    if const_array(traced[0][0].data) is not None:
         return None
-    if not dq.scalar:
+    for dq, steps in reversed(traced):
+        shape = static_shape(dq.data)
+        view = strided_view(shape, steps, batch) if shape is not None and dq.scalar else None
+        if view is not None:
+            return dq.data, dq, (math.prod(shape),) + view
+    if not traced[0][0].scalar:
         raise Declined(f"operand {name}: scale and zero point are not constant scalars")
-    shape = static_shape(dq.data)
-    view = strided_view(shape, steps, batch) if shape is not None else None
-    if view is None:
-        raise Declined(f"operand {name} is not a strided view of its source tensor")
-    return dq.data, dq, (math.prod(shape),) + view
+    raise Declined(f"operand {name} is not a strided view of its source tensor")
 
 
 def _check_params(dtype: str, a: QDQ, b: QDQ, out: QDQ) -> None:
