@@ -261,13 +261,24 @@ def hoist_scalar_multiplies(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             with gm.graph.inserting_after(node):
                 moved = gm.graph.call_function(aten.mul.Tensor, (node, factor))
             node.replace_all_uses_with(moved, delete_user_cb=lambda user, moved=moved: user is not moved)
-            moved.meta.update({k: v for k, v in mul.meta.items() if k != "val"})
+            # the moved multiply is not the old one (another shape): no numeric-debugger identity
+            moved.meta.update(_meta_without_identity(mul.meta))
             moved.meta["val"] = node.meta.get("val")
             changed = True
     if changed:
         gm.graph.lint()
         gm.recompile()
     return gm
+
+
+def _meta_without_identity(meta: dict) -> dict:
+    """``meta`` without the value, and without what torchao's numeric debugger matches nodes by
+    (``from_node``, ``custom["numeric_debug_handle"]``): for a node that computes something else
+    than the node it was made from (its layer provenance stays)."""
+    out = {k: v for k, v in meta.items() if k not in ("val", "tensor_meta", "from_node")}
+    if "custom" in out:
+        out["custom"] = {k: v for k, v in out["custom"].items() if k != "numeric_debug_handle"}
+    return out
 
 
 def _fake_value(model_val, fn):
@@ -322,8 +333,10 @@ def decompose_attention(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             probs.meta["val"] = scores.meta["val"]
             out = g.call_function(aten.matmul.default, (probs, v))
             out.meta["val"] = _fake_value(vv, lambda: torch.matmul(probs.meta["val"], vv))
-        for new in (kt, scores, scaled, probs, out):
-            new.meta.update({key: val for key, val in node.meta.items() if key not in ("val", "tensor_meta")})
+        # only the last node computes what the fused op did: it alone keeps its numeric-debugger identity
+        for new in (kt, scores, scaled, probs):
+            new.meta.update(_meta_without_identity(node.meta))
+        out.meta.update({key: val for key, val in node.meta.items() if key not in ("val", "tensor_meta")})
         node.replace_all_uses_with(out)
         g.erase_node(node)
         changed = True

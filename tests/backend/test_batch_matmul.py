@@ -396,3 +396,22 @@ def test_an_operand_with_no_strided_view_into_the_source_reads_the_nearer_tensor
     assert [(d.status, d.kernel) for d in log.decisions if d.op == "matmul"] == [("offloaded", "mmalib_batch_matmul_i8")]
     summary, _ = compile_and_compare(flow.mod, "win", tmp_path / "c", inputs((1, 4, 4, 32), n=2), mmalib=True)
     assert summary["macs_offloaded"] == summary["macs_total"]
+
+
+def test_rewritten_nodes_keep_no_numeric_debugger_identity_of_another_shape():
+    """The layers stage matches float and quantized nodes by torchao's ``from_node``: a hoisted
+    multiply (another shape than the one it was made from) and the inner nodes of a decomposed
+    attention must not carry their origin's identity, the attention's output must."""
+    model, x = _model(HeadsAttention), torch.randn(1, 32, 4, 4)
+    gm = torch.export.export(model, (x,)).module()
+    rules.hoist_scalar_multiplies(gm)
+    moved = [n for n in gm.graph.nodes if rules.scalar_factor(n) is not None]
+    assert moved and all("from_node" not in n.meta for n in moved)
+    gm = torch.export.export(_model(MHABlock), (torch.randn(1, 6, 32),)).module()
+    origin = _sdpa_nodes(gm)[0].meta.get("from_node")
+    before = set(gm.graph.nodes)
+    rules.decompose_attention(gm)
+    new = [n for n in gm.graph.nodes if n not in before]
+    assert len(new) == 5 and new[-1].target == torch.ops.aten.matmul.default
+    assert all("from_node" not in n.meta for n in new[:-1])
+    assert origin is not None and new[-1].meta.get("from_node") == origin
