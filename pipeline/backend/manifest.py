@@ -49,7 +49,8 @@ import tvm
 from tvm import relax, tirx
 
 from .passes.activation import match_activation
-from .passes.graph import Graph, const_array, const_scalar, prim_number, static_shape
+from .passes.graph import Graph, const_array, prim_number, static_shape
+from .passes.matmul import _scale_chain
 from .passes.log import OFFLOADED, SIMPLIFIED, OffloadLog
 
 SCALAR = "scalar"
@@ -150,23 +151,11 @@ def _classify(graph: Graph, var, call) -> str | None:
 
 
 def _scales_matmul(graph: Graph, call) -> bool:
-    """``call`` multiplies an activation matmul's output (through other such multiplies) by a
-    constant scalar."""
-    while call is not None:
-        scalars = [const_scalar(a) is not None for a in call.args]
-        if scalars.count(True) != 1:
-            return False
-        x = call.args[scalars.index(False)]
-        mm = graph.call(x, "relax.matmul")
-        if mm is not None:
-            return _classify(graph, x, mm) == "matmul"
-        while (reshape := graph.call(x, "relax.reshape")) is not None:
-            x = reshape.args[0]
-        mm = graph.call(x, "relax.matmul")
-        if mm is not None:
-            return _classify(graph, x, mm) == "matmul"
-        call = graph.call(x, "relax.multiply")
-    return False
+    """``call`` multiplies an activation matmul's output (through other such multiplies and
+    reshapes) by a constant scalar: the matmul pass's own peeling (``passes.matmul._scale_chain``)."""
+    mm = _scale_chain(graph, call)[0]
+    inner = graph.call(mm, "relax.matmul")
+    return mm is not call and inner is not None and _classify(graph, mm, inner) == "matmul"
 
 
 def _fused_into(graph: Graph, call, layers: dict):
