@@ -26,6 +26,7 @@ ACTIVATIONS = {
     "sigmoid": torch.sigmoid,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "tanh": torch.tanh,
 }
 
 

@@ -131,10 +131,11 @@ class C7xMMAQuantizer(Quantizer):
     # ------------------------------------------------------------------ annotate
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         """Before annotating: a plain ``scaled_dot_product_attention`` becomes its two matmuls and
-        softmax (:func:`rules.decompose_attention`), and a scalar multiply on an activation matmul's
-        operand moves behind the matmul (:func:`rules.hoist_scalar_multiplies`), so the operand is
-        a view of its producer (rules.MATMUL)."""
-        return rules.hoist_scalar_multiplies(rules.decompose_attention(model))
+        softmax (:func:`rules.decompose_attention`), an einsum that is a batched matmul becomes
+        permutes around a matmul (:func:`rules.einsum_as_matmul`), and a scalar multiply on an
+        activation matmul's operand moves behind the matmul (:func:`rules.hoist_scalar_multiplies`),
+        so the operand is a view of its producer (rules.MATMUL)."""
+        return rules.hoist_scalar_multiplies(rules.einsum_as_matmul(rules.decompose_attention(model)))
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         """Attach ``meta["quantization_annotation"]`` to the supported call_function

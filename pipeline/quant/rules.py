@@ -15,7 +15,7 @@ Per kind: the ops, what is observed on the inputs, and the output.
   the weight operand too); bias args[0] float. Output act.
 * INDEPENDENT -- gelu, silu, hardsigmoid, hardswish, adaptive_avg_pool2d,
   avg_pool2d; *ours*: gelu_, silu_, hardsigmoid_, hardswish_ (torchvision's
-  ``inplace=True`` modules) and mean.dim (global average pool). Input act,
+  ``inplace=True`` modules), mean.dim (global average pool) and tanh, tanh_. Input act,
   output an independent act (the op changes the value range).
 * LAYER_NORM -- layer_norm: input act, weight/bias float. Output act.
 * TRANSPARENT -- relu, relu_, max_pool2d, view, permute, flatten.using_ints;
@@ -76,9 +76,10 @@ ADDMM = frozenset({aten.addmm.default})
 INDEPENDENT = frozenset({
     aten.gelu.default, aten.silu.default, aten.hardsigmoid.default, aten.hardswish.default,
     aten.adaptive_avg_pool2d.default, aten.avg_pool2d.default,
-    # ours: inplace variants from torchvision modules (inplace=True) and mean.dim (GAP)
+    # ours: inplace variants from torchvision modules (inplace=True), mean.dim (GAP) and tanh
+    # (MaxViT's classifier; an int8 table lookup like the others)
     aten.gelu_.default, aten.silu_.default, aten.hardsigmoid_.default, aten.hardswish_.default,
-    aten.mean.dim,
+    aten.mean.dim, aten.tanh.default, aten.tanh_.default,
 })
 LAYER_NORM = frozenset({aten.layer_norm.default})
 TRANSPARENT = frozenset({
@@ -116,6 +117,8 @@ VIEW_OPS = frozenset({aten.transpose.int, aten.permute.default, aten.view.defaul
                       aten.clone.default})
 #: torch's fused attention (nn.MultiheadAttention, ViT): decomposed before annotation
 SDPA = frozenset({aten.scaled_dot_product_attention.default})
+#: einsum of two operands (MaxViT's attention): rewritten as a batched matmul before annotation
+EINSUM = frozenset({aten.einsum.default})
 SCALAR_MULTIPLY = frozenset({aten.mul.Tensor})
 
 TOPK = frozenset({aten.topk.default})
@@ -335,6 +338,85 @@ def decompose_attention(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             out.meta["val"] = _fake_value(vv, lambda: torch.matmul(probs.meta["val"], vv))
         # only the last node computes what the fused op did: it alone keeps its numeric-debugger identity
         for new in (kt, scores, scaled, probs):
+            new.meta.update(_meta_without_identity(node.meta))
+        out.meta.update({key: val for key, val in node.meta.items() if key not in ("val", "tensor_meta")})
+        node.replace_all_uses_with(out)
+        g.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return gm
+
+
+def einsum_matmul_plan(equation: str) -> tuple[list[int], list[int], list[int]] | None:
+    """How ``einsum(equation, a, b)`` is ``permute(matmul(permute(a, pa), permute(b, pb)), po)``:
+    ``(pa, pb, po)``, or None when it is not one batched matmul.
+
+    Each index of the two operands is a batch index (in a, b and the output), the row index M
+    (a and output), the contracted index K (a and b) or the column index N (b and output); the
+    equation is a matmul when there is exactly one M, one K and one N, no index is repeated
+    within an operand and none is summed out of a single operand. ``pa`` orders a as
+    [batch..., M, K], ``pb`` orders b as [batch..., K, N] (batch in the output's order) and ``po``
+    takes the matmul's [batch..., M, N] to the output's order. Spaces are ignored (torch's own
+    parser ignores them too); an ellipsis is not handled (None)."""
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    inputs, out = eq.split("->")
+    operands = inputs.split(",")
+    if len(operands) != 2:
+        return None
+    a, b = operands
+    if any(len(set(t)) != len(t) for t in (a, b, out)):
+        return None
+    batch = [i for i in out if i in a and i in b]
+    m = [i for i in out if i in a and i not in b]
+    n = [i for i in out if i in b and i not in a]
+    k = [i for i in a if i in b and i not in out]
+    if (len(m), len(n), len(k)) != (1, 1, 1) or len(batch) + 3 != len(set(a + b)) or len(out) != len(batch) + 2:
+        return None
+    mm_out = batch + m + n
+    return ([a.index(i) for i in batch + m + k], [b.index(i) for i in batch + k + n],
+            [mm_out.index(i) for i in out])
+
+
+def _permuted(g, node: Node, perm: list[int]) -> Node:
+    """``permute(node, perm)`` inserted at the graph's insertion point (``node`` when the
+    permutation is the identity), with its fake value."""
+    if perm == sorted(perm):
+        return node
+    val = node.meta["val"]
+    new = g.call_function(aten.permute.default, (node, perm))
+    new.meta["val"] = _fake_value(val, lambda: val.permute(perm))
+    return new
+
+
+def einsum_as_matmul(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rewrite each two-operand ``einsum`` that is a batched matmul (:func:`einsum_matmul_plan`)
+    as permutes around ``matmul`` (in place, also returned), so the quantizer sees an activation
+    matmul (rule MATMUL) whose operands are views of their producers. MaxViT writes attention
+    this way (``einsum("BGHID,BGHJD->BGHIJ", q, k)``). Exact: the same products and sums in
+    float32, summed in another order. Other einsums are left as they are (scalar path)."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in EINSUM or len(node.args) != 2:
+            continue
+        equation, operands = node.args
+        plan = einsum_matmul_plan(equation) if isinstance(equation, str) else None
+        if plan is None or len(operands) != 2 or not all(is_float_tensor(a) for a in operands):
+            continue
+        pa, pb, po = plan
+        g = gm.graph
+        with g.inserting_before(node):
+            a = _permuted(g, operands[0], pa)
+            b = _permuted(g, operands[1], pb)
+            product = g.call_function(aten.matmul.default, (a, b))
+            av, bv = a.meta["val"], b.meta["val"]
+            product.meta["val"] = _fake_value(av, lambda: torch.matmul(av, bv))
+            out = _permuted(g, product, po)
+        # the last node computes what the einsum did: it alone keeps its numeric-debugger identity
+        for new in {a, b, product} - {operands[0], operands[1], out}:
             new.meta.update(_meta_without_identity(node.meta))
         out.meta.update({key: val for key, val in node.meta.items() if key not in ("val", "tensor_meta")})
         node.replace_all_uses_with(out)

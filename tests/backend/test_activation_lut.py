@@ -74,7 +74,7 @@ class Acts(nn.Module):
     """Only activations between Q/DQ: the offloaded program is exactly torch's."""
 
     def forward(self, x):
-        return F.gelu(torch.sigmoid(F.silu(F.hardsigmoid(F.hardswish(x)) * 4.0 - 2.0)))
+        return torch.tanh(F.gelu(torch.sigmoid(F.silu(F.hardsigmoid(F.hardswish(x)) * 4.0 - 2.0))) * 3.0)
 
 
 class ActsAfterConv(nn.Module):
@@ -83,7 +83,7 @@ class ActsAfterConv(nn.Module):
         self.c = nn.Conv2d(3, 5, 3, 1, 1)
 
     def forward(self, x):
-        return F.gelu(torch.sigmoid(F.silu(F.hardsigmoid(F.hardswish(self.c(x))))))
+        return torch.tanh(F.gelu(torch.sigmoid(F.silu(F.hardsigmoid(F.hardswish(self.c(x)))))))
 
 
 def _flow(model, shape, **kw):
@@ -95,12 +95,12 @@ def test_pass_offloads_every_form_and_the_manifest_names_them():
     flow = _flow(ActsAfterConv(), (1, 3, 7, 9))
     mod, log = run_offload(flow.mod)
     lut = [d for d in log.decisions if d.kernel == "c7x_int8_lut"]
-    assert [d.op for d in lut] == ["hardswish", "hardsigmoid", "silu", "sigmoid", "gelu"]
+    assert [d.op for d in lut] == ["hardswish", "hardsigmoid", "silu", "sigmoid", "gelu", "tanh"]
     assert all(d.status == "offloaded" for d in lut)
     layers = build_manifest(flow.mod, mod, log)["layers"]
     assert [(e["op"], e["backend"]) for e in layers] == [
         ("conv2d", "mmalib"), ("hardswish", "c7x"), ("hardsigmoid", "c7x"), ("silu", "c7x"),
-        ("sigmoid", "c7x"), ("gelu", "c7x")]
+        ("sigmoid", "c7x"), ("gelu", "c7x"), ("tanh", "c7x")]
     assert all(e["input_shape"] == e["output_shape"] == [1, 5, 7, 9] for e in layers[1:])
 
 
@@ -109,22 +109,22 @@ def test_int16_activations_stay_scalar_with_the_reason():
     log = OffloadLog()
     mod, _ = run_offload(flow.mod, log)
     acts = [d for d in log.decisions if d.op in ACTIVATIONS]
-    assert len(acts) == 5 and all(d.status == "declined" and "128 KiB" in d.reason for d in acts)
+    assert len(acts) == 6 and all(d.status == "declined" and "128 KiB" in d.reason for d in acts)
     layers = build_manifest(flow.mod, mod, log)["layers"]
     assert [e["op"] for e in layers if e["backend"] == "scalar"] == [
-        "hardswish", "hardsigmoid", "silu", "sigmoid", "gelu"]
+        "hardswish", "hardsigmoid", "silu", "sigmoid", "gelu", "tanh"]
 
 
 @needs_gcc
 def test_activations_only_net_c_equals_reference_and_torch_qdq_exactly(tmp_path):
-    """Input quantize, five tables, output dequantize: the C build equals the Python
+    """Input quantize, six tables, output dequantize: the C build equals the Python
     reference bit for bit and torch's Q/DQ model exactly (the tables are exact)."""
     flow = _flow(Acts(), (1, 3, 5, 11))
     x = inputs((1, 3, 5, 11), n=4, scale=2.0)
     summary, out = compile_and_compare(flow.mod, "acts", tmp_path / "c", x, mmalib=True)
     manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
     ops = {e["op"]: e["backend"] for e in manifest["layers"]}
-    assert all(ops[k] == "c7x" for k in ("hardswish", "hardsigmoid", "silu", "sigmoid", "gelu"))
+    assert all(ops[k] == "c7x" for k in ("hardswish", "hardsigmoid", "silu", "sigmoid", "gelu", "tanh"))
     with torch.no_grad():
         expect = np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(4)])
     np.testing.assert_array_equal(out, expect)

@@ -415,3 +415,48 @@ def test_rewritten_nodes_keep_no_numeric_debugger_identity_of_another_shape():
     assert len(new) == 5 and new[-1].target == torch.ops.aten.matmul.default
     assert all("from_node" not in n.meta for n in new[:-1])
     assert origin is not None and new[-1].meta.get("from_node") == origin
+
+
+# ------------------------------------------------------------------ einsum (MaxViT)
+
+def test_einsum_matmul_plan():
+    assert rules.einsum_matmul_plan("B G H I D, B G H J D -> B G H I J") == (
+        [0, 1, 2, 3, 4], [0, 1, 2, 4, 3], [0, 1, 2, 3, 4])
+    assert rules.einsum_matmul_plan("bgpc,bgqc->bgqp") == ([0, 1, 2, 3], [0, 1, 3, 2], [0, 1, 3, 2])
+    for equation in ("ii->i", "bij,bjk", "...ij,...jk->...ik", "ij,jk,kl->il", "i,j->ij", "bij,bjk->bk",
+                     "bij,bjk->bijk", "iij,jk->ik"):
+        assert rules.einsum_matmul_plan(equation) is None, equation
+
+
+def _maxvit_attention():
+    from torchvision.models.maxvit import RelativePositionalMultiHeadAttention
+    torch.manual_seed(3)
+    return RelativePositionalMultiHeadAttention(32, 16, 16).eval()   # 2 heads, 4x4 window
+
+
+def test_einsum_is_rewritten_as_a_matmul_and_equal_in_float():
+    model, x = _maxvit_attention(), torch.randn(1, 2, 16, 32)
+    gm = torch.export.export(model, (x,)).module()
+    with torch.no_grad():
+        before = gm(x)
+        rules.einsum_as_matmul(gm)
+        after = gm(x)
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-6)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.einsum.default not in targets
+    assert targets.count(torch.ops.aten.matmul.default) == 2
+
+
+@needs_gcc
+def test_maxvit_attention_runs_on_kernels_bit_exact_with_no_scalar_call(tmp_path):
+    """MaxViT's window attention: both einsums on MMALIB (the key scale folded into the rescale),
+    the relative position bias (a constant broadcast over the windows) on the broadcast add."""
+    flow = _flow(_maxvit_attention(), (1, 2, 16, 32))
+    log = OffloadLog()
+    run_offload(flow.mod, log)
+    decided = sorted((d.op, d.kernel) for d in log.decisions if d.op in ("matmul", "residual_add", "softmax"))
+    assert decided == [("matmul", "mmalib_batch_matmul_i8")] * 2 + [("residual_add", "c7x_int8_broadcast_add"),
+                                                                     ("softmax", "c7x_int8_softmax")]
+    summary, _ = compile_and_compare(flow.mod, "maxvit", tmp_path / "c", inputs((1, 2, 16, 32), n=2), mmalib=True)
+    assert summary["macs_offloaded"] == summary["macs_total"] > 0
+    assert summary["calls_by_backend"]["tvm"] == 0

@@ -223,8 +223,8 @@ def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     # two channel multiplies, the four average pools, the two channel affines, the four
     # quantize / dequantize kernels of the model's edges, the int16 max pool and the eight
     # concat / split kernels (1 to 4 segments, int8 and int16), the two activation x activation matmuls
-    # and the two permutes
-    assert len(SIGS) == 45
+    # , the two permutes and the two broadcast adds
+    assert len(SIGS) == 47
     for name, params in SIGS.items():
         py = list(inspect.signature(KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -732,6 +732,10 @@ def valid_args(name: str, rng) -> list:
         blob = np.frombuffer(struct.pack("<iiibbbx", 2**14, 20, 0, 0, 0, 0), np.uint8).copy()
         return [rand(rng, dtype, (2, 3, 4)), rand(rng, dtype, (2, 5, 4)), blob, np.zeros((2, 3, 5), dtype),
                 24, 40, 2, 3, 4, 5, 0, 12, 4, 1, 0, 20, 1, 4]
+    if "broadcast_add" in name:                           # tests/backend/test_broadcast_add.py
+        # x [2, 3, 4] + skip [2, 1, 4] (broadcast over the middle axis)
+        return [rand(rng, dtype, (2, 3, 4)), rand(rng, dtype, (2, 4)),
+                residual_blob(20000, 10000, 15, 0, 0, 0), np.zeros((2, 3, 4), dtype), 8, 2, 3, 4, 4, 0, 1]
     if "residual" in name:
         return [rand(rng, dtype, 10), rand(rng, dtype, 10),
                 residual_blob(20000, 10000, 15, 0, 0, 0), np.zeros(10, dtype), 10, 1]

@@ -105,4 +105,4 @@ def test_residual_declines_broadcasting():
     mod = offload_residual_add_i8(_flow(Broadcast()).mod, log)
     assert offload_calls(mod) == []
     (decision,) = log.decisions
-    assert decision.status == "declined" and "does not broadcast" in decision.reason
+    assert decision.status == "declined" and "the innermost unbroadcast" in decision.reason

@@ -163,6 +163,18 @@ int32_t c7x_int8_residual_add_relu(const int8_t* x, const int8_t* skip, const ui
 int32_t c7x_int16_residual_add_relu(const int16_t* x, const int16_t* skip, const uint8_t* params,
                                     int16_t* out, int32_t n, int32_t has_relu);
 
+/* Residual add whose skip operand is broadcast (an attention bias or mask added to the
+ * scores of every window / head): x, out [d0, d1, d2] contiguous; skip [skip_size] read at
+ * skip[i0 s0 + i1 s1 + i2] (element strides s0, s1 >= 0; 0 repeats the skip along that
+ * axis). Same params blob and formula as c7x_int8_residual_add_relu, per element.
+ * Requires (d0 - 1) s0 + (d1 - 1) s1 + d2 <= skip_size. */
+int32_t c7x_int8_broadcast_add(const int8_t* x, const int8_t* skip, const uint8_t* params, int8_t* out,
+                               int32_t skip_size, int32_t d0, int32_t d1, int32_t d2, int32_t s0,
+                               int32_t s1, int32_t has_relu);
+int32_t c7x_int16_broadcast_add(const int16_t* x, const int16_t* skip, const uint8_t* params, int16_t* out,
+                                int32_t skip_size, int32_t d0, int32_t d1, int32_t d2, int32_t s0,
+                                int32_t s1, int32_t has_relu);
+
 /* Max pool with equal input/output quantization; padding pixels never win.
  * in [N, C, H_in, W_in], out [N, C, H_out, W_out]; window (oh, ow) covers rows
  * oh * sH - pH ... + kH - 1 (columns alike), clipped to the input.

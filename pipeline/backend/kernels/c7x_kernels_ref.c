@@ -731,6 +731,47 @@ static int32_t residual_run(const void* x, const void* skip, const uint8_t* para
 C7X_DEFINE_RESIDUAL(int8, int8_t, ELEM_I8)
 C7X_DEFINE_RESIDUAL(int16, int16_t, ELEM_I16)
 
+/* The residual add of each [d2] row of x with the skip row at i0 s0 + i1 s1: the skip is
+ * broadcast along the axes whose stride is 0. The params are checked by the first row's
+ * call, before anything is written. */
+static int32_t broadcast_add_run(const void* x, const void* skip, const uint8_t* params, void* out,
+                                 int32_t skip_size, int32_t d0, int32_t d1, int32_t d2, int32_t s0,
+                                 int32_t s1, int32_t has_relu, elem_type t)
+{
+    int32_t i0, i1, status;
+    if (x == NULL || skip == NULL || params == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (elem_count(d0, d1, d2, 1) < 0 || skip_size <= 0 || s0 < 0 || s1 < 0 ||
+        (int64_t)s0 * (d0 - 1) + (int64_t)s1 * (d1 - 1) + d2 > skip_size) {
+        return C7X_ERR_SHAPE;
+    }
+    for (i0 = 0; i0 < d0; ++i0) {
+        for (i1 = 0; i1 < d1; ++i1) {
+            const int64_t row = ((int64_t)i0 * d1 + i1) * d2;
+            const int64_t at = (int64_t)i0 * s0 + (int64_t)i1 * s1;
+            status = residual_run(elem_offset(x, row, t), elem_offset(skip, at, t), params,
+                                  (void*)elem_offset(out, row, t), d2, has_relu, t);
+            if (status != C7X_OK) {
+                return status;
+            }
+        }
+    }
+    return C7X_OK;
+}
+
+/* c7x_int8_broadcast_add / c7x_int16_...: one body. */
+#define C7X_DEFINE_BROADCAST_ADD(TN, T, ET)                                                        \
+    int32_t c7x_##TN##_broadcast_add(const T* x, const T* skip, const uint8_t* params, T* out,     \
+                                     int32_t skip_size, int32_t d0, int32_t d1, int32_t d2,        \
+                                     int32_t s0, int32_t s1, int32_t has_relu)                     \
+    {                                                                                              \
+        return broadcast_add_run(x, skip, params, out, skip_size, d0, d1, d2, s0, s1, has_relu, ET); \
+    }
+
+C7X_DEFINE_BROADCAST_ADD(int8, int8_t, ELEM_I8)
+C7X_DEFINE_BROADCAST_ADD(int16, int16_t, ELEM_I16)
+
 /* ------------------------------------------------------------------------- */
 /* Max pool                                                                   */
 /* ------------------------------------------------------------------------- */

@@ -322,6 +322,35 @@ class ElementwiseGeometry(_Geometry):
         return {"in": v, "x": v, "skip": v, "out": v, "params": (16,), "table": (256,)}
 
 
+@dataclass(frozen=True)
+class BroadcastAddGeometry(_Geometry):
+    """Residual add with a broadcast skip: x, out [d0, d1, d2] contiguous; skip [skip_size]
+    read at ``i0 s0 + i1 s1 + i2`` (element strides >= 0, 0 along a broadcast axis)."""
+
+    skip_size: int
+    d0: int
+    d1: int
+    d2: int
+    s0: int
+    s1: int
+
+    def status(self) -> int:
+        if _elem_count(self.d0, self.d1, self.d2) < 0 or self.skip_size <= 0 or min(self.s0, self.s1) < 0:
+            return C7X_ERR_SHAPE
+        end = self.s0 * (self.d0 - 1) + self.s1 * (self.d1 - 1) + self.d2
+        return C7X_OK if end <= self.skip_size else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        v = (self.d0 * self.d1 * self.d2,)
+        return {"x": v, "skip": (self.skip_size,), "out": v, "params": (16,)}
+
+    def skip_index(self) -> np.ndarray:
+        """Flat skip index of each output element, int64 [d0 d1 d2]."""
+        i0 = np.arange(self.d0, dtype=np.int64)[:, None, None] * self.s0
+        i1 = np.arange(self.d1, dtype=np.int64)[None, :, None] * self.s1
+        return (i0 + i1 + np.arange(self.d2, dtype=np.int64)).ravel()
+
+
 def _pool_size_ok(size: int, k: int, stride: int, pad: int, out: int) -> bool:
     """``out`` is the floor-mode or torch's ceil-mode size; pad < k."""
     floor_out = _conv_out_size(size, k, stride, pad, pad)
@@ -606,6 +635,31 @@ def c7x_int8_residual_add_relu(x, skip, params, out, n, has_relu, rounding=None)
 def c7x_int16_residual_add_relu(x, skip, params, out, n, has_relu, rounding=None) -> int:
     """int16 residual add: as the int8 one with int16 tensors (same blob)."""
     return _residual(x, skip, params, out, n, has_relu, _I16, rounding)
+
+
+def _broadcast_add(x, skip, params, out, dims: tuple, has_relu, dtype: np.dtype, rounding) -> int:
+    """The residual add of x with the skip gathered at :meth:`BroadcastAddGeometry.skip_index`."""
+    if x is None or skip is None or params is None or out is None:
+        return C7X_ERR_NULL
+    g = BroadcastAddGeometry(*(_int32(f.name, v) for f, v in zip(fields(BroadcastAddGeometry), dims)))
+    if g.status() != C7X_OK:
+        return g.status()
+    full = _array("skip", skip, g.shapes()["skip"], dtype)[g.skip_index()]
+    return _residual(x, np.ascontiguousarray(full), params, out, g.d0 * g.d1 * g.d2, has_relu, dtype, rounding)
+
+
+def c7x_int8_broadcast_add(x, skip, params, out, skip_size, d0, d1, d2, s0, s1, has_relu,
+                           rounding=None) -> int:
+    """int8 residual add with a broadcast skip (docs/reference.md, "Broadcast add"): x, out int8
+    [d0, d1, d2], skip int8 [skip_size] read at i0 s0 + i1 s1 + i2; params and formula as
+    :func:`c7x_int8_residual_add_relu`."""
+    return _broadcast_add(x, skip, params, out, (skip_size, d0, d1, d2, s0, s1), has_relu, _I8, rounding)
+
+
+def c7x_int16_broadcast_add(x, skip, params, out, skip_size, d0, d1, d2, s0, s1, has_relu,
+                            rounding=None) -> int:
+    """int16 residual add with a broadcast skip: as the int8 one with int16 tensors."""
+    return _broadcast_add(x, skip, params, out, (skip_size, d0, d1, d2, s0, s1), has_relu, _I16, rounding)
 
 
 def c7x_int8_max_pool(in_, out, N, C, H_in, W_in, H_out, W_out, kH, kW, sH, sW, pH, pW,

@@ -9,6 +9,7 @@ recognises these float forms over one tensor ``d`` (``R6(e)`` is the clip of
     silu         multiply(d, sigmoid(d))                 |  nn.silu(d)
     sigmoid      sigmoid(d)
     gelu         nn.gelu(d)  (gelu_tanh: nn.gelu_tanh(d))
+    tanh         tanh(d)  (MaxViT's classifier)
 
 Pattern (``docs/reference.md``, "Activation tables")::
 
@@ -148,7 +149,8 @@ def _single_op(op: str):
 _FORMS = (("hardswish", _hardswish), ("hardsigmoid", _hardsigmoid),
           ("silu", lambda g, e, c: _times_self(g, e, c, _sigmoid)),
           ("silu", _single_op("relax.nn.silu")), ("sigmoid", _sigmoid),
-          ("gelu", _single_op("relax.nn.gelu")), ("gelu_tanh", _single_op("relax.nn.gelu_tanh")))
+          ("gelu", _single_op("relax.nn.gelu")), ("gelu_tanh", _single_op("relax.nn.gelu_tanh")),
+          ("tanh", _single_op("relax.tanh")))
 
 
 def match_activation(graph: Graph, expr) -> ActivationMatch | None:
@@ -205,6 +207,6 @@ def _planner(graph: Graph, binding):
 
 
 def offload_activation_lut_i8(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
-    """int8 ``q(f(dq(x)))`` for f in hardswish, hardsigmoid, silu, sigmoid, gelu ->
+    """int8 ``q(f(dq(x)))`` for f in hardswish, hardsigmoid, silu, sigmoid, gelu, tanh ->
     ``c7x_int8_lut(in, table, out, n)`` with table int8[256] (module docstring)."""
     return run_pass(mod, log, "activation_lut_i8", _planner)
