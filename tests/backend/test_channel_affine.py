@@ -433,3 +433,80 @@ def test_dense_net_c_equals_reference_and_is_near_torch_qdq(tmp_path, dtype):
         expect = np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(3)])
     span = float(np.abs(expect).max()) + 1e-6
     assert np.abs(out - expect).max() <= 0.05 * span
+
+
+# ------------------------------------------------------------------ ConvNeXt's layer scale
+
+class LayerScaled(nn.Module):
+    """A conv, then ConvNeXt's layer scale (``gamma * x``, gamma [C, 1, 1]) and the residual."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.gamma = nn.Parameter(torch.linspace(-0.6, 0.9, c).reshape(c, 1, 1))
+
+    def forward(self, x):
+        return x + self.gamma * self.conv(x)
+
+
+@needs_gcc
+@pytest.mark.parametrize("dtype", [np.int8, np.int16])
+def test_layer_scale_kernel_equals_torchs_float32_product(dtype):
+    """alpha = gamma, beta = 0: the kernel's fma with a zero addend is torch's float32
+    product, so ``q(gamma * dq(x))`` comes out to the last bit, in C and in the twin."""
+    rng = _rng("layer_scale", dtype)
+    x = _rand(rng, dtype, (1, 6, 35))
+    gamma = rng.uniform(-2, 2, 6).astype(np.float32)
+    zp = 3 if dtype == np.int8 else 0
+    s_in, s_out = float(np.float32(0.0213)), float(np.float32(0.0177))
+    expect = _q(torch.from_numpy(gamma).reshape(6, 1) * _dq(x, zp, s_in, dtype), -2 if dtype == np.int8 else 0,
+                s_out, dtype).numpy()
+    blob = ref.channel_affine_params(zp, np.float32(s_in), gamma, np.zeros_like(gamma))
+    z_out = -2 if dtype == np.int8 else 0
+    args = (1, 6, 35, z_out, s_out, _inv(s_out), 0, z_out, _inv(s_out))
+    name = f"c7x_{_name(dtype)}_channel_affine"
+    for call in (hostlib.call_kernel, lambda n, *a: KERNELS[n](*a)):
+        out = np.zeros_like(x)
+        assert call(name, x, blob, out, *args) == ref.C7X_OK
+        np.testing.assert_array_equal(out, expect)
+
+
+@needs_gcc
+@pytest.mark.parametrize("dtype", ["int8", "int16"])
+def test_layer_scale_runs_on_the_channel_affine_kernel(tmp_path, dtype):
+    """ConvNeXt's layer scale on the kernel, bit-exact with the reference; within one (int16:
+    two) output LSB of torch's Q/DQ model (the conv's and the residual add's integer rescales, not the
+    layer scale, which the test above shows exact)."""
+    torch.manual_seed(2)
+    flow = quantize(LayerScaled().eval(), torch.randn(1, 8, 5, 5), dtype=dtype)
+    log = OffloadLog()
+    run_offload(flow.mod, log)
+    scaled = [(d.status, d.kernel) for d in log.decisions if d.op == "multiply"]
+    assert scaled == [("offloaded", f"c7x_{dtype}_channel_affine")]
+    x = inputs((1, 8, 5, 5), n=2)
+    summary, out = compile_and_compare(flow.mod, "ls", tmp_path / "c", x, mmalib=True)
+    assert summary["calls_by_backend"]["tvm"] == 0
+    with torch.no_grad():
+        expect = np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(2)])
+    out_scale = max(abs(float(n.args[1])) for n in flow.qdq.graph.nodes
+                    if n.op == "call_function" and "dequantize_per_tensor" in str(n.target)
+                    and n.users and all(u.op == "output" for u in n.users))
+    # int16: the conv's and add's rescales round twice, by an LSB 256 times finer
+    assert np.abs(out - expect).max() <= (1.01 if dtype == "int8" else 2.01) * out_scale
+
+
+def test_a_multiply_by_a_per_pixel_constant_is_not_a_layer_scale():
+    class PerPixel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 1)
+            self.register_buffer("w", torch.rand(1, 1, 3, 3))
+
+        def forward(self, x):
+            return self.conv(x) * self.w
+
+    torch.manual_seed(2)
+    flow = quantize(PerPixel().eval(), torch.randn(1, 4, 3, 3))
+    log = OffloadLog()
+    offload_channel_affine(flow.mod, log)
+    assert [d for d in log.decisions if d.op == "multiply"] == []

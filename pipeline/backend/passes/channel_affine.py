@@ -31,6 +31,10 @@ intermediate has that single use and (two-quantize form) the dequantize has
 the quantize's parameters and both quantizes one dtype; otherwise the
 batch_norm is offloaded alone and the ReLU left to :mod:`.relu`.
 
+The same kernel takes a per-channel layer scale (ConvNeXt's ``gamma * x``, gamma a float32
+``[C, 1, 1]`` constant): ``q(multiply(dq(x), gamma))`` -> ``c7x_*_channel_affine`` with alpha
+= gamma, beta = 0, no ReLU (:func:`_plan_layer_scale`).
+
 The fused ReLU gets its own offload decision in the log (same PrimFunc, note
 "fused into ..."), so the manifest shows it on the C7x kernel that runs it.
 """
@@ -231,6 +235,55 @@ def _plan(graph: Graph, m: _Match) -> Offload:
                         f"quantize in float32")
 
 
+def _layer_scale_gamma(graph: Graph, mul) -> tuple[object, np.ndarray] | None:
+    """``(the other operand, gamma float32 [C])`` when ``mul`` multiplies a tensor of rank >= 2
+    by a float32 constant of one value per channel of axis 1 (ConvNeXt's layer scale, a
+    ``[C, 1, 1]`` parameter on NCHW), else None."""
+    for k in (0, 1):
+        gamma, other = const_array(mul.args[k]), mul.args[1 - k]
+        shape = static_shape(other)
+        if gamma is None or gamma.dtype != np.float32 or shape is None or len(shape) < 2 or gamma.ndim > len(shape):
+            continue
+        padded = (1,) * (len(shape) - gamma.ndim) + gamma.shape
+        if padded[1] == shape[1] and all(d == 1 for i, d in enumerate(padded) if i != 1):
+            return other, gamma.reshape(shape[1])
+    return None
+
+
+def _plan_layer_scale(graph: Graph, out: QDQ) -> Offload | None:
+    """``q(multiply(dq(x), gamma))`` with gamma one float32 per channel of axis 1 ->
+    ``c7x_*_channel_affine`` with alpha = gamma, beta = 0 and no ReLU: the kernel's
+    ``fma(x, gamma, 0)`` is torch's float32 product, rounded once, so it equals the Q/DQ
+    model. None when ``out`` quantizes no such product; raises :class:`Declined` when it is one
+    the kernel cannot take."""
+    mul = graph.call(out.data, "relax.multiply") if isinstance(out.data, relax.Var) else None
+    found = _layer_scale_gamma(graph, mul) if mul is not None else None
+    dq = dequantize_of(graph, found[0]) if found is not None else None
+    if dq is None or str(dq.data.ty.dtype) not in DTYPES:
+        return None
+    dtype, gamma = str(dq.data.ty.dtype), found[1]
+    with declining(var_name(out.data), "multiply", dtype):
+        _check_quantize(out, dtype, "layer scale output")
+        if not dq.scalar or const_array(dq.data) is not None:
+            raise Declined("input is a constant or its dequantize has non-constant or per-channel parameters")
+        if not graph.single_use(out.data):
+            raise Declined(f"float intermediate {var_name(out.data)} has other users")
+        if not np.all(np.abs(gamma) <= AFFINE_LIMIT) or abs(np.float32(dq.s)) > AFFINE_LIMIT:
+            raise Declined("a scale or gamma exceeds the kernel's 2^40 bound")
+        shape = static_shape(dq.data)
+        n, c, hw = shape[0], shape[1], int(np.prod(shape[2:], dtype=np.int64))
+        blob = channel_affine_params(dq.z, np.float32(dq.s), gamma, np.zeros_like(gamma))
+        kernel = f"c7x_{dtype}_channel_affine"
+        out_s = float(np.float32(out.s))
+        scalars = [n, c, hw, out.z, out_s, inverse_scale(out_s), 0, out.z, inverse_scale(out_s)]
+        prim = offload_primfunc(kernel, [TensorArg("data", shape, dtype), TensorArg("params", blob.shape, "uint8"),
+                                         TensorArg("out", shape, dtype)], scalars)
+        params, src = const(blob), dq.data
+        return Offload(var_name(out.data), "multiply", dtype, kernel,
+                       lambda ctx: ctx.call_offload(prim, [src, params], shape, dtype),
+                       note="a per-channel layer scale: torch's dequantize, multiply and quantize in float32")
+
+
 def offload_channel_affine(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
     """int8 / int16 ``q(batch_norm(dq | concat(dq...)))`` with an optional ReLU (both
     forms of the module docstring) -> ``c7x_int{8,16}_channel_affine(in, params, out, N,
@@ -247,7 +300,8 @@ def offload_channel_affine(mod: tvm.IRModule, log: OffloadLog | None = None) -> 
             cache[id(graph)] = _users(graph)
         m = _match(graph, cache[id(graph)], binding)
         if m is None:
-            return None
+            out = quantize_of(graph, binding.value)
+            return _plan_layer_scale(graph, out) if out is not None else None
         if m.dtype not in DTYPES:
             return None
         with declining(var_name(m.bn.var), "batch_norm", m.dtype):
