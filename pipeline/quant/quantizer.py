@@ -31,8 +31,8 @@ import warnings
 
 import torch
 from torch.fx import Node
-from torchao.quantization.pt2e.quantizer import (QuantizationAnnotation, QuantizationSpec,
-                                                 Quantizer, SharedQuantizationSpec)
+from torchao.quantization.pt2e.quantizer import (FixedQParamsQuantizationSpec, QuantizationAnnotation,
+                                                 QuantizationSpec, Quantizer, SharedQuantizationSpec)
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
 from . import rules, specs
@@ -134,7 +134,9 @@ class C7xMMAQuantizer(Quantizer):
         softmax (:func:`rules.decompose_attention`), an einsum that is a batched matmul becomes
         permutes around a matmul (:func:`rules.einsum_as_matmul`), and a scalar multiply on an
         activation matmul's operand moves behind the matmul (:func:`rules.hoist_scalar_multiplies`),
-        so the operand is a view of its producer (rules.MATMUL)."""
+        so the operand is a view of its producer (rules.MATMUL); a pad of zero width is dropped
+        (:func:`rules.drop_empty_pads`)."""
+        model = rules.drop_empty_pads(model)
         return rules.hoist_scalar_multiplies(rules.einsum_as_matmul(rules.decompose_attention(model)))
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -225,6 +227,12 @@ class C7xMMAQuantizer(Quantizer):
             return
         self._node_dtype[node] = self._output_dtype(src, default=self._dtype_of(node))
         base = rules.view_source(src)
+        ann = src.meta.get(Q_ANNOTATION_KEY)
+        if ann is not None and isinstance(ann.output_qspec, FixedQParamsQuantizationSpec):
+            # after a softmax (fixed qparams): an act observer on the input would requantize
+            # the probabilities for nothing (Swin's eval-mode dropout before attention . V)
+            self._set(node, {src: SharedQuantizationSpec(src)}, SharedQuantizationSpec(src))
+            return
         if base is not src and self._observed(base):
             # a view of a view of an observed tensor (the q, k, v of a fused attention projection):
             # the same qparams all the way, so no requantize between the views

@@ -20,7 +20,8 @@ Per kind: the ops, what is observed on the inputs, and the output.
 * LAYER_NORM -- layer_norm: input act, weight/bias float. Output act.
 * TRANSPARENT -- relu, relu_, max_pool2d, view, permute, flatten.using_ints;
   *ours*: hardtanh, hardtanh_, relu6 (ReLU6), reshape, dropout, dropout_
-  (identity in eval). Input act; the output shares the input node's
+  (identity in eval), roll (Swin's cyclic shift). After a softmax (fixed qparams) the
+  input and output share the softmax's observer. Input act; the output shares the input node's
   observer (SharedQuantizationSpec) when that output is observed, else an
   independent act. *Ours*: when the input is itself a view (:data:`VIEW_OPS`)
   of an observed tensor, input and output share that tensor's observer
@@ -89,6 +90,8 @@ TRANSPARENT = frozenset({
     # eval-mode dropout (an identity)
     aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default,
     aten.reshape.default, aten.dropout.default, aten.dropout_.default,
+    # ours: Swin's cyclic shift, data movement (an int8 take per axis, docs/reference.md, "Take")
+    aten.roll.default,
 })
 
 #: producers whose output is not observed when a fusable activation is their only user.
@@ -117,6 +120,8 @@ VIEW_OPS = frozenset({aten.transpose.int, aten.permute.default, aten.view.defaul
                       aten.clone.default})
 #: torch's fused attention (nn.MultiheadAttention, ViT): decomposed before annotation
 SDPA = frozenset({aten.scaled_dot_product_attention.default})
+#: padding ops: one of zero width is dropped before annotation (:func:`drop_empty_pads`)
+PAD = frozenset({aten.pad.default, aten.constant_pad_nd.default})
 #: einsum of two operands (MaxViT's attention): rewritten as a batched matmul before annotation
 EINSUM = frozenset({aten.einsum.default})
 SCALAR_MULTIPLY = frozenset({aten.mul.Tensor})
@@ -422,6 +427,26 @@ def einsum_as_matmul(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         node.replace_all_uses_with(out)
         g.erase_node(node)
         changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return gm
+
+
+def drop_empty_pads(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Remove each pad whose widths are all 0 (in place, also returned): an identity that would
+    otherwise break the integer chain. Swin pads each stage to a multiple of its window, which
+    at 224 x 224 is a pad by nothing (56, 28, 14 and 7 are multiples of 7)."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in PAD or len(node.args) < 2:
+            continue
+        widths = node.args[1]
+        if isinstance(node.args[0], Node) and isinstance(widths, (list, tuple)) and all(
+                isinstance(w, int) and w == 0 for w in widths):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            changed = True
     if changed:
         gm.graph.lint()
         gm.recompile()

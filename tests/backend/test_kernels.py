@@ -223,8 +223,8 @@ def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     # two channel multiplies, the four average pools, the two channel affines, the four
     # quantize / dequantize kernels of the model's edges, the int16 max pool and the eight
     # concat / split kernels (1 to 4 segments, int8 and int16), the two activation x activation matmuls
-    # , the two permutes and the two broadcast adds
-    assert len(SIGS) == 47
+    # , the two permutes, the two broadcast adds and the two takes
+    assert len(SIGS) == 49
     for name, params in SIGS.items():
         py = list(inspect.signature(KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -773,6 +773,9 @@ def valid_args(name: str, rng) -> list:
         return [rand(rng, np.int8, 10), rand(rng, np.int8, 256), np.zeros(10, np.int8), 10]
     if name.startswith("c7x_permute"):                    # tests/backend/test_permute.py
         return [rand(rng, dtype, (2, 3, 4)), np.zeros((4, 2, 3), dtype), 1, 1, 1, 2, 3, 4, 0, 1, 2, 5, 3, 4]
+    if name.startswith("c7x_take"):                       # tests/backend/test_take.py
+        return [rand(rng, dtype, (2, 4, 3)), np.array([3, 0, 1, 2, 2], np.int32), np.zeros((2, 5, 3), dtype),
+                2, 4, 5, 3]
     if name.startswith("c7x_concat"):                     # tests/backend/test_concat.py
         k = int(name[len("c7x_concat")])
         segs = [[6, 1, 4, -2, 0.03 + 0.01 * j] for j in range(k)]

@@ -371,6 +371,15 @@ int32_t c7x_permute_i16(const int16_t* in, int16_t* out, int32_t d0, int32_t d1,
                         int32_t d4, int32_t d5, int32_t p0, int32_t p1, int32_t p2, int32_t p3, int32_t p4,
                         int32_t p5);
 
+/* Gather along one axis of an int8 / int16 tensor (ours; docs/reference.md, "Take"): in
+ * [outer, n_in, inner], index int32 [n_out] (constant), out[o, j, i] = in[o, index[j], i].
+ * Pure data movement: Swin's cyclic shift (torch.roll, a take per axis). C7X_ERR_SHAPE for a
+ * non-positive size, C7X_ERR_PARAM for an index outside [0, n_in) (checked before writing). */
+int32_t c7x_take_i8(const int8_t* in, const int32_t* index, int8_t* out, int32_t outer, int32_t n_in,
+                    int32_t n_out, int32_t inner);
+int32_t c7x_take_i16(const int16_t* in, const int32_t* index, int16_t* out, int32_t outer, int32_t n_in,
+                     int32_t n_out, int32_t inner);
+
 /* Concatenate and slice with requantize (ours: the reference leaves concat and split to
  * TVM's scalar code; docs/reference.md, "Concat and split"). c7x_concat<K>_<t> writes
  * the concatenation of K segments, each requantized from its own quantization to the

@@ -1878,3 +1878,44 @@ static int32_t permute_run(const void* in, void* out, const int32_t* dims, const
 
 C7X_DEFINE_PERMUTE(i8, int8_t, ELEM_I8)
 C7X_DEFINE_PERMUTE(i16, int16_t, ELEM_I16)
+
+/* ------------------------------------------------------------------------- */
+/* Take (gather along one axis; data movement)                                */
+/* ------------------------------------------------------------------------- */
+
+static int32_t take_run(const void* in, const int32_t* index, void* out, int32_t outer, int32_t n_in,
+                        int32_t n_out, int32_t inner, elem_type t)
+{
+    int32_t o, j, i;
+    if (in == NULL || index == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (elem_count(outer, n_in, inner, 1) < 0 || elem_count(outer, n_out, inner, 1) < 0) {
+        return C7X_ERR_SHAPE;
+    }
+    for (j = 0; j < n_out; ++j) {
+        if (index[j] < 0 || index[j] >= n_in) {
+            return C7X_ERR_PARAM;
+        }
+    }
+    for (o = 0; o < outer; ++o) {
+        for (j = 0; j < n_out; ++j) {
+            const int64_t src = ((int64_t)o * n_in + index[j]) * inner;
+            const int64_t dst = ((int64_t)o * n_out + j) * inner;
+            for (i = 0; i < inner; ++i) {
+                store_saturated(out, dst + i, load_elem(in, src + i, t), t);
+            }
+        }
+    }
+    return C7X_OK;
+}
+
+#define C7X_DEFINE_TAKE(SUF, T, ET)                                                                \
+    int32_t c7x_take_##SUF(const T* in, const int32_t* index, T* out, int32_t outer, int32_t n_in, \
+                           int32_t n_out, int32_t inner)                                           \
+    {                                                                                              \
+        return take_run(in, index, out, outer, n_in, n_out, inner, ET);                            \
+    }
+
+C7X_DEFINE_TAKE(i8, int8_t, ELEM_I8)
+C7X_DEFINE_TAKE(i16, int16_t, ELEM_I16)

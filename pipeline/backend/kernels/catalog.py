@@ -87,9 +87,9 @@ class Kernel:
 
     @property
     def layer(self) -> bool:
-        """False for the edges and for data movement (concat, split, permute): kernels that compute
+        """False for the edges and for data movement (concat, split, permute, take): kernels that compute
         no layer of the model (``backend/manifest.py``)."""
-        return not (self.edge or self.offload.startswith(("concat.", "permute.")))
+        return not (self.edge or self.offload.startswith(("concat.", "permute.", "take.")))
 
     @property
     def macs(self) -> bool:
@@ -178,6 +178,8 @@ def _records() -> tuple[Kernel, ...]:
         # data movement (a multi-dimensional DMA on the C7x; costed as one vector pass, assumed)
         K("c7x_permute_i8", "permute.offload_permute", ref.c7x_permute_i8, ref.PermuteGeometry, "vector"),
         K("c7x_permute_i16", "permute.offload_permute", ref.c7x_permute_i16, ref.PermuteGeometry, "vector"),
+        K("c7x_take_i8", "take.offload_take", ref.c7x_take_i8, ref.TakeGeometry, "vector"),
+        K("c7x_take_i16", "take.offload_take", ref.c7x_take_i16, ref.TakeGeometry, "vector"),
         *(K(f"c7x_concat{k}_{t}", "concat.offload_concat", getattr(ref, f"c7x_concat{k}_{t}"), ref.ConcatGeometry,
             "vector") for k in range(1, ref.MAX_SEGMENTS + 1) for t in ("i8", "i16")),
     )

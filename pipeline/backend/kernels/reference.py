@@ -1711,3 +1711,53 @@ def c7x_permute_i8(in_, out, d0, d1, d2, d3, d4, d5, p0, p1, p2, p3, p4, p5, rou
 def c7x_permute_i16(in_, out, d0, d1, d2, d3, d4, d5, p0, p1, p2, p3, p4, p5, rounding=None) -> int:
     """int16 transpose: as :func:`c7x_permute_i8` with int16 tensors."""
     return _permute(in_, out, (d0, d1, d2, d3, d4, d5, p0, p1, p2, p3, p4, p5), _I16)
+
+
+# --------------------------------------------------------------------------
+# Take (gather along one axis; data movement; docs/reference.md, "Take")
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TakeGeometry(_Geometry):
+    """in [outer, n_in, inner], index int32 [n_out], out [outer, n_out, inner]."""
+
+    outer: int
+    n_in: int
+    n_out: int
+    inner: int
+
+    def status(self) -> int:
+        ok = _elem_count(self.outer, self.n_in, self.inner) > 0 and _elem_count(self.outer, self.n_out, self.inner) > 0
+        return C7X_OK if ok else C7X_ERR_SHAPE
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"in": (self.outer, self.n_in, self.inner), "index": (self.n_out,),
+                "out": (self.outer, self.n_out, self.inner)}
+
+
+def _take(in_, index, out, args: tuple, dtype: np.dtype) -> int:
+    if in_ is None or index is None or out is None:
+        return C7X_ERR_NULL
+    g = TakeGeometry(*(_int32(f.name, v) for f, v in zip(fields(TakeGeometry), args)))
+    if g.status() != C7X_OK:
+        return g.status()
+    sh = g.shapes()
+    idx = _array("index", index, sh["index"], _I32).astype(np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= g.n_in):
+        return C7X_ERR_PARAM
+    x = _array("in", in_, sh["in"], dtype)
+    y = _array("out", out, sh["out"], dtype, output=True)
+    y[...] = x[:, idx, :]
+    return C7X_OK
+
+
+def c7x_take_i8(in_, index, out, outer, n_in, n_out, inner, rounding=None) -> int:
+    """int8 gather along one axis (docs/reference.md, "Take"): in int8 [outer, n_in, inner],
+    index int32 [n_out] in [0, n_in) (else C7X_ERR_PARAM, nothing written), out int8
+    [outer, n_out, inner] = in[:, index, :]. ``rounding`` is unused (no arithmetic)."""
+    return _take(in_, index, out, (outer, n_in, n_out, inner), _I8)
+
+
+def c7x_take_i16(in_, index, out, outer, n_in, n_out, inner, rounding=None) -> int:
+    """int16 gather: as :func:`c7x_take_i8` with int16 tensors."""
+    return _take(in_, index, out, (outer, n_in, n_out, inner), _I16)

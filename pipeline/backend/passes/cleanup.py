@@ -3,7 +3,8 @@
 Three rewrites, all exact:
 
 - ``eliminate_qdq_transparent``: ``q(op(dq(x, s, zp)), s, zp) -> op(x)`` for
-  a data-movement op (reshape, permute_dims, squeeze, expand_dims) with equal
+  a data-movement op (reshape, permute_dims, squeeze, expand_dims, take) or a chain
+  of them whose inner float results have no other user, with equal
   constant scalar parameters and ``q``'s dtype equal to ``x``'s: moving
   elements commutes with an element-wise dequantize/quantize round trip,
   which is the identity on ``x``'s integers (torch's flatten / view / permute
@@ -26,29 +27,47 @@ from .graph import QDQ, Graph, dequantize_of, quantize_of, static_shape, var_nam
 from .log import OffloadLog
 from .rewrite import Simplify, run_pass
 
-TRANSPARENT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims")
+TRANSPARENT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims", "relax.take")
 
 
 def _same(dq: QDQ, q: QDQ) -> bool:
     return dq.same_params(q) and str(dq.data.ty.dtype) == q.out_dtype
 
 
+def _transparent_chain(graph: Graph, expr) -> tuple[list, QDQ | None]:
+    """The data-movement ops from ``expr`` down to a dequantize (outermost first) and that
+    dequantize; ``([], None)`` when ``expr`` is no such chain or an inner float result has other
+    users. Swin's cyclic shift (``torch.roll``) imports as two chained ``take``."""
+    ops = []
+    while (op := graph.call(expr, *TRANSPARENT_OPS)) is not None:
+        ops.append(op)
+        expr = op.args[0]
+        dq = dequantize_of(graph, expr)
+        if dq is not None:
+            return ops, dq
+        if not graph.single_use(expr):
+            break
+    return [], None
+
+
 def _transparent_planner(graph: Graph, binding):
     q = quantize_of(graph, binding.value)
     if q is None:
         return None
-    op = graph.call(q.data, *TRANSPARENT_OPS)
-    dq = dequantize_of(graph, op.args[0]) if op is not None else None
+    ops, dq = _transparent_chain(graph, q.data)
     if dq is None or not _same(dq, q):
         return None
-    name = op.op.name.split(".")[-1]
+    name = "_".join(op.op.name.split(".")[-1] for op in reversed(ops))
     shape = static_shape(q.data)
-    as_reshape = name == "permute_dims" and shape is not None and _moves_only_unit_axes(op)
+    as_reshape = name == "permute_dims" and shape is not None and _moves_only_unit_axes(ops[0])
 
     def build(ctx):
         if as_reshape:  # same element order: a view, not a transpose call
             return relax.op.reshape(ctx.remap(dq.data), shape)
-        return relax.Call(op.op, [ctx.remap(dq.data), *op.args[1:]], op.attrs)
+        x = ctx.remap(dq.data)
+        for op in reversed(ops[1:]):
+            x = ctx.emit(relax.Call(op.op, [x, *op.args[1:]], op.attrs), f"{var_name(q.data)}_{len(ops)}")
+        return relax.Call(ops[0].op, [x, *ops[0].args[1:]], ops[0].attrs)
 
     return Simplify(var_name(q.data), name, q.out_dtype, f"{name} on {q.out_dtype} without Q/DQ", build)
 
@@ -100,7 +119,8 @@ def collapse_reshapes(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.I
 
 
 def eliminate_qdq_transparent(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
-    """``dq -> reshape | permute_dims | squeeze | expand_dims -> q`` with equal parameters -> the op on the integers."""
+    """``dq -> reshape | permute_dims | squeeze | expand_dims | take (chained) -> q`` with equal parameters ->
+    the ops on the integers."""
     return run_pass(mod, log, "qdq_transparent", _transparent_planner)
 
 

@@ -13,7 +13,8 @@ such bindings); evaluated are the *frontier* ones, read by a binding that is not
 constant or by the output. A frontier whose subgraph only moves or requantizes
 constants (``dequantize``, ``quantize``, ``reshape``, ``permute_dims``, ...: how the
 importer writes a weight, ``dq(int8 W)``) is left alone: the offload passes read
-those patterns, and ``FoldConstant`` handles them after offload.
+those patterns, and ``FoldConstant`` handles them after offload. For the same reason a
+frontier ``dq(x)`` is folded at ``x``: the integer constant stays behind its dequantize.
 """
 
 from __future__ import annotations
@@ -125,6 +126,16 @@ def _evaluate(const: dict, targets: list) -> list[np.ndarray]:
     return [out[i].numpy() for i in range(len(targets))]
 
 
+def _fold_point(var, const: dict):
+    """What to evaluate for the frontier ``var``: itself, or, when it is the dequantize of a
+    constant binding (a quantized mask or bias table: the quantizer observed it), that binding,
+    so ``dq(integer constant)`` is left, the pattern the offload passes read (Swin's window
+    mask on the broadcast add)."""
+    value = const[var]
+    inner = value.args[0] if _op_name(value) == "relax.dequantize" else None
+    return inner if isinstance(inner, relax.Var) and inner in const else var
+
+
 def fold_constant_subgraphs(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[tuple[str, str]]]:
     """Replace every input-independent computing subgraph of ``mod["main"]`` by its value
     (module docstring). ``mod``: the imported module, parameters bound as constants, before
@@ -135,7 +146,8 @@ def fold_constant_subgraphs(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[tuple
     const = constant_bindings(func)
     users = _users(func)
     frontier = [v for v in const if any(u is None or u not in const for u in users.get(v, []))]
-    targets = [v for v in frontier if isinstance(v.ty, relax.TensorType)   # (a tuple's items are frontiers)
+    points = dict.fromkeys(_fold_point(v, const) for v in frontier)
+    targets = [v for v in points if isinstance(v.ty, relax.TensorType)   # (a tuple's items are frontiers)
                and any(_op_name(const[u]) not in LAYOUT_OPS for u in _subgraph(v, const))]
     if not targets:
         return mod, []

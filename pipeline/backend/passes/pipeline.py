@@ -14,8 +14,8 @@ constants, so the FC passes left them); the squeeze-excitation
 multiply and the average pools (the reference's step 4 names an avgpool
 fusion), then concat and split (data movement between layers: their patterns
 start at a quantize of a concat or of a split piece, which no layer pass
-claims) before the requantize. The integer transposes the cleanups leave go to
-the permute kernel right after them. The model's edges (the input quantize, the
+claims) before the requantize. The integer transposes and gathers (Swin's roll) the
+cleanups leave go to the permute and take kernels right after them. The model's edges (the input quantize, the
 output dequantize) come last, after the cleanups: only the Q/DQ that are left
 are real passes over a tensor. CanonicalizeBindings and DeadCodeElimination
 follow (the float weights' dequantize bindings die there).
@@ -57,6 +57,7 @@ from .relu import offload_relu_i8
 from .requantize import offload_requantize
 from .residual import offload_residual_add_i8, offload_residual_add_i16
 from .softmax import offload_softmax_i8
+from .take import offload_take
 
 #: every pass, in order (module docstring); ``run_offload`` runs exactly these
 PASS_ORDER = (
@@ -67,7 +68,7 @@ PASS_ORDER = (
     offload_batch_matmul_i16, offload_channel_mul,
     offload_global_avg_pool, offload_avg_pool2d, offload_concat,
     offload_requantize,
-    eliminate_qdq_transparent, eliminate_qdq_pairs, offload_permute, collapse_reshapes,
+    eliminate_qdq_transparent, eliminate_qdq_pairs, offload_permute, offload_take, collapse_reshapes,
     offload_input_quantize, offload_output_dequantize,
 )
 
