@@ -299,3 +299,24 @@ def test_pools_net_with_convs_c_equals_reference(tmp_path, dtype):
         expect = np.concatenate([flow.qdq(torch.from_numpy(x[i:i + 1])).numpy() for i in range(3)])
     span = float(np.abs(expect).max()) + 1e-6
     assert np.abs(out - expect).max() <= 0.05 * span
+
+
+@needs_gcc
+def test_convnext_head_pool_through_its_identity_reshape_and_layer_scales_leave_no_scalar_call(tmp_path):
+    """torchvision's ConvNeXt (stem and first stage, a 10-class head): its global pool exports as
+    ``mean`` then an ``as_strided`` to the same shape, which the pool pass looks through; with the
+    layer scales on the channel-affine kernel nothing is left to TVM's scalar code."""
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.convnext_tiny()
+    model.features = model.features[:2]
+    model.classifier[0] = torchvision.models.convnext.LayerNorm2d(96)
+    model.classifier[2] = nn.Linear(96, 10)
+    flow = quantize(model.eval(), torch.randn(1, 3, 32, 32))
+    log = OffloadLog()
+    run_offload(flow.mod, log)
+    assert [(d.op, d.status) for d in log.decisions if d.op == "mean"] == [("mean", "offloaded")]
+    assert {d.kernel for d in log.decisions if d.op == "multiply"} == {"c7x_int8_channel_affine"}
+    summary, _ = compile_and_compare(flow.mod, "cnx", tmp_path / "c", inputs((1, 3, 32, 32), n=1), mmalib=True)
+    assert summary["calls_by_backend"]["tvm"] == 0
+    assert summary["macs_offloaded"] == summary["macs_total"]

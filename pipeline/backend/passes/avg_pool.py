@@ -105,12 +105,23 @@ def _plan_window(graph: Graph, call, pool_var, data: QDQ, out: QDQ, dtype: str) 
                    note="torch's dequantize, avg_pool2d and quantize in float32")
 
 
+def _through_identity_reshape(graph: Graph, var):
+    """The input of ``var`` when ``var`` is a reshape to its input's own shape (ConvNeXt's
+    ``as_strided`` after its global pool), else ``var``."""
+    reshape = graph.call(var, "relax.reshape")
+    if reshape is None or not isinstance(reshape.args[0], relax.Var):
+        return var
+    shape = static_shape(var)
+    return reshape.args[0] if shape is not None and shape == static_shape(reshape.args[0]) else var
+
+
 def _planner(ops: tuple[str, ...], plan):
     def planner(graph: Graph, binding):
         out = quantize_of(graph, binding.value)
         if out is None or not isinstance(out.data, relax.Var):
             return None
-        call = graph.call(out.data, *ops)
+        pool_var = _through_identity_reshape(graph, out.data)
+        call = graph.call(pool_var, *ops)
         data = dequantize_of(graph, call.args[0]) if call is not None else None
         if data is None:
             return None
@@ -119,7 +130,9 @@ def _planner(ops: tuple[str, ...], plan):
             return None
         op = call.op.name.split(".")[-1]
         with declining(var_name(out.data), op, dtype):
-            return plan(graph, call, out.data, data, out, dtype)
+            if pool_var is not out.data and not graph.single_use(pool_var):
+                raise Declined(f"float intermediate {var_name(pool_var)} has other users")
+            return plan(graph, call, pool_var, data, out, dtype)
 
     return planner
 
