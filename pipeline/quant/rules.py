@@ -20,7 +20,7 @@ Per kind: the ops, what is observed on the inputs, and the output.
 * LAYER_NORM -- layer_norm: input act, weight/bias float. Output act.
 * TRANSPARENT -- relu, relu_, max_pool2d, view, permute, flatten.using_ints;
   *ours*: hardtanh, hardtanh_, relu6 (ReLU6), reshape, dropout, dropout_
-  (identity in eval), roll (Swin's cyclic shift). After a softmax (fixed qparams) the
+  (identity in eval), roll (Swin's cyclic shift), select (ViT's class token). After a softmax (fixed qparams) the
   input and output share the softmax's observer. Input act; the output shares the input node's
   observer (SharedQuantizationSpec) when that output is observed, else an
   independent act. *Ours*: when the input is itself a view (:data:`VIEW_OPS`)
@@ -90,8 +90,9 @@ TRANSPARENT = frozenset({
     # eval-mode dropout (an identity)
     aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default,
     aten.reshape.default, aten.dropout.default, aten.dropout_.default,
-    # ours: Swin's cyclic shift, data movement (an int8 take per axis, docs/reference.md, "Take")
-    aten.roll.default,
+    # ours: Swin's cyclic shift and ViT's class-token select, data movement (int8 takes,
+    # docs/reference.md, "Take")
+    aten.roll.default, aten.select.int,
 })
 
 #: producers whose output is not observed when a fusable activation is their only user.

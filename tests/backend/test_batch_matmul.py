@@ -460,3 +460,27 @@ def test_maxvit_attention_runs_on_kernels_bit_exact_with_no_scalar_call(tmp_path
     summary, _ = compile_and_compare(flow.mod, "maxvit", tmp_path / "c", inputs((1, 2, 16, 32), n=2), mmalib=True)
     assert summary["macs_offloaded"] == summary["macs_total"] > 0
     assert summary["calls_by_backend"]["tvm"] == 0
+
+
+# ------------------------------------------------------------------ a whole (tiny) ViT
+
+@needs_gcc
+def test_tiny_vit_runs_entirely_on_kernels_bit_exact(tmp_path):
+    """torchvision's VisionTransformer (one layer, 2 heads, 16 tokens + the class token): the class
+    token is quantized at compile time into the concat kernel's constant input, its select at the
+    end is an int8 take; every MAC on MMALIB and no TVM scalar call."""
+    from torchvision.models.vision_transformer import VisionTransformer
+    torch.manual_seed(3)
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=32,
+                              mlp_dim=64, num_classes=10).eval()
+    flow = _flow(model, (1, 3, 32, 32))
+    log = OffloadLog()
+    run_offload(flow.mod, log)
+    assert [d.status for d in log.decisions if d.op == "concat"] == ["offloaded"]
+    summary, out = compile_and_compare(flow.mod, "vit", tmp_path / "c", inputs((1, 3, 32, 32), n=2), mmalib=True)
+    assert summary["macs_offloaded"] == summary["macs_total"] > 0
+    assert summary["calls_by_backend"]["tvm"] == 0
+    with torch.no_grad():
+        expect = np.concatenate([flow.qdq(torch.from_numpy(inputs((1, 3, 32, 32), n=2)[i:i + 1])).numpy()
+                                 for i in range(2)])
+    assert np.abs(out - expect).max() <= 0.05 * np.abs(expect).max()

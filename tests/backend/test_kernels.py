@@ -223,8 +223,8 @@ def test_every_header_kernel_has_a_python_twin_with_the_same_arguments():
     # two channel multiplies, the four average pools, the two channel affines, the four
     # quantize / dequantize kernels of the model's edges, the int16 max pool and the eight
     # concat / split kernels (1 to 4 segments, int8 and int16), the two activation x activation matmuls
-    # , the two permutes, the two broadcast adds and the two takes
-    assert len(SIGS) == 49
+    # , the two permutes, the two broadcast adds, the two takes and the L2 normalize
+    assert len(SIGS) == 50
     for name, params in SIGS.items():
         py = list(inspect.signature(KERNELS[name]).parameters)
         assert py[-1] == "rounding"
@@ -767,6 +767,8 @@ def valid_args(name: str, rng) -> list:
     if name == "c7x_int8_layer_norm":                     # tests/backend/test_layer_norm.py
         return [rand(rng, np.int8, (2, 5)), np.full(5, 1 << 16, np.int32), np.zeros(5, np.int64),
                 np.zeros((2, 5), np.int8), 2, 5, 0, 10]
+    if name == "c7x_int8_l2_normalize":                   # tests/backend/test_l2_normalize.py
+        return [rand(rng, np.int8, (2, 5)), np.zeros((2, 5), np.int8), 2, 5, 3, 1 << 23, -4]
     if name == "c7x_int8_softmax":                        # tests/backend/test_softmax.py
         return [rand(rng, np.int8, (2, 5)), ref.softmax_table(0.1), np.zeros((2, 5), np.int8), 2, 5]
     if name == "c7x_int8_lut":                            # tests/backend/test_activation_lut.py

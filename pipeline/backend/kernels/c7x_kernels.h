@@ -241,6 +241,17 @@ int32_t c7x_int8_softmax(const int8_t* in, const int32_t* table, int8_t* out, in
 int32_t c7x_int8_layer_norm(const int8_t* in, const int32_t* gamma, const int64_t* beta, int8_t* out,
                             int32_t rows, int32_t n, int32_t in_zp, int32_t eps_q);
 
+/* L2 normalisation over the last axis of int8 rows (ours; docs/reference.md, "L2 normalize"):
+ * torch's F.normalize(x, dim=-1), Swin V2's cosine attention. in / out int8 [rows, n],
+ * gain = round(2^16 / s_out). Integer only, as c7x_int8_layer_norm without the mean:
+ *   x_i = in_i - in_zp, S2 = sum x_i^2, D = isqrt(2^32 S2), R = floor(2^56 / D) (0 when D = 0),
+ *   z_i = floor((x_i R + 2^15) / 2^16)  (x_i / sqrt(S2) in Q24),
+ *   out_i = clamp(floor((gain z_i + out_zp 2^40 + 2^39) / 2^40), -128, 127).
+ * Requires 1 <= n <= 4096 (C7X_ERR_SHAPE), |in_zp| <= 128, 0 < gain < 2^31 and out_zp in
+ * [-128, 127] (C7X_ERR_PARAM): every product stays below 2^62. */
+int32_t c7x_int8_l2_normalize(const int8_t* in, int8_t* out, int32_t rows, int32_t n, int32_t in_zp,
+                              int32_t gain, int32_t out_zp);
+
 /* Requantize between int8 and int16 (ours: TI names no such kernel; the style is that of
  * its float-scale c7x_int8_requantize_clamp / c7x_int8_rescale, docs/reference.md,
  * "Requantize"). What torch's Q/DQ model computes at an int8 <-> int16 boundary,

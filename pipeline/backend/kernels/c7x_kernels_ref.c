@@ -1179,6 +1179,43 @@ int32_t c7x_int8_layer_norm(const int8_t* in, const int32_t* gamma, const int64_
 }
 
 /* ------------------------------------------------------------------------- */
+/* L2 normalisation over the last axis (int8, integer only)                   */
+/* ------------------------------------------------------------------------- */
+
+int32_t c7x_int8_l2_normalize(const int8_t* in, int8_t* out, int32_t rows, int32_t n, int32_t in_zp,
+                              int32_t gain, int32_t out_zp)
+{
+    int32_t r, i;
+    if (in == NULL || out == NULL) {
+        return C7X_ERR_NULL;
+    }
+    if (rows <= 0 || n <= 0 || n > LAYER_NORM_MAX_N || (int64_t)rows * n > C7X_MAX_ELEMS) {
+        return C7X_ERR_SHAPE;
+    }
+    if (in_zp < -128 || in_zp > 128 || gain <= 0 || out_zp < -128 || out_zp > 127) {
+        return C7X_ERR_PARAM;
+    }
+    for (r = 0; r < rows; ++r) {
+        const int8_t* x = in + (int64_t)r * n;
+        int8_t* y = out + (int64_t)r * n;
+        int64_t s2 = 0, d, inv;
+        for (i = 0; i < n; ++i) {
+            int64_t v = (int64_t)x[i] - in_zp;
+            s2 += v * v;
+        }
+        /* S2 <= 4096 * 256^2 = 2^28; D = sqrt with 16 fraction bits, below 2^30 */
+        d = isqrt_i64(s2 << 32);
+        inv = d > 0 ? (INT64_C(1) << 56) / d : 0;
+        for (i = 0; i < n; ++i) {
+            int64_t z = floor_div_pow2(((int64_t)x[i] - in_zp) * inv + (INT64_C(1) << 15), 16);
+            int64_t q = floor_div_pow2((int64_t)gain * z + ((int64_t)out_zp << 40) + (INT64_C(1) << 39), 40);
+            y[i] = (int8_t)clamp_i64(q, -128, 127);
+        }
+    }
+    return C7X_OK;
+}
+
+/* ------------------------------------------------------------------------- */
 /* int8 <-> int16 requantize (float32, as torch's Q/DQ)                       */
 /* ------------------------------------------------------------------------- */
 

@@ -148,6 +148,8 @@ def _records() -> tuple[Kernel, ...]:
           vector_factor=12.0),
         K("c7x_int8_layer_norm", "layer_norm.offload_layer_norm_i8", ref.c7x_int8_layer_norm,
           ref.LayerNormGeometry, "vector", vector_factor=24.0),
+        K("c7x_int8_l2_normalize", "l2_normalize.offload_l2_normalize_i8", ref.c7x_int8_l2_normalize,
+          ref.LayerNormGeometry, "vector", vector_factor=24.0),
         K("c7x_requantize_i8_i16", "requantize.offload_requantize", ref.c7x_requantize_i8_i16,
           ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
         K("c7x_requantize_i16_i8", "requantize.offload_requantize", ref.c7x_requantize_i16_i8,

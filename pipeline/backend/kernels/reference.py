@@ -1008,6 +1008,41 @@ def c7x_int8_layer_norm(in_, gamma, beta, out, rows, n, in_zp, eps_q, rounding=N
     return C7X_OK
 
 
+def l2_normalize_gain(s_out: float) -> int:
+    """``gain`` of :func:`c7x_int8_l2_normalize`: round(2^16 / s_out) (float64). Raises
+    ValueError when it does not fit an int32 (s_out below about 2^-15)."""
+    gain = round(2.0 ** 16 / float(s_out))
+    if not 0 < gain < 2 ** 31:
+        raise ValueError(f"L2 normalize output scale {s_out:.3g} gives gain {gain} (limit 2^31)")
+    return gain
+
+
+def c7x_int8_l2_normalize(in_, out, rows, n, in_zp, gain, out_zp, rounding=None) -> int:
+    """L2 normalisation over the last axis of int8 ``in`` [rows, n] into int8 ``out`` [rows, n]
+    (torch's ``F.normalize(x, dim=-1)``; docs/reference.md, "L2 normalize"), integer only:
+    ``x_i = in_i - in_zp``, ``D = isqrt(2^32 sum x^2)``, ``R = floor(2^56 / D)``, ``z_i =
+    floor((x_i R + 2^15) / 2^16)``, ``out_i = clamp(floor((gain z_i + out_zp 2^40 + 2^39) /
+    2^40))`` with ``gain`` from :func:`l2_normalize_gain`. ``rounding`` is unused.
+    C7X_ERR_SHAPE for n outside [1, 4096]; C7X_ERR_PARAM for |in_zp| > 128, gain outside
+    (0, 2^31) or out_zp outside int8."""
+    if in_ is None or out is None:
+        return C7X_ERR_NULL
+    g = LayerNormGeometry(_int32("rows", rows), _int32("n", n))
+    if g.status() != C7X_OK:
+        return g.status()
+    in_zp, gain, out_zp = _int32("in_zp", in_zp), _int32("gain", gain), _int32("out_zp", out_zp)
+    if not -128 <= in_zp <= 128 or gain <= 0 or not -128 <= out_zp <= 127:
+        return C7X_ERR_PARAM
+    sh = g.shapes()
+    x = _array("in", in_, sh["in"], _I8).astype(np.int64) - in_zp
+    y = _array("out", out, sh["out"], _I8, output=True)
+    d = np.array([math.isqrt(int(t) << 32) for t in (x * x).sum(axis=1)], np.int64).reshape(-1, 1)
+    inv = np.where(d > 0, (1 << 56) // np.maximum(d, 1), 0)
+    z = (x * inv + (1 << 15)) // (1 << 16)
+    y[...] = np.clip((gain * z + (out_zp << 40) + (1 << 39)) // (1 << 40), -128, 127)
+    return C7X_OK
+
+
 def _float32(name: str, value) -> np.float32:
     """A ``float`` scalar argument as the C call receives it (float32)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):

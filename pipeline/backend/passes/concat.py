@@ -21,7 +21,8 @@ model computes around a concat or split that copies floats unchanged.
 
 Eligibility: one dtype, int8 or int16, in and out (an int8 / int16 mix is
 declined), constant scalar scales and zero points, static shapes, no constant
-input, a piece cut along the concat's own blocks, and at most
+input other than a float32 one of a concat (ViT's class token: quantized at compile time
+with the output's parameters, exact since quantize is element-wise), a piece cut along the concat's own blocks, and at most
 :data:`~pipeline.backend.kernels.reference.MAX_SEGMENTS` segments after merging.
 Concat and split are data movement, not layers (:mod:`pipeline.backend.manifest`):
 the log keeps the decision under the concat's (or the piece's) binding.
@@ -32,15 +33,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import tvm
 from tvm import relax
 
 from ..kernels.reference import MAX_SEGMENTS
 from ..refusal import Declined, declining
-from .graph import QDQ, Graph, const_array, dequantize_of, quantize_of, static_shape, var_name
+from .graph import QDQ, Graph, const, const_array, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
-from .requantize import requantize_scalars
+from .requantize import inverse_scale, requantize_scalars
 from .rewrite import Offload, run_pass
 
 _SUFFIX = {"int8": "i8", "int16": "i16"}
@@ -92,9 +94,36 @@ def _piece(graph: Graph, expr) -> tuple[QDQ, int, int, int] | None:
     return dq, axis, bounds[item.index], bounds[item.index + 1]
 
 
-def _segment(graph: Graph, expr, axis: int | None) -> Segment:
+def _quantized_constant(graph: Graph, expr, q: QDQ) -> QDQ | None:
+    """A float constant input of a concat as the integer constant ``q`` makes of it, behind a
+    dequantize of ``q``'s parameters (ViT's class token): ``q(concat(c, dq(x))) = concat(q(c),
+    q(dq(x)))`` since quantize is element-wise, and the kernel's requantize of ``q(c)`` at equal
+    parameters gives ``q(c)`` back. Computed as torch's ``quantize_per_tensor`` (float32
+    ``rint(c * float32(1 / s)) + zp``, saturated). None when ``expr`` is no float constant (or
+    ``broadcast_to`` of one)."""
+    value = const_array(expr)
+    bcast = graph.call(expr, "relax.broadcast_to") if value is None else None
+    if bcast is not None and const_array(bcast.args[0]) is not None and static_shape(expr) is not None:
+        value = np.broadcast_to(const_array(bcast.args[0]), static_shape(expr))   # the class token's expand
+    if value is None or value.dtype != np.float32 or not q.scalar or q.out_dtype not in _SUFFIX:
+        return None
+    inv = np.float32(inverse_scale(float(np.float32(q.s))))
+    info = np.iinfo(q.out_dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = np.clip(np.rint(value * inv), -2.0 ** 24, 2.0 ** 24)
+    ints = np.clip(np.nan_to_num(v).astype(np.int64) + q.z, info.min, info.max).astype(q.out_dtype)
+    return QDQ(const(ints), q.scale, q.zp, -1, "float32")
+
+
+def _segment(graph: Graph, expr, axis: int | None, q: QDQ | None = None) -> Segment:
     """The segment ``expr`` is, seen as the blocks of ``axis`` (a concat's; None: a piece on
-    its own, along its split axis). Raises Declined when it is neither form."""
+    its own, along its split axis); a float constant is quantized with ``q``'s parameters
+    (:func:`_quantized_constant`). Raises Declined when it is none of these forms."""
+    folded = _quantized_constant(graph, expr, q) if q is not None and axis is not None else None
+    if folded is not None:
+        shape = static_shape(folded.data)
+        a = _axis(axis, len(shape))
+        return Segment(folded, math.prod(shape[:a]), math.prod(shape[a:]), 0, math.prod(shape[a:]))
     piece = _piece(graph, expr)
     dq = piece[0] if piece is not None else dequantize_of(graph, expr)
     if dq is None:
@@ -176,7 +205,7 @@ def _planner(graph: Graph, binding):
             if concat.attrs.axis is None:
                 raise Declined("a concat of flattened inputs (axis None)")
             axis = _axis(int(concat.attrs.axis), len(out_shape))
-            segments = [_segment(graph, f, axis) for f in fields]
+            segments = [_segment(graph, f, axis, q) for f in fields]
             if len({s.outer for s in segments}) != 1:
                 raise Declined("inputs of different outer extents")
             return _plan(binding, q, segments)

@@ -48,6 +48,7 @@ from .conv import offload_conv2d_i8, offload_conv2d_i16
 from .depthwise import offload_depthwise_conv2d_i8, offload_depthwise_conv2d_i16
 from .edges import offload_input_quantize, offload_output_dequantize
 from .fc import offload_fc_i8, offload_fc_i16
+from .l2_normalize import offload_l2_normalize_i8
 from .layer_norm import offload_layer_norm_i8
 from .log import OffloadLog
 from .matmul import offload_batch_matmul_i8, offload_batch_matmul_i16
@@ -64,7 +65,7 @@ PASS_ORDER = (
     offload_conv2d_i8, offload_depthwise_conv2d_i8, offload_fc_i8, offload_residual_add_i8,
     offload_conv2d_i16, offload_fc_i16, offload_residual_add_i16, offload_depthwise_conv2d_i16,
     offload_max_pool2d_i8, offload_max_pool2d_i16, offload_channel_affine, offload_relu_i8,
-    offload_activation_lut_i8, offload_softmax_i8, offload_layer_norm_i8, offload_batch_matmul_i8,
+    offload_activation_lut_i8, offload_softmax_i8, offload_layer_norm_i8, offload_l2_normalize_i8, offload_batch_matmul_i8,
     offload_batch_matmul_i16, offload_channel_mul,
     offload_global_avg_pool, offload_avg_pool2d, offload_concat,
     offload_requantize,

@@ -1,7 +1,7 @@
 """Offload of integer gathers along one axis to the ``c7x_take_i8`` / ``_i16`` kernels (data movement).
 
 Pattern (``docs/reference.md``, "Take"): ``take(x, index, axis)`` on an int8 / int16 tensor with a
-constant 1-D index, what the Q/DQ cleanups leave of ``torch.roll`` (Swin's cyclic shift: one take
+constant 1-D index (or a scalar one: a select, which drops the axis), what the Q/DQ cleanups leave of ``torch.roll`` (Swin's cyclic shift: one take
 per rolled axis, the index ``(arange(n) - shift) mod n``, folded at compile time) ->
 ``call_tir(c7x_take_<t>, x, index)`` with ``x`` viewed as ``[outer, n_in, inner]`` around the
 axis. Runs with the permute pass, after the cleanups. Eligibility: int8 / int16, static shapes,
@@ -40,8 +40,9 @@ def _planner(graph: Graph, binding):
         if const_array(x) is not None:
             raise Declined("input is a compile-time constant")
         index = const_array(call.args[1])
-        if index is None or index.ndim != 1 or not np.issubdtype(index.dtype, np.integer):
-            raise Declined("the index is not a constant 1-D integer array")
+        if index is None or index.ndim > 1 or not np.issubdtype(index.dtype, np.integer):
+            raise Declined("the index is not a constant integer scalar or 1-D array")
+        index = index.reshape(-1)   # a scalar index (a select) drops the axis: the same bytes as [outer, 1, inner]
         if call.attrs.axis is None:
             raise Declined("a take of the flattened tensor")
         axis = int(call.attrs.axis) % len(shape)
