@@ -61,7 +61,10 @@ def _build(root: Path, name: str, n_images: int) -> dict:
             t0 = time.perf_counter()
             out = stage.function()(**stage.args(ctx))
             times[stage.name] = time.perf_counter() - t0
-    return {"estimate": out, "times": times}
+    import json
+    manifest = json.loads((ctx.layout.codegen_dir("mmalib") / "manifest.json").read_text())
+    tvm_calls = sum(1 for c in manifest["calls"] if c["backend"] == "tvm")
+    return {"estimate": out, "times": times, "tvm_calls": tvm_calls}
 
 
 def bench_models(models: list[str], n_images: int) -> None:
@@ -85,6 +88,8 @@ def bench_models(models: list[str], n_images: int) -> None:
               f"{mm['compute_bound_cycles'] / 1e6:10.2f} {doc / 1e6 if doc else float('nan'):9.0f}  "
               f"{r['times']['estimate']:.2f} s / {r['times']['codegen']:.1f} s = {100 * share:.1f}%")
         top = mm["top"][0]
+        engines = ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in sorted(mm["by_engine"].items()))
+        print(f"  {'':<20} by engine: {engines}; calls outside MMALIB/C7x kernels: {r['tvm_calls']}")
         print(f"  {'':<20} costliest: {top['module']} {100 * top['share']:.1f}%, {top['reason']}")
         shutil.rmtree(root, ignore_errors=True)
 
