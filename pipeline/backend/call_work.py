@@ -100,9 +100,13 @@ def _extern_scalars(func) -> list[int]:
 def _offload_work(kernel: str, args: list[Tensor], out: Tensor, func) -> dict:
     if hasattr(catalog.kernel(kernel).geometry, "macs"):  # activation x activation: no weight gives K
         return {"macs": catalog.geometry(kernel, *([None] * len(func.params)), *_extern_scalars(func)).macs()}
-    if catalog.kernel(kernel).macs:
+    rec = catalog.kernel(kernel)
+    if rec.macs:
         w = next(a for a in args if a.home == "weight")
-        c_out = out.shape[1] if len(out.shape) == 4 else out.shape[-1]
+        # an FC's output channels are its last axis whatever the rank (Swin's and ConvNeXt's
+        # [1, H, W, C] tokens); a conv's are axis 1 of NCHW
+        fc = rec.tiling is not None and rec.tiling.kind == "fc"
+        c_out = out.shape[-1] if fc or len(out.shape) != 4 else out.shape[1]
         return {"macs": int(math.prod(out.shape)) * int(math.prod(w.shape)) // max(int(c_out), 1)}
     return {"elements": sum(int(math.prod(a.shape)) for a in args if a.home != "weight")}
 

@@ -484,3 +484,21 @@ def test_tiny_vit_runs_entirely_on_kernels_bit_exact(tmp_path):
         expect = np.concatenate([flow.qdq(torch.from_numpy(inputs((1, 3, 32, 32), n=2)[i:i + 1])).numpy()
                                  for i in range(2)])
     assert np.abs(out - expect).max() <= 0.05 * np.abs(expect).max()
+
+
+@needs_gcc
+def test_call_work_counts_an_fc_on_nhwc_tokens_by_its_last_axis(tmp_path):
+    """Swin and ConvNeXt run their MLPs on [1, H, W, C] tokens: the MACs are H W C_in C_out (the
+    output channels are the last axis, not axis 1 as for an NCHW conv)."""
+    class TokensMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 64)        # widths the FC pass does not pad
+
+        def forward(self, x):                  # x [1, 3, 5, 32]
+            return self.fc(x)
+
+    flow = _flow(_model(TokensMLP), (1, 3, 5, 32))
+    compile_and_compare(flow.mod, "mlp", tmp_path / "c", inputs((1, 3, 5, 32), n=1), mmalib=True)
+    calls = json.loads((tmp_path / "c" / "manifest.json").read_text())["calls"]
+    assert [c["work"]["macs"] for c in calls if c["kernel"] == "mmalib_matmul_bias_i8"] == [3 * 5 * 32 * 64]
