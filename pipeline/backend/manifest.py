@@ -50,6 +50,7 @@ from tvm import relax, tirx
 
 from .passes.activation import match_activation
 from .passes.graph import Graph, const_array, prim_number, static_shape
+from .passes.l2_normalize import _norm_of
 from .passes.matmul import _scale_chain
 from .passes.log import OFFLOADED, SIMPLIFIED, OffloadLog
 
@@ -200,6 +201,21 @@ def _activation_chains(graph: Graph) -> tuple[dict, set]:
     return kinds, inner
 
 
+def _l2_normalize_chains(graph: Graph) -> tuple[dict, set]:
+    """``F.normalize``'s divides (``"l2_normalize"``) and the bindings of their norms (power,
+    sum, power, clip, broadcast: part of the layer, not layers of their own), matched as the
+    L2-normalize pass matches them (:func:`.passes.l2_normalize._norm_of`)."""
+    kinds: dict = {}
+    inner: set = set()
+    for b in graph.bindings:
+        div = graph.call(b.var, "relax.divide")
+        norm = _norm_of(graph, div.args[1]) if div is not None else None
+        if norm is not None and norm[0].same_as(div.args[0]):
+            kinds[b.var] = "l2_normalize"
+            inner.update(norm[3])
+    return kinds, inner
+
+
 def _offload_funcs(mod_after: tvm.IRModule) -> dict[str, dict]:
     """Offload PrimFuncs of ``mod_after``: name -> {kernel, backend}."""
     funcs = {}
@@ -292,6 +308,8 @@ def build_manifest(mod_before: tvm.IRModule, mod_after: tvm.IRModule, log: Offlo
     graph = Graph(mod_before["main"])
     funcs = _offload_funcs(mod_after)
     activations, inner = _activation_chains(graph)
+    norms, norm_inner = _l2_normalize_chains(graph)
+    activations, inner = {**activations, **norms}, inner | norm_inner
     layers: dict = {}
     entries: list[dict] = []
     for binding in graph.bindings:

@@ -4,6 +4,7 @@ element; refused arguments), and a Swin V2 block through codegen bit-exact with 
 
 from __future__ import annotations
 
+import json
 import shutil
 import zlib
 
@@ -86,3 +87,7 @@ def test_swin_v2_block_normalizes_on_the_kernel_bit_exact_with_no_scalar_call(tm
     summary, _ = compile_and_compare(flow.mod, "swin2", tmp_path / "c", inputs((1, 8, 8, 32), n=2), mmalib=True)
     assert summary["macs_offloaded"] == summary["macs_total"] > 0
     assert summary["calls_by_backend"]["tvm"] == 0
+    # the manifest lists each normalisation as one layer on its kernel, its power / sum inside it
+    layers = json.loads((tmp_path / "c" / "manifest.json").read_text())["layers"]
+    assert [(e["op"], e["backend"]) for e in layers if e["op"] == "l2_normalize"] == [("l2_normalize", "c7x")] * 2
+    assert not [e for e in layers if e["backend"] == "scalar"]

@@ -112,7 +112,7 @@ def _plan(graph: Graph, out, x, total, eps, chain, perm) -> Offload:
         # Swin V2's keys are transposed after normalising: the transpose moves integers (the permute pass)
         return relax.op.permute_dims(ctx.emit(result, f"{var_name(out.data)}_rows"), perm.attrs.axes)
 
-    return Offload(var_name(out.data), "l2_normalize", "int8", KERNEL, build,
+    return Offload(var_name(chain[-1]), "l2_normalize", "int8", KERNEL, build,   # anchored at the divide
                    note="F.normalize over the last axis, integer only (docs/reference.md, \"L2 normalize\")")
 
 
@@ -128,7 +128,7 @@ def _planner(graph: Graph, binding):
         return None
     x, total, eps, chain = norm
     chain = chain + ([out.data] if perm is not None else []) + [inner]
-    with declining(var_name(out.data), "l2_normalize", str(getattr(x.ty, "dtype", ""))):
+    with declining(var_name(inner), "l2_normalize", str(getattr(x.ty, "dtype", ""))):
         return _plan(graph, out, x, total, eps, chain, perm)
 
 
