@@ -50,7 +50,7 @@ from tvm import relax, tirx
 
 from .passes.activation import match_activation
 from .passes.graph import Graph, const_array, prim_number, static_shape
-from .passes.l2_normalize import _norm_of
+from .passes.l2_normalize import norm_of
 from .passes.matmul import _scale_chain
 from .passes.log import OFFLOADED, SIMPLIFIED, OffloadLog
 
@@ -204,12 +204,12 @@ def _activation_chains(graph: Graph) -> tuple[dict, set]:
 def _l2_normalize_chains(graph: Graph) -> tuple[dict, set]:
     """``F.normalize``'s divides (``"l2_normalize"``) and the bindings of their norms (power,
     sum, power, clip, broadcast: part of the layer, not layers of their own), matched as the
-    L2-normalize pass matches them (:func:`.passes.l2_normalize._norm_of`)."""
+    L2-normalize pass matches them (:func:`.passes.l2_normalize.norm_of`)."""
     kinds: dict = {}
     inner: set = set()
     for b in graph.bindings:
         div = graph.call(b.var, "relax.divide")
-        norm = _norm_of(graph, div.args[1]) if div is not None else None
+        norm = norm_of(graph, div.args[1]) if div is not None else None
         if norm is not None and norm[0].same_as(div.args[0]):
             kinds[b.var] = "l2_normalize"
             inner.update(norm[3])

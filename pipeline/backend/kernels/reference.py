@@ -1196,8 +1196,9 @@ def _dequantize(x: np.ndarray, zp: int, scale: np.float32) -> np.ndarray:
         return (x.astype(np.float32) - np.float32(zp)) * scale
 
 
-def _quantize(v: np.ndarray, zp: int, inv_scale: np.float32, dtype) -> np.ndarray:
-    """torch's ``quantize_per_tensor``: ``rint(v * inv_scale) + zp`` (half to even), saturated."""
+def quantize_per_tensor(v: np.ndarray, zp: int, inv_scale: np.float32, dtype) -> np.ndarray:
+    """torch's ``quantize_per_tensor`` of float32 ``v``: ``rint(v * inv_scale) + zp`` (half to
+    even, ``inv_scale`` the float32 reciprocal torch multiplies by), saturated to ``dtype``."""
     with np.errstate(over="ignore", invalid="ignore"):
         r = np.clip(np.rint(v * inv_scale), -2.0**24, 2.0**24)
     return saturate(np.nan_to_num(r).astype(np.int64) + zp, dtype)
@@ -1233,7 +1234,7 @@ def _global_avg_pool(in_, out, planes, hw, in_zp, in_scale, out_zp, out_inv_scal
     y = _array("out", out, sh["out"], dtype, output=True)
     with np.errstate(over="ignore", invalid="ignore"):
         mean = torch_order_sum(_dequantize(x, in_zp, in_scale)) / np.float32(g.hw)
-    y[...] = _quantize(mean, out_zp, out_inv_scale, dtype)
+    y[...] = quantize_per_tensor(mean, out_zp, out_inv_scale, dtype)
     return C7X_OK
 
 
@@ -1299,7 +1300,7 @@ def _avg_pool(in_, out, g: AvgPoolGeometry, in_zp, in_scale, out_zp, out_inv_sca
         div = np.outer(avg_pool_divisors(g.H_in, g.kH, g.sH, g.pH, g.H_out, g.count_include_pad),
                        avg_pool_divisors(g.W_in, g.kW, g.sW, g.pW, g.W_out, g.count_include_pad))
         mean = total / div.astype(np.float32)
-    y[...] = _quantize(mean, out_zp, out_inv_scale, dtype)
+    y[...] = quantize_per_tensor(mean, out_zp, out_inv_scale, dtype)
     return C7X_OK
 
 
@@ -1445,10 +1446,10 @@ def _channel_affine(in_, params, out, N, C, hw, mid_zp, mid_scale, mid_inv_scale
     per_c = (None, slice(None), None)   # [N, C, hw]: broadcast over N and hw
     v = (x.astype(np.float32) - zp.astype(np.float32)[per_c]) * scale[per_c]   # torch's dequantize
     v = fma_f32(v, alpha[per_c], beta[per_c])                                   # torch's batch_norm
-    t = _quantize(v, mid_zp, mid_inv_scale, dtype)
+    t = quantize_per_tensor(v, mid_zp, mid_inv_scale, dtype)
     if has_relu:   # relu(dq(t)) = dq(max(t, mid_zp)) for mid_scale > 0, then requantize
         r = (np.maximum(t, mid_zp).astype(np.float32) - np.float32(mid_zp)) * mid_scale
-        t = _quantize(r, out_zp, out_inv_scale, dtype)
+        t = quantize_per_tensor(r, out_zp, out_inv_scale, dtype)
     y[...] = t
     return C7X_OK
 
@@ -1521,7 +1522,7 @@ def _quantize_edge(in_, out, n, out_zp, out_inv_scale, dtype) -> int:
     y = _array("out", out, sh["out"], dtype, output=True)
     with np.errstate(over="ignore", invalid="ignore"):
         v = x * out_inv_scale                    # rounded once, as the C's float product
-    y[...] = _quantize(v, out_zp, np.float32(1.0), dtype)
+    y[...] = quantize_per_tensor(v, out_zp, np.float32(1.0), dtype)
     return C7X_OK
 
 

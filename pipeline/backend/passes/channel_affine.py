@@ -235,7 +235,7 @@ def _plan(graph: Graph, m: _Match) -> Offload:
                         f"quantize in float32")
 
 
-def _layer_scale_gamma(graph: Graph, mul) -> tuple[object, np.ndarray] | None:
+def _layer_scale_gamma(mul) -> tuple[object, np.ndarray] | None:
     """``(the other operand, gamma float32 [C])`` when ``mul`` multiplies a tensor of rank >= 2
     by a float32 constant of one value per channel of axis 1 (ConvNeXt's layer scale, a
     ``[C, 1, 1]`` parameter on NCHW), else None."""
@@ -257,7 +257,7 @@ def _plan_layer_scale(graph: Graph, out: QDQ) -> Offload | None:
     model. None when ``out`` quantizes no such product; raises :class:`Declined` when it is one
     the kernel cannot take."""
     mul = graph.call(out.data, "relax.multiply") if isinstance(out.data, relax.Var) else None
-    found = _layer_scale_gamma(graph, mul) if mul is not None else None
+    found = _layer_scale_gamma(mul) if mul is not None else None
     dq = dequantize_of(graph, found[0]) if found is not None else None
     if dq is None or str(dq.data.ty.dtype) not in DTYPES:
         return None
@@ -275,7 +275,9 @@ def _plan_layer_scale(graph: Graph, out: QDQ) -> Offload | None:
         blob = channel_affine_params(dq.z, np.float32(dq.s), gamma, np.zeros_like(gamma))
         kernel = f"c7x_{dtype}_channel_affine"
         out_s = float(np.float32(out.s))
-        scalars = [n, c, hw, out.z, out_s, inverse_scale(out_s), 0, out.z, inverse_scale(out_s)]
+        out_inv = inverse_scale(out_s)
+        # no ReLU: the mid quantize is the output's (the kernel's requantize after it is unused)
+        scalars = [n, c, hw, out.z, out_s, out_inv, 0, out.z, out_inv]
         prim = offload_primfunc(kernel, [TensorArg("data", shape, dtype), TensorArg("params", blob.shape, "uint8"),
                                          TensorArg("out", shape, dtype)], scalars)
         params, src = const(blob), dq.data

@@ -37,7 +37,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..kernels.reference import MAX_SEGMENTS
+from ..kernels.reference import MAX_SEGMENTS, quantize_per_tensor
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const, const_array, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
@@ -98,8 +98,8 @@ def _quantized_constant(graph: Graph, expr, q: QDQ) -> QDQ | None:
     """A float constant input of a concat as the integer constant ``q`` makes of it, behind a
     dequantize of ``q``'s parameters (ViT's class token): ``q(concat(c, dq(x))) = concat(q(c),
     q(dq(x)))`` since quantize is element-wise, and the kernel's requantize of ``q(c)`` at equal
-    parameters gives ``q(c)`` back. Computed as torch's ``quantize_per_tensor`` (float32
-    ``rint(c * float32(1 / s)) + zp``, saturated). None when ``expr`` is no float constant (or
+    parameters gives ``q(c)`` back. Computed as torch's ``quantize_per_tensor``
+    (:func:`~pipeline.backend.kernels.reference.quantize_per_tensor`). None when ``expr`` is no float constant (or
     ``broadcast_to`` of one)."""
     value = const_array(expr)
     bcast = graph.call(expr, "relax.broadcast_to") if value is None else None
@@ -108,10 +108,7 @@ def _quantized_constant(graph: Graph, expr, q: QDQ) -> QDQ | None:
     if value is None or value.dtype != np.float32 or not q.scalar or q.out_dtype not in _SUFFIX:
         return None
     inv = np.float32(inverse_scale(float(np.float32(q.s))))
-    info = np.iinfo(q.out_dtype)
-    with np.errstate(over="ignore", invalid="ignore"):
-        v = np.clip(np.rint(value * inv), -2.0 ** 24, 2.0 ** 24)
-    ints = np.clip(np.nan_to_num(v).astype(np.int64) + q.z, info.min, info.max).astype(q.out_dtype)
+    ints = quantize_per_tensor(value, q.z, inv, np.dtype(q.out_dtype))
     return QDQ(const(ints), q.scale, q.zp, -1, "float32")
 
 

@@ -40,7 +40,7 @@ def _exponent(graph: Graph, expr, value: float):
     return call.args[0] if call is not None and const_scalar(call.args[1]) == value else None
 
 
-def _norm_of(graph: Graph, expr):
+def norm_of(graph: Graph, expr):
     """``(X, sum call, eps, float intermediates)`` when ``expr`` is the clipped L2 norm of X over
     its last axis (optionally broadcast), else None."""
     chain = []
@@ -123,7 +123,7 @@ def _planner(graph: Graph, binding):
     perm = graph.call(out.data, "relax.permute_dims")
     inner = perm.args[0] if perm is not None else out.data
     div = graph.call(inner, "relax.divide")
-    norm = _norm_of(graph, div.args[1]) if div is not None else None
+    norm = norm_of(graph, div.args[1]) if div is not None else None
     if norm is None or not norm[0].same_as(div.args[0]):
         return None
     x, total, eps, chain = norm
