@@ -18,7 +18,9 @@ from pipeline.backend.passes.pipeline import PASS_ORDER
 from pipeline.backend.passes.primfunc import backend_of
 from pipeline.perf import model
 
-CLEANUPS = {"eliminate_qdq_transparent", "eliminate_qdq_pairs", "collapse_reshapes"}
+# passes that rewrite the graph but call no kernel themselves (integer_slices_and_pads: exact
+# re-expressions the take and concat passes then offload)
+CLEANUPS = {"eliminate_qdq_transparent", "eliminate_qdq_pairs", "collapse_reshapes", "integer_slices_and_pads"}
 
 
 def _pass(record: catalog.Kernel):

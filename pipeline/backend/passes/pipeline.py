@@ -52,6 +52,7 @@ from .l2_normalize import offload_l2_normalize_i8
 from .layer_norm import offload_layer_norm_i8
 from .log import OffloadLog
 from .matmul import offload_batch_matmul_i8, offload_batch_matmul_i16
+from .movement import integer_slices_and_pads
 from .permute import offload_permute
 from .pool import offload_max_pool2d_i8, offload_max_pool2d_i16
 from .relu import offload_relu_i8
@@ -62,6 +63,7 @@ from .take import offload_take
 
 #: every pass, in order (module docstring); ``run_offload`` runs exactly these
 PASS_ORDER = (
+    integer_slices_and_pads,
     offload_conv2d_i8, offload_depthwise_conv2d_i8, offload_fc_i8, offload_residual_add_i8,
     offload_conv2d_i16, offload_fc_i16, offload_residual_add_i16, offload_depthwise_conv2d_i16,
     offload_max_pool2d_i8, offload_max_pool2d_i16, offload_channel_affine, offload_relu_i8,
