@@ -6,9 +6,9 @@ bit for bit, both directions, odd sizes, nonzero int8 zero points, exact
 rounding ties and saturation; bad parameters give the same status in C and
 Python and leave the output untouched.
 
-Pass level: a hand-built ``q(dq(x))`` at an int8 <-> int16 boundary becomes one
-call of the kernel with torch's reciprocal; same-dtype pairs and constant
-inputs are left alone / declined; a compiled model with boundaries gives the
+Pass level: a hand-built ``q(dq(x))`` at an int8 <-> int16 boundary, or within one
+dtype with other parameters, becomes one call of the kernel with torch's
+reciprocal; identity pairs and constant inputs are left alone / declined; a compiled model with boundaries gives the
 same output bits with the kernel (MMALIB build) and with TVM's legalised
 Q/DQ (scalar build).
 """
@@ -189,8 +189,10 @@ def boundary_module(src: str, dst: str, s1=0.0213, z1=-5, s2=9.1e-5, z2=0, const
     return bb.get()
 
 
-@pytest.mark.parametrize("src,dst,z1,z2", [("int8", "int16", -5, 0), ("int16", "int8", 0, 7)])
+@pytest.mark.parametrize("src,dst,z1,z2", [("int8", "int16", -5, 0), ("int16", "int8", 0, 7),
+                                           ("int8", "int8", -5, 3), ("int16", "int16", 0, 0)])
 def test_boundary_becomes_one_kernel_call_with_torchs_reciprocal(src, dst, z1, z2):
+    """Across dtypes, and within one with other parameters (Swin V2's crop between two observers)."""
     log = OffloadLog()
     mod = offload_requantize(boundary_module(src, dst, s1=0.0213, z1=z1, s2=9.1e-5, z2=z2), log)
     (call,) = offload_calls(mod)
@@ -204,10 +206,10 @@ def test_boundary_becomes_one_kernel_call_with_torchs_reciprocal(src, dst, z1, z
     assert (d.op, d.dtype, d.status, d.kernel) == ("requantize", src, "offloaded", call.kernel)
 
 
-def test_same_dtype_pair_and_constant_input_are_not_offloaded():
+def test_identity_pair_and_constant_input_are_not_offloaded():
     log = OffloadLog()
-    same = offload_requantize(boundary_module("int8", "int8", s2=0.5, z2=0), log)
-    assert not offload_calls(same) and not log.decisions       # not this pass's pattern
+    same = offload_requantize(boundary_module("int8", "int8", s1=0.5, z1=2, s2=0.5, z2=2), log)
+    assert not offload_calls(same) and not log.decisions       # the identity: the pair cleanup's pattern
     const = offload_requantize(boundary_module("int8", "int16", const_input=True), log)
     assert not offload_calls(const)
     (d,) = log.decisions
@@ -215,7 +217,7 @@ def test_same_dtype_pair_and_constant_input_are_not_offloaded():
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed for the host build")
-@pytest.mark.parametrize("src,dst", [("int8", "int16"), ("int16", "int8")])
+@pytest.mark.parametrize("src,dst", [("int8", "int16"), ("int16", "int8"), ("int8", "int8")])
 def test_kernel_build_equals_scalar_build_and_torch(tmp_path, src, dst):
     """The whole boundary compiled twice: the C7x kernel (MMALIB build) and TVM's
     legalised dequantize + quantize (scalar build) give the same bits, which are
@@ -230,9 +232,13 @@ def test_kernel_build_equals_scalar_build_and_torch(tmp_path, src, dst):
     outs = {}
     for mmalib in (True, False):
         _, outs[mmalib] = compile_and_compare(mod, "rq", tmp_path / str(mmalib), x, mmalib=mmalib)
-        (layer,) = json.loads((tmp_path / str(mmalib) / "manifest.json").read_text())["layers"]
-        assert (layer["op"], layer["dtype"], layer["out_dtype"]) == ("requantize", src, dst)
-        assert layer["backend"] == ("c7x" if mmalib else "scalar")
+        manifest = json.loads((tmp_path / str(mmalib) / "manifest.json").read_text())
+        if src != dst:   # a precision boundary is a layer; a same-dtype one is a Q/DQ pair (not a layer)
+            (layer,) = manifest["layers"]
+            assert (layer["op"], layer["dtype"], layer["out_dtype"]) == ("requantize", src, dst)
+            assert layer["backend"] == ("c7x" if mmalib else "scalar")
+        kernels = [c["kernel"] for c in manifest["calls"]]
+        assert (f"c7x_requantize_i{src[3:]}_i{dst[3:]}" in kernels) == mmalib
     np.testing.assert_array_equal(outs[True].view(np.uint32), outs[False].view(np.uint32))
     qd = torch.ops.quantized_decomposed
     (s1, z1), (s2, z2) = [(float(np.float32(c.args[1].value.numpy())), int(c.args[2].value.numpy()))

@@ -14,8 +14,14 @@ with float32 scales. They compute torch's dequantize then quantize in float32,
 (docs/numerics.md, "torch's quantize"), so the result is bit-exact with the
 PyTorch Q/DQ model and with the scalar path's legalisation of the same pair.
 
-Eligibility: one operand dtype int8 and the other int16 (a same-dtype pair is
-the cleanups' business, :mod:`.cleanup`), constant scalar scales and zero
+Ours beyond the boundaries: a same-dtype pair whose parameters differ
+(``c7x_requantize_i8_i8`` / ``_i16_i16``, the max pool's kernels), what a
+data-movement op observed on each side leaves: Swin V2's crop after its
+attention (:mod:`.movement`) reads the projection's parameters and writes the
+LayerNorm's. A same-dtype pair of equal parameters is the identity, the
+cleanups' business (:mod:`.cleanup`).
+
+Eligibility: int8 / int16 operands, constant scalar scales and zero
 points, a non-constant input of static shape, scales finite and > 0.
 """
 
@@ -32,8 +38,9 @@ from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
 from .rewrite import Offload, run_pass
 
-KERNELS = {("int8", "int16"): "c7x_requantize_i8_i16", ("int16", "int8"): "c7x_requantize_i16_i8"}
-"""(input dtype, output dtype) -> extern name."""
+KERNELS = {("int8", "int16"): "c7x_requantize_i8_i16", ("int16", "int8"): "c7x_requantize_i16_i8",
+           ("int8", "int8"): "c7x_requantize_i8_i8", ("int16", "int16"): "c7x_requantize_i16_i16"}
+"""(input dtype, output dtype) -> extern name (a same-dtype pair only when the parameters differ)."""
 
 
 def inverse_scale(scale: float) -> float:
@@ -83,13 +90,14 @@ def _requantize_planner(graph: Graph, binding):
     if dq is None:
         return None
     kernel = KERNELS.get((str(dq.data.ty.dtype), q.out_dtype))
-    if kernel is None:
-        return None  # same dtype (a cleanup's pattern) or a dtype pair without a kernel
+    if kernel is None or (str(dq.data.ty.dtype) == q.out_dtype and dq.same_params(q)):
+        return None  # a dtype pair without a kernel, or the identity (a cleanup's pattern)
     with declining(var_name(binding.var), "requantize", str(dq.data.ty.dtype)):
         return _plan_requantize(binding, dq, q, kernel)
 
 
 def offload_requantize(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
-    """int8 <-> int16 ``q(dq(x))`` -> ``c7x_requantize_i8_i16`` / ``c7x_requantize_i16_i8``
-    ``(in, out, n, in_zp, in_scale, out_zp, out_inv_scale)``; in / out of one shape, n elements."""
+    """int8 / int16 ``q(dq(x))`` across dtypes, or within one dtype with other parameters ->
+    ``c7x_requantize_<in>_<out>(in, out, n, in_zp, in_scale, out_zp, out_inv_scale)``; in / out of
+    one shape, n elements."""
     return run_pass(mod, log, "requantize", _requantize_planner)
