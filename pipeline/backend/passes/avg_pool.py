@@ -28,6 +28,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ...config import DTYPES
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const_array, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
@@ -35,8 +36,6 @@ from .pool import window_geometry
 from .primfunc import TensorArg, offload_primfunc
 from .requantize import requantize_scalars
 from .rewrite import Offload, run_pass
-
-DTYPES = ("int8", "int16")
 _GLOBAL_OPS = ("relax.mean", "relax.nn.adaptive_avg_pool2d")
 
 

@@ -47,6 +47,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ...config import DTYPES
 from ..kernels.reference import AFFINE_LIMIT, batch_norm_affine, channel_affine_params
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const, const_array, dequantize_of, quantize_of, static_shape, var_name
@@ -56,7 +57,6 @@ from .requantize import inverse_scale
 from .rewrite import Offload, run_pass
 
 PASS_NAME = "channel_affine"
-DTYPES = ("int8", "int16")
 
 
 @dataclass

@@ -25,7 +25,7 @@ from tvm import relax
 
 from .graph import QDQ, Graph, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
-from .rewrite import Simplify, run_pass
+from .rewrite import Simplify, run_pass, with_data
 
 TRANSPARENT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims", "relax.take")
 
@@ -66,8 +66,8 @@ def _transparent_planner(graph: Graph, binding):
             return relax.op.reshape(ctx.remap(dq.data), shape)
         x = ctx.remap(dq.data)
         for op in reversed(ops[1:]):
-            x = ctx.emit(relax.Call(op.op, [x, *op.args[1:]], op.attrs), f"{var_name(q.data)}_{len(ops)}")
-        return relax.Call(ops[0].op, [x, *ops[0].args[1:]], ops[0].attrs)
+            x = ctx.emit(with_data(op, x), f"{var_name(q.data)}_{len(ops)}")
+        return with_data(ops[0], x)
 
     return Simplify(var_name(q.data), name, q.out_dtype, f"{name} on {q.out_dtype} without Q/DQ", build)
 

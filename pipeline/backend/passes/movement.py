@@ -32,11 +32,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ...config import DTYPES
 from .graph import QDQ, Graph, const, const_array, dequantize_of, prim_number, static_shape, var_name
 from .log import OffloadLog
-from .rewrite import Simplify, run_pass
+from .rewrite import Simplify, run_pass, with_data
 
-_INTEGER = ("int8", "int16")
 #: rounds of the slice rewrite: torch exports ``x[..., 0::2, 1::2, :]`` as one slice per axis
 _MAX_CHAIN = 8
 
@@ -46,7 +46,7 @@ def _integer_source(graph: Graph, expr) -> QDQ | None:
     dq = dequantize_of(graph, expr)
     if dq is None or not dq.scalar or const_array(dq.data) is not None:
         return None
-    if str(dq.data.ty.dtype) not in _INTEGER or static_shape(dq.data) is None:
+    if str(dq.data.ty.dtype) not in DTYPES or static_shape(dq.data) is None:
         return None
     return dq
 
@@ -74,11 +74,6 @@ def slice_indices(call, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -
     return picks
 
 
-def _dequantize_like(dq_call, data):
-    """``dq_call`` (an ``R.dequantize``) applied to ``data`` instead of its own argument."""
-    return relax.Call(dq_call.op, [data, *dq_call.args[1:]], dq_call.attrs)
-
-
 def _slice_planner(graph: Graph, binding):
     call = graph.call(binding.value, "relax.strided_slice")
     if call is None:
@@ -97,7 +92,7 @@ def _slice_planner(graph: Graph, binding):
         x = ctx.remap(dq.data)
         for j, (axis, index) in enumerate(picks):
             x = ctx.emit(relax.op.take(x, const(index), axis=axis), f"{name}_take{j}")
-        return _dequantize_like(dq_call, x)
+        return with_data(dq_call, x)
 
     return Simplify(name, "strided_slice", str(dq.data.ty.dtype),
                     f"slice of {len(picks)} axis(es) on the integers: take per axis, then dequantize", build)
@@ -140,7 +135,7 @@ def _pad_planner(graph: Graph, binding):
             if j:   # back onto x's grid: the identity on these values, and the concat pass sees a dq
                 q = relax.op.quantize(y, dq_call.args[1], dq_call.args[2], int(dq_call.attrs.axis),
                                       str(dq.data.ty.dtype))
-                y = _dequantize_like(dq_call, ctx.emit(q, f"{name}_q{j}"))
+                y = with_data(dq_call, ctx.emit(q, f"{name}_q{j}"))
             parts = []
             for width in (before, after):
                 block = list(shape)

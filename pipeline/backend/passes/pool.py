@@ -28,14 +28,15 @@ import math
 import tvm
 from tvm import relax
 
+from ...config import DTYPES
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
-from .requantize import requantize_scalars
+from .requantize import KERNELS as REQUANTIZE_KERNELS, requantize_scalars
 from .rewrite import Offload, run_pass
 
-REQUANTIZE = {"int8": "c7x_requantize_i8_i8", "int16": "c7x_requantize_i16_i16"}
+REQUANTIZE = {dtype: REQUANTIZE_KERNELS[(dtype, dtype)] for dtype in DTYPES}
 
 
 def pooled_sizes(size: int, k: int, s: int, p: int) -> tuple[int, int]:

@@ -92,6 +92,12 @@ class RewriteContext:
         return self._produced[-1]
 
 
+def with_data(call: relax.Call, data) -> relax.Call:
+    """``call`` (an op call: a dequantize, a reshape, a take...) applied to ``data`` in place of its
+    first argument, its other arguments and attributes kept."""
+    return relax.Call(call.op, [data, *call.args[1:]], call.attrs)
+
+
 def emit_activation(ctx: RewriteContext, value, act: Activation | None, o_s: float, o_zp: int,
                     dtype: str, name: str):
     """Apply ``act`` to the integer kernel output ``value`` (an un-emitted call)
