@@ -198,9 +198,12 @@ class QuantizerSpec:
 
     ``implementation``: "c7x" (ours) or "tvm" (the vendor fork's
     ``tvm.relax.frontend.torch.C7xMMAQuantizer`` when that tvm is installed).
-    ``weight_dtype``: None = int8 weights for both activation dtypes (the
-    user's examples, docs/reference.md); "int16" = int16 weights in int16 mode
-    (the reference code).
+    ``weight_dtype``: the weights of int16 layers. None = int8 weights for both
+    activation dtypes (the user's examples, docs/reference.md); "int16" = int16
+    weights in int16 mode (the reference code) and, in a mixed int8 model, for
+    its int16 layers (int8 layers always have int8 weights: the int8 kernels'
+    only form). The i16 kernels read int16 weights either way (int8 ones are
+    widened, :mod:`pipeline.backend.fold`), so this costs no cycle.
     ``fuse_activations``: observe conv/linear/add outputs after a following
     relu/relu6 instead of before it.
 
@@ -425,8 +428,9 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     _check_choice(fail, "codegen.memory", codegen.memory, MEMORY_PLANS)
     if quantizer.weight_dtype not in (None,) + DTYPES:
         fail(f"quantizer.weight_dtype {quantizer.weight_dtype!r} is not supported; use int8 or int16")
-    if quantizer.weight_dtype == "int16" and dtype == "int8":
-        fail("quantizer.weight_dtype = 'int16' needs dtype = 'int16'")
+    if quantizer.weight_dtype == "int16" and dtype == "int8" and not quantizer.mixed:
+        fail("quantizer.weight_dtype = 'int16' sets the weights of int16 layers: it needs dtype = 'int16' "
+             "or int16 layers (quantizer.int16_layers or mixed_precision = \"auto\")")
     if quantizer.weight_dtype == "int8":  # the default, spelled out: same model, same tasks
         quantizer = dataclasses.replace(quantizer, weight_dtype=None)
     if calibration.num_images < 0 or calibration.batch_size < 1:

@@ -2,6 +2,12 @@
 
     .venv/bin/python scripts/calibration_study.py [--model mobilenet_v2] [--folds 5] [--methods NAME,...]
     .venv/bin/python scripts/calibration_study.py --deployed [--second-set scenes]
+    .venv/bin/python scripts/calibration_study.py --deployed --model mobilenet_v2_mixed
+
+With a mixed-precision entry (``mixed_precision = "auto"``), ``--deployed``
+compares the weights of its int16 layers, int8 (pre-scaled) or int16, each
+with the entry's own calibration method; every fold redoes the automatic
+int16 choice on its own calibration images, as the holdout stage does.
 
 ``--deployed`` scores the deployed C too (issue 30): each fold runs the
 holdout stage's own fold flow (:func:`pipeline.stages.holdout.run_fold`:
@@ -67,13 +73,14 @@ class Method:
     exact_requantize: bool = False
     range_search: bool | str = False
     adaround_iterations: int = 0
+    weight_dtype: str | None = None   # the int16 layers' weights (mixed entries)
 
     def apply(self, spec: ModelSpec) -> ModelSpec:
         cal = dataclasses.replace(spec.calibration, observer=self.observer, percentile=self.percentile,
                                   bias_correction=self.bias_correction, num_images=0, equalize=self.equalize,
                                   exact_requantize=self.exact_requantize, range_search=self.range_search,
                                   adaround_iterations=self.adaround_iterations)
-        q = dataclasses.replace(spec.quantizer, symmetric_activations=self.symmetric)
+        q = dataclasses.replace(spec.quantizer, symmetric_activations=self.symmetric, weight_dtype=self.weight_dtype)
         return dataclasses.replace(spec, calibration=cal, quantizer=q)
 
 
@@ -116,6 +123,18 @@ def deployed_methods() -> list[Method]:
             Method("percentile 99.999 + exact requantize", "percentile", percentile=99.999, exact_requantize=True)]
 
 
+def mixed_methods(spec: ModelSpec) -> list[Method]:
+    """The rows of ``--deployed`` for a mixed entry: its calibration method, with the
+    int16 layers' weights int8 and int16."""
+    c = spec.calibration
+    own = Method("", c.observer, percentile=c.percentile, bias_correction=c.bias_correction,
+                 symmetric=spec.quantizer.symmetric_activations, equalize=c.equalize,
+                 exact_requantize=c.exact_requantize, range_search=c.range_search,
+                 adaround_iterations=c.adaround_iterations)
+    return [dataclasses.replace(own, name=f"int16 layers with {w} weights", weight_dtype=w or None)
+            for w in ("int8", "int16")]
+
+
 def run_deployed(m: Method, spec: ModelSpec, work: Path, float_pt2: Path, prepared: dict,
                  folds: list[list[int]], images: list[Path], x: torch.Tensor, second: torch.Tensor) -> dict:
     """Q/DQ and C logits of ``m`` on every image held out (k-fold) and on ``second``
@@ -140,7 +159,7 @@ def run_deployed(m: Method, spec: ModelSpec, work: Path, float_pt2: Path, prepar
 def deployed_table(spec, rows_in, args, n, ref, ref2) -> None:
     """Print the ``--deployed`` table (markdown)."""
     n2 = len(ref2)
-    print(f"\n{spec.name} int8: {args.folds}-fold held-out on calib_data/{spec.calibration.set} ({n} images) "
+    print(f"\n{spec.name}: {args.folds}-fold held-out on calib_data/{spec.calibration.set} ({n} images) "
           f"and calib_data/{args.second_set} ({n2} photos no calibration sees); agreement with float top-1, "
           f"mean |logit - float logit|\n")
     print("| method | Q/DQ k-fold | C k-fold | Q/DQ second set | C second set | build s / fold |")
@@ -202,14 +221,16 @@ def main() -> None:
     ap.add_argument("--second-set", default="scenes", help="with --deployed: photos no calibration sees")
     args = ap.parse_args()
     spec = next(s for s in load_models(REPO / "models") if getattr(s, "name", None) == args.model)
-    if spec.dtype != "int8" or spec.quantizer.mixed:
-        sys.exit(f"model {args.model!r}: the study compares int8 calibrations; pick an int8 entry")
+    mixed_auto = spec.quantizer.mixed_precision == "auto"
+    if spec.dtype != "int8" or (spec.quantizer.mixed and not (args.deployed and mixed_auto)):
+        sys.exit(f"model {args.model!r}: the study compares int8 calibrations; pick an int8 entry "
+                 f"(or, with --deployed, an automatic mixed-precision one)")
     calib = REPO / "calib_data" / spec.calibration.set
     images = list_images(calib)
     if len(images) < args.folds:
         sys.exit(f"{calib}: {len(images)} images cannot make {args.folds} folds; run scripts/setup.sh")
     folds = [list(range(f, len(images), args.folds)) for f in range(args.folds)]
-    rows_of = deployed_methods() if args.deployed else methods()
+    rows_of = mixed_methods(spec) if mixed_auto else deployed_methods() if args.deployed else methods()
     wanted = [m for m in rows_of if not args.methods or m.name in args.methods.split(",")]
     labels = [label_of(p) for p in images]
     with tempfile.TemporaryDirectory(prefix="calibration_study-") as tmp:

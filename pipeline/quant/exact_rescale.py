@@ -17,9 +17,12 @@ build loses nothing to it; the price is a weight step up to 1.6 % coarser
 (relative weight error of an int8 weight is about 0.4 % of the channel's
 range either way).
 
-It applies to int8 -> int8 layers (int8 input, int8 per-channel weights,
-int8 output): the int16 kernels already have a 15-bit multiplier
-(docs/numerics.md, "int16 per-channel weight pre-scaling"). The scales are
+It applies to layers whose input, per-channel weights and output share one
+dtype: int8 -> int8 with int8 weights, and int16 -> int16 with int16 weights
+(``weight_dtype="int16"``: the same 7-bit multiplier, and an int16 weight step
+1.6 % coarser is still 1/2000 of the channel's range). int16 layers with int8
+weights already have a ~14-bit multiplier (docs/numerics.md, "int16
+per-channel weight pre-scaling"). The scales are
 read from ``convert_pt2e`` of a copy (the Q/DQ model the convert stage
 builds), the same dequantize / quantize parameters codegen folds, and
 written back into the prepared model's weight observers (``min_val`` /
@@ -64,15 +67,15 @@ def next_multiplier(r: float) -> tuple[int, int] | None:
     return best
 
 
-def _int8_dq(node) -> float | None:
-    """The scale of an int8 per-tensor dequantize node, else None."""
-    if isinstance(node, Node) and node.target == _qd.dequantize_per_tensor.default and node.args[5] == torch.int8:
-        return float(node.args[1])
+def _dq_scale(node) -> tuple[float, torch.dtype] | None:
+    """(scale, dtype) of a per-tensor dequantize node, else None."""
+    if isinstance(node, Node) and node.target == _qd.dequantize_per_tensor.default:
+        return float(node.args[1]), node.args[5]
     return None
 
 
-def _output_scale(node: Node) -> float | None:
-    """The scale of the int8 quantize a conv/linear output reaches through at most one
+def _output_scale(node: Node, dtype: torch.dtype) -> float | None:
+    """The scale of the ``dtype`` quantize a conv/linear output reaches through at most one
     ReLU / ReLU6 / clamp (the kernel's fused activation), else None."""
     cur = node
     for _ in range(2):
@@ -80,28 +83,28 @@ def _output_scale(node: Node) -> float | None:
             return None
         (user,) = cur.users
         if user.target == _qd.quantize_per_tensor.default:
-            return float(user.args[1]) if user.args[5] == torch.int8 else None
+            return float(user.args[1]) if user.args[5] == dtype else None
         if user.target not in _ACTIVATIONS:
             return None
         cur = user
     return None
 
 
-def _weight_observer(gm: GraphModule, node: Node):
-    """The per-channel int8 weight observer feeding ``node``'s weight in the prepared ``gm``, or None."""
+def _weight_observer(gm: GraphModule, node: Node, dtype: torch.dtype):
+    """The per-channel ``dtype`` weight observer feeding ``node``'s weight in the prepared ``gm``, or None."""
     mod = observer_of(gm, node.args[1])
-    return mod if mod is not None and getattr(mod, "ch_axis", None) == 0 and mod.dtype == torch.int8 else None
+    return mod if mod is not None and getattr(mod, "ch_axis", None) == 0 and mod.dtype == dtype else None
 
 
 def snap_weight_scales(gm: GraphModule) -> list[dict]:
-    """Raise the weight scales of every int8 -> int8 conv2d / linear of the calibrated
+    """Raise the weight scales of every int8 -> int8 (int16 -> int16 with int16 weights) conv2d / linear of the calibrated
     prepared ``gm`` (in place, its weight observers) so each channel's rescale
     ``s_in * s_w[c] / s_out`` is exactly a kernel multiplier (module doc).
 
     Returns one record per changed layer: ``node``, ``channels``, and the relative
-    scale increase ``max_raise`` / ``mean_raise`` (unitless). Layers with int16 on
-    either side, no observed weight, or a channel with no kernel multiplier are left
-    alone. Raises RuntimeError if ``convert_pt2e`` renamed the conv/linear nodes.
+    scale increase ``max_raise`` / ``mean_raise`` (unitless). Layers whose input,
+    weights and output dtypes differ, with no observed weight, or a channel with no
+    kernel multiplier are left alone. Raises RuntimeError if ``convert_pt2e`` renamed the conv/linear nodes.
     """
     qdq = convert_pt2e(copy.deepcopy(gm))
     q_nodes = {n.name: n for n in weighted_nodes(qdq)}
@@ -110,10 +113,12 @@ def snap_weight_scales(gm: GraphModule) -> list[dict]:
         q = q_nodes.get(node.name)
         if q is None:
             raise RuntimeError(f"convert_pt2e renamed {node.name}; cannot match the Q/DQ layer")
-        obs = _weight_observer(gm, node)
-        w_dq = q.args[1]
-        s_in, s_out = _int8_dq(q.args[0]), _output_scale(q)
-        if obs is None or s_in is None or s_out is None or w_dq.target != _qd.dequantize_per_channel.default:
+        w_dq, data = q.args[1], _dq_scale(q.args[0])
+        if data is None or w_dq.target != _qd.dequantize_per_channel.default:
+            continue
+        (s_in, dtype), obs = data, _weight_observer(gm, node, data[1])
+        s_out = _output_scale(q, dtype)
+        if obs is None or s_out is None:
             continue
         s_w = attr_tensor(qdq, w_dq.args[1].target).double()
         new = s_w.clone()

@@ -47,8 +47,10 @@ class C7xMMAQuantizer(Quantizer):
         dtype: "int8" (default) or "int16" activations. Anything else: ValueError.
         symmetric_activations: int8 only; False gives ``per_tensor_affine``
             activations. For int16 a False emits a UserWarning and is ignored.
-        weight_dtype: None / "int8" (int8 weights, the user's examples) or
-            "int16" (only with ``dtype="int16"``, the reference code); else ValueError.
+        weight_dtype: the weights of int16-activation layers: None / "int8" (int8
+            weights, the user's examples) or "int16" (the reference code; with
+            ``dtype="int8"`` it reaches ``int16_layers`` only, int8 layers keep int8
+            weights); else ValueError.
         observer: activation observer, "minmax" (torchao MinMaxObserver, the
             reference's), "histogram" (the MSE-optimal range), "moving_average",
             "percentile" or "entropy" (:mod:`pipeline.quant.observers`); else ValueError.
@@ -108,7 +110,8 @@ class C7xMMAQuantizer(Quantizer):
                                      else specs.activation_spec("int16", True, observer_cls,
                                                                 self.observer_kwargs))}
         self._node_dtype: dict[Node, str] = {}
-        self.weight_spec = specs.weight_spec(self.weight_dtype)
+        self.weight_spec = specs.weight_spec(self.weight_dtype if dtype == "int16" else "int8")
+        self._weight_specs = {"int8": specs.weight_spec("int8"), "int16": specs.weight_spec(self.weight_dtype)}
         self._handlers = {}
         for targets, handler in ((rules.WEIGHTED, self._annotate_weighted),
                                  (rules.BINARY, self._annotate_binary),
@@ -170,7 +173,7 @@ class C7xMMAQuantizer(Quantizer):
     def _annotate_weighted(self, node: Node) -> None:
         # No float gating here (docs/reference.md, "Quantizer rules"): conv/linear
         # always take a tensor input.
-        inputs = {node.args[0]: self._act(node), node.args[1]: self.weight_spec}
+        inputs = {node.args[0]: self._act(node), node.args[1]: self._weight_specs[self._dtype_of(node)]}
         self._set(node, inputs, self._output_spec(node))
 
     def _annotate_binary(self, node: Node) -> None:

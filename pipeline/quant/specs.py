@@ -96,14 +96,13 @@ def resolve_symmetric(dtype: str, symmetric_activations: bool) -> bool:
 
 
 def resolve_weight_dtype(dtype: str, weight_dtype: str | None) -> str:
-    """The weight dtype name: None -> "int8" (the user's examples, docs/reference.md);
-    "int16" only with ``dtype="int16"`` (int16 weights under int8 activations have no
-    kernel, docs/reference.md, "Eligibility").
-    Raises ValueError for any other value or combination."""
+    """The weight dtype name of int16-activation layers: None -> "int8" (the user's
+    examples, docs/reference.md) or "int16". Layers with int8 activations always get
+    int8 weights (int16 weights under int8 activations have no kernel, docs/reference.md,
+    "Eligibility"), so with ``dtype="int8"`` an "int16" only reaches mixed precision's
+    int16 layers. Raises ValueError for any other value."""
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight_dtype must be one of {list(WEIGHT_DTYPES)}, got {weight_dtype!r}")
-    if weight_dtype == "int16" and dtype != "int16":
-        raise ValueError("weight_dtype='int16' is only valid with dtype='int16'")
     return weight_dtype or "int8"
 
 

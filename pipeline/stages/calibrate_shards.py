@@ -26,7 +26,6 @@ scripts/bench_calibration.py measures it.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

@@ -287,8 +287,12 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
     detecting = "detections_qdq_vs_float" in report
     images = (f"{report['images']} images, detection" if detecting
               else f"{report['labeled']} labeled images")
-    lines = [f"{name}: {report['dtype']} activations{' (int16 where listed)' if mixed else ''}, "
-             f"{report['weight_dtype']} weights; {images} ({report['evaluation_set']})"]
+    if mixed:  # weight_dtype is then the int16 layers' weights; int8 layers always have int8 ones
+        what = ("int8 activations and weights (both int16 in the int16 layers)" if report["weight_dtype"] == "int16"
+                else "int8 activations (int16 in the int16 layers), int8 weights")
+    else:
+        what = f"{report['dtype']} activations, {report['weight_dtype']} weights"
+    lines = [f"{name}: {what}; {images} ({report['evaluation_set']})"]
     for note in report.get("notes", []):
         lines.append(f"  note           {note}")
     builds = {r["variant"]: r for r in (verify or {}).get("variants", [])}

@@ -130,16 +130,20 @@ def offload_weights(folder: Path) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def check_weights(folder: Path) -> None:
+def check_weights(folder: Path, int16_weights: bool = False) -> None:
     """int8 kernels read int8 weights; int16 kernels read int16 weights that are
     int8 weights times a per-channel factor k in [1, 256] (docs/numerics.md,
-    "int16 per-channel weight pre-scaling")."""
+    "int16 per-channel weight pre-scaling") or, with ``int16_weights``
+    (``weight_dtype="int16"``), int16 weights on the full range of every channel."""
     found = offload_weights(folder)
     assert found
     for kernel, w in found:
         int16 = kernel.endswith("i16")
         assert w.dtype == (np.int16 if int16 else np.int8), kernel
-        if int16:
+        if int16 and int16_weights:
+            flat = w.ravel().astype(np.int64)  # the full int16 range, no pre-scale factor
+            assert np.abs(flat).max() >= 16384 and np.gcd.reduce(flat) == 1, kernel
+        elif int16:
             for row in w.reshape(w.shape[0], -1).astype(np.int64):
                 assert any((row % k == 0).all() and np.abs(row // k).max() <= 128 for k in range(1, 257)), \
                     (kernel, row)
@@ -186,6 +190,7 @@ CASES = {  # name -> (int16 layer ids of SmallCNN, quantizer options)
     "int16_conv_and_add": ({"conv2d_1", "add"}, {}),
     "int16_stem_dw_fc": ({"conv2d", "conv2d_2", "linear"}, {}),
     "affine_int8": ({"conv2d_1", "add", "linear"}, {"symmetric_activations": False}),
+    "int16_weights": ({"conv2d", "conv2d_2", "linear"}, {"weight_dtype": "int16"}),
 }
 
 
@@ -201,7 +206,7 @@ def test_small_cnn_mixed_builds_are_bit_exact_and_offload_every_layer_in_its_dty
 
     folder, manifest, out = compile_both(flow, tmp_path, x, mmalib=True)
     check_layers_on_their_kernels(flow, manifest)
-    check_weights(folder)
+    check_weights(folder, kw.get("weight_dtype") == "int16")
     check_requantize_calls(flow, folder, manifest, x[:1])
     # the kernels' 7-bit (int8) / pre-scaled (int16) multipliers: a few int8 steps, which an
     # int16 output counts in hundreds of its own steps; measured <= 0.4 % of the output span

