@@ -131,7 +131,7 @@ def mixed_methods(spec: ModelSpec) -> list[Method]:
                  symmetric=spec.quantizer.symmetric_activations, equalize=c.equalize,
                  exact_requantize=c.exact_requantize, range_search=c.range_search,
                  adaround_iterations=c.adaround_iterations)
-    return [dataclasses.replace(own, name=f"int16 layers with {w} weights", weight_dtype=w or None)
+    return [dataclasses.replace(own, name=f"int16 layers with {w} weights", weight_dtype=None if w == "int8" else w)
             for w in ("int8", "int16")]
 
 

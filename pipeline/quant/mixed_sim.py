@@ -59,9 +59,8 @@ from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_
 
 from .. import torchenv
-from .graph import PER_CHANNEL, attr_tensor, fake_quantize_per_tensor, observer_of
+from .graph import PER_CHANNEL, attr_tensor, fake_quantize, fake_quantize_per_tensor, observer_of
 
-_qd = torch.ops.quantized_decomposed
 _DTYPE_NAMES = {torch.int8: "int8", torch.int16: "int16"}
 
 
@@ -193,9 +192,9 @@ class MixedSimulator:
         """Replace a weight observer by a :class:`_WeightQDQ` of its dequantized int8
         per-channel weight and, when the all-int16 model's weight is int16, that one."""
         obs16 = observer_of(gm16, node)
-        values = {"int8": _dequantized_weight(gm8, node, obs)}
+        values = {"int8": fake_quantize(obs, _value(gm8, node.args[0]))}
         if _DTYPE_NAMES.get(obs16.dtype) == "int16":
-            values["int16"] = _dequantized_weight(gm16, node, obs16)
+            values["int16"] = fake_quantize(obs16, _value(gm16, node.args[0]))
         else:
             if not self.refined:  # refined int8 weights stand for every layer's on purpose
                 s8, s16 = obs.calculate_qparams(), obs16.calculate_qparams()
@@ -345,14 +344,6 @@ class MixedSimulator:
                 out = out[0]
             return out
         raise RuntimeError(f"cannot evaluate node {node.name} ({node.op})")
-
-
-def _dequantized_weight(gm: GraphModule, node: Node, obs) -> torch.Tensor:
-    """``dequantize(quantize(w))`` per channel with ``obs``'s qparams, ``w`` the observed constant."""
-    scale, zp = obs.calculate_qparams()
-    w = _value(gm, node.args[0])
-    q = _qd.quantize_per_channel(w, scale, zp, obs.ch_axis, obs.quant_min, obs.quant_max, obs.dtype)
-    return _qd.dequantize_per_channel(q, scale, zp, obs.ch_axis, obs.quant_min, obs.quant_max, obs.dtype)
 
 
 def _value(gm: GraphModule, node: Node) -> torch.Tensor:

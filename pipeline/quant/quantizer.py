@@ -98,7 +98,7 @@ class C7xMMAQuantizer(Quantizer):
             raise ValueError(f"int16_layers (mixed precision) needs dtype='int8', got {dtype!r}")
         observer_cls = specs.check_observer(observer)
         self.observer_kwargs = specs.check_observer_kwargs(observer, observer_kwargs)
-        self.weight_dtype = specs.resolve_weight_dtype(dtype, weight_dtype)
+        self.weight_dtype = specs.resolve_weight_dtype(weight_dtype)
         self.symmetric_activations = specs.resolve_symmetric(dtype, symmetric_activations)
         self.observer = observer
         self.fuse_activations = bool(fuse_activations)
@@ -110,8 +110,9 @@ class C7xMMAQuantizer(Quantizer):
                                      else specs.activation_spec("int16", True, observer_cls,
                                                                 self.observer_kwargs))}
         self._node_dtype: dict[Node, str] = {}
-        self.weight_spec = specs.weight_spec(self.weight_dtype if dtype == "int16" else "int8")
+        # int8 layers always take int8 weights; weight_dtype is the int16 layers'
         self._weight_specs = {"int8": specs.weight_spec("int8"), "int16": specs.weight_spec(self.weight_dtype)}
+        self.weight_spec = self._weight_specs[self.dtype]
         self._handlers = {}
         for targets, handler in ((rules.WEIGHTED, self._annotate_weighted),
                                  (rules.BINARY, self._annotate_binary),

@@ -95,11 +95,11 @@ def resolve_symmetric(dtype: str, symmetric_activations: bool) -> bool:
     return bool(symmetric_activations)
 
 
-def resolve_weight_dtype(dtype: str, weight_dtype: str | None) -> str:
+def resolve_weight_dtype(weight_dtype: str | None) -> str:
     """The weight dtype name of int16-activation layers: None -> "int8" (the user's
     examples, docs/reference.md) or "int16". Layers with int8 activations always get
     int8 weights (int16 weights under int8 activations have no kernel, docs/reference.md,
-    "Eligibility"), so with ``dtype="int8"`` an "int16" only reaches mixed precision's
+    "Eligibility"), so in an int8 model an "int16" only reaches mixed precision's
     int16 layers. Raises ValueError for any other value."""
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight_dtype must be one of {list(WEIGHT_DTYPES)}, got {weight_dtype!r}")
