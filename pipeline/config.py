@@ -39,7 +39,7 @@ ORDERS = ("sorted", "shuffled")
 CALIB_SOURCES = ("images", "random")
 QUANTIZER_IMPLS = ("c7x", "tvm")
 WEIGHT_FORMATS = ("bin", "c_array")
-MEMORY_PLANS = ("staged", "flat")  # pipeline/backend/emit_c.py MEMORY_PLANS
+MEMORY_PLANS = ("staged", "flat")  # codegen's memory plans (backend/emit_c.py reads this)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 #: A model name (the entry's file name without ``.toml``): it names ``artifacts/<model>/``,
 #: so no path separator, no leading dot (``..``, hidden folders), nothing a shell must quote.
@@ -262,7 +262,7 @@ class ProfileSpec:
 @dataclass(frozen=True)
 class TargetSpec:
     """The SoC the performance estimate is for: ``name`` selects
-    ``pipeline/perf/targets/<name>.toml`` (am67a, am62a, tda4vm...);
+    ``pipeline/target/<name>.toml`` (am67a, am62a, tda4vm...);
     ``figures``: the entry's overrides of that file's figures
     (``[target] l2_sram_bytes = 229376``), checked when the entry is loaded.
     Inherited by ``extends`` variants."""
@@ -505,7 +505,7 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
 
 def _target(fail, table) -> TargetSpec:
     """[target]: ``name`` plus figure overrides. Only the form is checked here; the
-    names against the target files by :func:`pipeline.perf.target.check_target_spec`
+    names against the target files by :func:`pipeline.target.check_target_spec`
     when the project loads (an unknown name lists the known targets)."""
     if not isinstance(table, dict):
         fail("[target] must be a table, e.g. { name = \"am67a\" }")

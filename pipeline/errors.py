@@ -29,6 +29,11 @@ class ToolchainError(PipelineError):
     """An external tool (TI cl7x, gcc) is missing or failed."""
 
 
+class StaleArtifactError(PipelineError):
+    """An artifact disagrees with the artifacts it was made from (edited by hand, or
+    left from another run): re-running the stage the message names fixes it."""
+
+
 class ExecutorError(PipelineError):
     """The Dask executor (``DOIT_C7X_EXECUTOR``) is misconfigured or unreachable, or
     lost a stage's worker; nothing the stage wrote is trusted (see :mod:`pipeline.executor`)."""

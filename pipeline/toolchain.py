@@ -87,3 +87,13 @@ def host_cpu() -> str:
     except OSError:
         parts.append(platform.processor())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+MEMORY_CMD = "c7x_memory.cmd"
+
+
+def cross_outputs(model: str, c_sources: list[str]) -> list[str]:
+    """File names the cross_compile stage writes into its folder (doit targets), for
+    the C sources ``c_sources`` (file names) of model ``model``."""
+    objs = [Path(c).stem + ".obj" for c in c_sources] + ["c7x_kernels_ref.obj"]
+    return ["build.json", f"lib{model}.lib", MEMORY_CMD] + objs

@@ -1,7 +1,10 @@
-"""Import torch/torchao the same way in every stage: quiet and deterministic.
+"""Set up torch/torchao the same way for every stage: quiet and deterministic.
 
-Stages import this module (never the task loader), so ``doit list`` stays free
-of torch.
+:func:`setup` is the one set-up call: ``Stage.function()`` makes it before it
+imports a stage module whose code uses this module (so before torch is
+imported), tests make it in ``conftest.py``, scripts before their first stage.
+Importing this module changes nothing and imports no torch, so ``doit list``
+stays free of torch and a module may import torch at its top like any library.
 """
 
 from __future__ import annotations
@@ -17,21 +20,38 @@ import os
 import types
 import typing
 
-# torchao 0.18 logs a deprecation notice through torch's pytree logger on import.
-logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
-# Idle OpenMP threads sleep instead of spinning: under `doit -n 2` two stages
-# share 2 cores, and spinning threads made each other's stages ~3x slower
-# (measured on the layers stage). Results do not depend on it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if typing.TYPE_CHECKING:
+    import torch
 
-import torch  # noqa: E402
+_READY = False
 
-# The target machine has 2 cores shared with the decoder threads; more threads
-# only add contention. Override with C7X_TORCH_THREADS.
-torch.set_num_threads(int(os.environ.get("C7X_TORCH_THREADS", "2")))
 
-import torchao.quantization.pt2e  # noqa: E402,F401  (registers the Q/DQ ops)
-from torch.ao.quantization.fx import _decomposed  # noqa: E402,F401  (needed by torch.export.load)
+def setup() -> None:
+    """Set this process up for the stages; idempotent (later calls return at once).
+
+    - torchao 0.18 logs a deprecation notice through torch's pytree logger on import:
+      that logger is quietened.
+    - ``OMP_WAIT_POLICY=PASSIVE`` unless set (read when torch loads OpenMP, so this
+      must run before the first ``import torch`` to apply): idle OpenMP threads sleep
+      instead of spinning; under ``doit -n 2`` two stages share 2 cores, and spinning
+      threads made each other's stages about 3x slower. Results do not depend on it.
+    - torch's intra-op threads: ``C7X_TORCH_THREADS`` (default 2). Float summation
+      order, and so some artifacts' bytes, depend on it (``docs/numerics.md``).
+    - torchao's PT2E module and ``torch.ao.quantization.fx._decomposed`` imported:
+      they register the ``quantized_decomposed`` ops ``torch.export.load`` needs.
+    - ``torch.export.load`` made about twice as fast (:func:`_memoize_export_type_hints`).
+    """
+    global _READY
+    if _READY:
+        return
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+    torch.set_num_threads(int(os.environ.get("C7X_TORCH_THREADS", "2")))
+    import torchao.quantization.pt2e  # noqa: F401  (registers the Q/DQ ops)
+    from torch.ao.quantization.fx import _decomposed  # noqa: F401  (needed by torch.export.load)
+    _memoize_export_type_hints()
+    _READY = True
 
 
 def _memoize_export_type_hints() -> None:
@@ -99,6 +119,7 @@ def release_torchao_modules() -> None:
 def torch_threads(n: int):
     """torch's intra-op thread count set to ``n`` inside the block, restored after
     (it is per process: other threads of the process see it meanwhile)."""
+    import torch
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -119,8 +140,9 @@ def process_map(fn, jobs: dict, threads: int):
 
 
 def _keyed_call(key, fn, threads: int, args: tuple):
-    """``(key, fn(*args))`` with ``threads`` torch threads (in a loky worker; importing
-    this module there sets its thread default first)."""
+    """``(key, fn(*args))`` with ``threads`` torch threads (in a loky worker, set up as
+    every stage process is: :func:`setup`)."""
+    setup()
     with torch_threads(threads):
         return key, fn(*args)
 
@@ -145,6 +167,8 @@ def save_tensors(obj, path) -> None:
     through a buffer keeps the temporary name of the atomic write out of the bytes.
     """
     import io
+
+    import torch
 
     from .fsutil import write_bytes
     buf = io.BytesIO()
@@ -172,6 +196,8 @@ def load_program(path) -> "torch.export.ExportedProgram":
     gets. Keyed by the sha256 of the bytes, so a rewritten file is loaded
     afresh. Raises what ``torch.export.load`` raises (OSError, and
     torch's deserialization errors for a file that is not a program)."""
+    setup()
+    import torch
     if os.path.getsize(path) > PROGRAM_CACHE_BYTES // 2:  # too large to keep (nor to read twice)
         return torch.export.load(path)
     data = open(path, "rb").read()
@@ -201,6 +227,8 @@ def _private_copy(ep: "torch.export.ExportedProgram") -> "torch.export.ExportedP
 def save_program(ep: "torch.export.ExportedProgram", path) -> None:
     """``torch.export.save`` atomically, without nondeterministic node metadata."""
     import io
+
+    import torch
 
     from .fsutil import write_bytes
     strip_nondeterministic_meta(ep)

@@ -16,20 +16,22 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from .errors import StaleArtifactError
+
 #: Builtins that can run code, touch files or reach objects' internals; never in our modules.
 FORBIDDEN_NAMES = frozenset({"eval", "exec", "compile", "open", "__import__", "getattr", "setattr",
                              "delattr", "globals", "locals", "vars", "breakpoint"})
 
 
 def check_tvmscript(text: str, path: str | Path) -> None:
-    """Raise ValueError (one line naming ``path``) unless ``text`` is TVMScript of
+    """Raise StaleArtifactError (one line naming ``path``) unless ``text`` is TVMScript of
     the shape doit-c7x writes: one class decorated ``@I.ir_module`` holding only
     functions decorated ``@R.function`` / ``@T.prim_func``; no import, lambda or
     global statement; no dunder name or attribute; none of :data:`FORBIDDEN_NAMES`."""
     def refuse(what: str, node: ast.AST | None = None):
         line = f" (line {node.lineno})" if node is not None and hasattr(node, "lineno") else ""
-        raise ValueError(f"{path}: not a TVMScript module doit-c7x wrote: {what}{line}; "
-                         f"delete it and run doit to rebuild it")
+        raise StaleArtifactError(f"{path}: not a TVMScript module doit-c7x wrote: {what}{line}; "
+                                 f"delete it and run doit to rebuild it")
     try:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as e:

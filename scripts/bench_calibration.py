@@ -55,7 +55,7 @@ def activation_scales(spec, float_pt2: Path, state: Path) -> dict[str, float]:
     """{observer name: scale} of every per-tensor activation observer of the calibrated ``state``."""
     import torch
     from pipeline.quant.merge import observers
-    from pipeline.stages.prepare import build_prepared
+    from pipeline.quant.program import build_prepared
     gm = build_prepared(spec, float_pt2)
     gm.load_state_dict(torch.load(state, weights_only=True))
     out = {}

@@ -32,7 +32,7 @@ DOCUMENT_MODELS = {"resnet18": 100e6, "mobilenet_v2": 2386e6, "mobilenet_v3_larg
 
 def bench_document_conv() -> None:
     from pipeline.perf.model import DOCUMENT_CONV, conv_call, estimate_call, fitted
-    from pipeline.perf.target import load_target
+    from pipeline.target import load_target
 
     t, k = load_target("am67a"), fitted()
     print("the document's conv 64->64 3x3 56x56 int8 on am67a (fitted on these three):")

@@ -69,7 +69,7 @@ def bench_model(name: str, n_images: int) -> None:
     from pipeline.backend.host import traffic_flags
     from pipeline.frontend.irmodule_io import load_irmodule
     from pipeline.perf.report import estimate_build
-    from pipeline.stages.estimate import spec_target
+    from pipeline.target import spec_target
 
     root = Path(tempfile.mkdtemp(prefix=f"bench-memory-{name}-"))
     try:

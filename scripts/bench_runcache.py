@@ -83,7 +83,7 @@ def bench_runcache(model: str = "mobilenet_v2") -> None:
         print(f"  nothing changed              {noop:8.1f} s (doit's own check, for comparison)")
         clone = shared / "elsewhere" / "second"
         ctoml = _project(clone, model, entry)
-        print(f"  a second checkout at another path, same cache and secret:")
+        print("  a second checkout at another path, same cache and secret:")
         for label, text in ((f"first build ({dtype})", entry),
                             (f"flip to {other}", entry.replace(f'dtype = "{dtype}"', f'dtype = "{other}"')),
                             (f"flip back to {dtype}", entry)):

@@ -51,8 +51,8 @@ from pipeline import torchenv  # noqa: E402,F401
 from pipeline.config import ModelSpec, list_images, load_models  # noqa: E402
 from pipeline.data.images import label_of, load_images  # noqa: E402
 from pipeline.stages.calibrate import calibrate_model  # noqa: E402
-from pipeline.stages.convert import load_converted  # noqa: E402
-from pipeline.stages.torch_outputs import run_program, single_output  # noqa: E402
+from pipeline.quant.program import load_converted  # noqa: E402
+from pipeline.data.torch_outputs import run_program, single_output  # noqa: E402
 from pipeline.stages.export import export_model  # noqa: E402
 from pipeline.stages.prepare import prepare_model  # noqa: E402
 from pipeline.weights import resolve_weights  # noqa: E402

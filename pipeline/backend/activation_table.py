@@ -12,11 +12,10 @@ is computed with the very ops torch's Q/DQ program runs for the layer
 from __future__ import annotations
 
 import numpy as np
-
-from pipeline import torchenv  # noqa: F401  (registers the quantized_decomposed ops)
-
 import torch
 import torch.nn.functional as F
+
+from .. import torchenv
 
 #: activation kind (the offload log's ``op``) -> the torch function of the Q/DQ program.
 ACTIVATIONS = {
@@ -37,6 +36,7 @@ def activation_table(kind: str, s_in: float, zp_in: int, s_out: float, zp_out: i
     the input's per-tensor scale and zero point, ``s_out`` / ``zp_out`` the output's
     (the float32 scales torch stored, passed as Python floats like the Q/DQ program).
     """
+    torchenv.setup()   # the quantized_decomposed ops registered
     fn = ACTIVATIONS[kind]
     v = torch.arange(-128, 128, dtype=torch.int16).to(torch.int8)
     qd = torch.ops.quantized_decomposed

@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import tvm
 
+from ..config import MEMORY_PLANS
 from ..errors import UnsupportedOpError
 from . import tiling, weights_bin
 from .interp import lowered_script
@@ -67,7 +68,7 @@ SECTIONS = {"l2": ".l2sram", "msmc": ".msmc", "ddr": ".ddr"}
 
 SHIM_HEADER = Path(__file__).parent / "kernels" / "c7x_tvm_shim.h"
 MEMORY_HEADER = Path(__file__).parent / "kernels" / "c7x_memory.h"
-DATA_FILES = ("kernels/c7x_tvm_shim.h", "kernels/c7x_memory.h")  # copied into c/<build>/ (stages/code_deps.py)
+DATA_FILES = ("kernels/c7x_tvm_shim.h", "kernels/c7x_memory.h")  # copied into c/<build>/ (code_deps.py)
 
 _DL_CODE = {"int": "kDLInt", "uint": "kDLUInt", "float": "kDLFloat"}
 
@@ -676,10 +677,9 @@ def weights_array_source(m: str, blob: bytes) -> str:
 # ---------------------------------------------------------------------------
 
 HEADERS = (KERNELS_HEADER, SHIM_HEADER, MEMORY_HEADER)
-MEMORY_PLANS = ("staged", "flat")
-"""``[codegen] memory``: "staged" (:mod:`.levels`: L2 / MSMC / DDR, weights by DMA) or
-"flat" (one DDR arena laid out by TVM, weights read in place)."""
-"""Headers copied into every codegen folder, so ``gcc -I<folder>`` suffices."""
+"""Headers copied into every codegen folder, so ``gcc -I<folder>`` suffices.
+``[codegen] memory`` (``config.MEMORY_PLANS``): "staged" (:mod:`.levels`: L2 / MSMC /
+DDR, weights by DMA) or "flat" (one DDR arena laid out by TVM, weights read in place)."""
 
 
 def tileable_calls(mod: tvm.IRModule, plan: Plan) -> dict[int, tuple[int, str]]:

@@ -35,7 +35,7 @@ from ..errors import ToolchainError
 
 KERNELS_DIR = Path(__file__).parent / "kernels"
 HARNESS = KERNELS_DIR / "host_main.c"
-DATA_FILES = ("kernels/*.c", "kernels/*.h")  # compiled into every host build (stages/code_deps.py)
+DATA_FILES = ("kernels/*.c", "kernels/*.h")  # compiled into every host build (code_deps.py)
 # -O3: gcc 12 vectorises the integer conv loops only there (MobileNetV2 int8
 # host 248 -> 65 ms per image); no -ffast-math, so float stays IEEE.
 # -march=native: this machine's vector width (AVX2 here: MobileNetV2 int8

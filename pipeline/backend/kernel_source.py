@@ -35,7 +35,7 @@ from . import tir_c
 from .lower import first_line
 
 KERNELS_HEADER = Path(__file__).parent / "kernels" / "c7x_kernels.h"
-DATA_FILES = ("kernels/c7x_kernels.h",)  # read at run time (stages/code_deps.py)
+DATA_FILES = ("kernels/c7x_kernels.h",)  # read at run time (code_deps.py)
 #: the DMA functions of c7x_memory.h the tiled kernels call (:mod:`.tiling`)
 DMA_NAMES = ("c7x_dma_copy", "c7x_dma_wait")
 

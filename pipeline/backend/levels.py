@@ -83,15 +83,15 @@ class L2TooSmall(ValueError):
 class Budget:
     """Sizes of the on-chip levels, bytes: ``l2`` (L2 SRAM of one C7x core) and
     ``msmc`` (shared L3 SRAM; 0 = none). From the ``[target]`` figures
-    ``l2_sram`` and ``msmc`` (pipeline/perf/targets/, docs/targets.md)."""
+    ``l2_sram`` and ``msmc`` (pipeline/target/, docs/targets.md)."""
 
     l2: int
     msmc: int
 
 
 def default_budget() -> Budget:
-    """The default target's sizes (``pipeline.perf.target.DEFAULT_TARGET``, AM67A)."""
-    from ..perf.target import load_target
+    """The default target's sizes (``pipeline.target.DEFAULT_TARGET``, AM67A)."""
+    from ..target import load_target
 
     t = load_target()
     return Budget(l2=int(t.l2_sram_bytes), msmc=int(t.msmc_bytes))

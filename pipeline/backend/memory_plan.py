@@ -103,7 +103,7 @@ class Plan:
         return int(np.prod(self.outputs[i].shape))
 
 
-#: Memory levels of the C7x, fastest first (``[target]`` sizes: pipeline/perf/targets/).
+#: Memory levels of the C7x, fastest first (``[target]`` sizes: pipeline/target/).
 LEVELS = ("l2", "msmc", "ddr")
 
 

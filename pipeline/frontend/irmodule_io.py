@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from ..errors import StaleArtifactError
 from ..fsutil import write_bytes, write_text
 from ..tvmscript_guard import check_tvmscript
 
@@ -81,8 +82,8 @@ def load_irmodule(script_path: Path, params_path: Path, bind: bool = True):
         mod = tvm.script.from_source(text)
     except Exception as e:  # TVMScript diagnostics: one message, not a dump
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        raise ValueError(f"{script_path}: cannot parse the imported module ({first.strip()[:200]}); "
-                         f"re-run its relax_import task") from None
+        raise StaleArtifactError(f"{script_path}: cannot parse the imported module ({first.strip()[:200]}); "
+                                 f"re-run its relax_import task") from None
     params = {k: v.numpy() for k, v in
               tvm.runtime.load_param_dict(bytearray(Path(params_path).read_bytes())).items()}
     if not bind:

@@ -15,7 +15,7 @@ on the calibration images::
 torchvision's random init gives degenerate numerics: depthwise convs initialised
 with ``kaiming_normal_(mode="fan_out")`` shrink the activations layer by layer and
 BatchNorm's default running statistics (mean 0, var 1) never undo it, so e.g.
-MobileNetV2's logits are about 1e-14 and the output scale collapses (issue 13).
+MobileNetV2's logits are about 1e-14 and the output scale collapses.
 So :func:`torchvision_random` builds ``torchvision.models.get_model(name,
 weights=None)`` after ``torch.manual_seed(seed)`` (deterministic), and export
 (:func:`pipeline.models.random_weights.make_realistic`, on the entry's

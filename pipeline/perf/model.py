@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from ..backend.kernels import catalog
-from .target import DEFAULT_TARGET, Target, load_target
+from ..target import DEFAULT_TARGET, Target, load_target
 
 ENGINES = (*catalog.ENGINES, "scalar")
 BOUNDS = ("compute", "memory", "overhead")
@@ -83,7 +83,8 @@ def conv_call(case: str, c_in: int = 64, c_out: int = 64, k: int = 3, h: int = 5
     if case == "scalar":
         return {"backend": "tvm", "kernel": "conv2d", "func": "conv2d", "dtype": "int8",
                 "work": {"iterations": macs, "macs": macs}, "reads": reads, "writes": writes}
-    return {"backend": "mmalib", "kernel": "mmalib_conv2d_i8", "func": "mmalib_conv2d_i8", "dtype": "int8",
+    kernel = catalog.find("conv2d", "int8")
+    return {"backend": "mmalib", "kernel": kernel, "func": kernel, "dtype": "int8",
             "work": {"macs": macs}, "reads": reads, "writes": writes}
 
 
@@ -225,13 +226,13 @@ def layer_call(op: str, dtype: str, *, macs: int, in_elems: int, out_elems: int,
     three int32 per output channel. Every tensor in DDR, as the flat plan puts it."""
     size = 2 if dtype == "int16" else 1
     if op == "add":
-        return {"backend": "c7x", "kernel": f"c7x_{dtype}_residual_add_relu", "dtype": dtype,
+        return {"backend": "c7x", "kernel": catalog.find("residual_add", dtype), "dtype": dtype,
                 "work": {"elements": 2 * in_elems + out_elems},
                 "reads": [_rw("x", in_elems * size, "ddr", dtype=dtype), _rw("skip", in_elems * size, "ddr", dtype=dtype)],
                 "writes": [_rw("out", out_elems * size, "ddr", dtype=dtype)]}
-    kernel = ("mmalib_depthwise_conv2d" if depthwise else "mmalib_conv2d" if op == "conv2d" else "mmalib_matmul_bias")
+    kernel = catalog.find("depthwise_conv2d" if depthwise else "conv2d" if op == "conv2d" else "matmul_bias", dtype)
     reads = [_rw("input", in_elems * size, "ddr", dtype=dtype),
              _rw("weight", w_elems * size, "ddr", "weight", dtype),
              _rw("requant", 12 * c_out, "ddr", "weight", "int32")]
-    return {"backend": "mmalib", "kernel": f"{kernel}_i{8 * size}", "dtype": dtype, "work": {"macs": macs},
+    return {"backend": "mmalib", "kernel": kernel, "dtype": dtype, "work": {"macs": macs},
             "reads": reads, "writes": [_rw("output", out_elems * size, "ddr", dtype=dtype)]}

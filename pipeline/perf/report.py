@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .model import Constants, estimate_call, fitted
-from .target import Target
+from ..target import Target
 
 LABEL = "ESTIMATE of C7x cycles from a static performance model (not a measurement)"
 TOP = 5

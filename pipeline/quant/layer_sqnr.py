@@ -1,8 +1,8 @@
 """Per-layer SQNR of a calibrated prepared model: its Q/DQ simulation against its float model.
 
 The calibrate stage measures it before and after its method (range search, exact
-requantize, AdaRound, bias correction: :func:`pipeline.stages.calibrate.refine`) on the
-calibration images, and the summary shows the worst layers both ways (issue 30, item 5).
+requantize, AdaRound, bias correction: :func:`pipeline.quant.recipe.refine`) on the
+calibration images, and the summary shows the worst layers both ways.
 
 At every activation observer of the prepared graph (a layer's output point: after a
 fused ReLU / ReLU6, conv-BN folded) the Q/DQ value is compared with the float value,
@@ -13,18 +13,17 @@ weights per channel), which is what ``convert_pt2e`` makes of the observers, wit
 the int8 <-> int16 boundary requantizes of a mixed model (one dtype per tensor: the
 observer's).
 
-``sqnr_db`` = ``10 log10(sum x^2 / sum (x - ref)^2)`` over every element of every image,
-x = Q/DQ, ref = float: torchao's ``compute_sqnr`` convention, as in ``layers.json``.
+``sqnr_db`` = :func:`pipeline.quant.sqnr.sqnr_db` of ``sum x^2`` and ``sum (x - ref)^2`` over
+every element of every image, x = Q/DQ, ref = float, as in ``layers.json``.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch.fx import GraphModule, Node
 
 from .graph import PER_CHANNEL, FloatPass, fake_quantize, observer_of
+from .sqnr import sqnr_db
 
 
 class _QDQPass(FloatPass):
@@ -75,5 +74,4 @@ def layer_sqnr(gm: GraphModule, images: list[torch.Tensor]) -> dict[str, float |
                 v = v.double()
                 signal[name] = signal.get(name, 0.0) + float((v ** 2).sum())
                 noise[name] = noise.get(name, 0.0) + float(((v - f[name].double()) ** 2).sum())
-    return {k: (round(10 * math.log10(signal[k] / noise[k]), 3) if noise[k] > 0 and signal[k] > 0 else None)
-            for k in signal}
+    return {k: None if (db := sqnr_db(signal[k], noise[k])) is None else round(db, 3) for k in signal}

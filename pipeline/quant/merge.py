@@ -1,6 +1,6 @@
 """Merge the states of observers filled on separate shards of the calibration set.
 
-Sharded calibration (``[calibration] shards``, :mod:`pipeline.stages.calibrate_shards`)
+Sharded calibration (``[calibration] shards``, :mod:`pipeline.quant.shards`)
 runs contiguous slices of the images through separate copies of the prepared
 model; the head then merges each observer's per-shard states, in shard order,
 into one state as if a single process had seen every batch. One function per

@@ -131,7 +131,7 @@ def layer_cycles(node, kind: str, target) -> tuple[float, float]:
 
 def program_layers(graph, target=None) -> list[Layer]:
     """The conv2d / linear / add layers of a float program's FX ``graph``, in graph order;
-    with ``target`` (a :class:`pipeline.perf.target.Target`), each with its estimated cycles.
+    with ``target`` (a :class:`pipeline.target.Target`), each with its estimated cycles.
 
     An add of a tensor and a constant (``x + 1.0``) is not a layer (the quantizer
     leaves it float)."""

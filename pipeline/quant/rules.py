@@ -34,13 +34,13 @@ Per kind: the ops, what is observed on the inputs, and the output.
   an int8/int16 tensor and the multiply runs on integers (the reference leaves
   sigmoid float). Graphs without such a gate (MobileNetV2, ResNet, the
   detection heads) are annotated exactly as before.
-* SOFTMAX (*ours*, an extension; issue 28) -- softmax.int / _softmax over the last
+* SOFTMAX (*ours*, an extension) -- softmax.int / _softmax over the last
   axis of a float tensor, in an int8 node, not reaching ``topk``: input act (the
   attention logits), output the fixed int8 qparams scale 1/256, zero point -128
   (:func:`pipeline.quant.specs.softmax_output_spec`; the ``c7x_int8_softmax``
   kernel's output, docs/reference.md, "Softmax"). int16 nodes keep a float softmax
   (no int16 kernel). The reference leaves softmax float.
-* MATMUL (*ours*, an extension; issue 28) -- matmul / bmm of two activations
+* MATMUL (*ours*, an extension) -- matmul / bmm of two activations
   (:func:`is_activation_matmul`: neither operand is a weight): attention's Q.K^T and
   attention.V. Each input shares the observer of the node it is a view of
   (:func:`view_source`: through transpose, permute, view, reshape, expand, split /

@@ -7,6 +7,9 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from tqdm import tqdm
+
 from .. import torchenv
 from ..config import ModelSpec
 from ..errors import ConfigError
@@ -14,10 +17,8 @@ from ..data.batches import calibration_batches
 from ..data.images import select_images
 from ..fsutil import write_json
 from ..quant.layer_sqnr import layer_sqnr
-from .prepare import build_prepared, check_prepared, observer_kwargs, read_int16_selection
-
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from ..quant.program import build_prepared, check_prepared, observer_kwargs, read_int16_selection
+from ..quant.recipe import refine, single_images
 
 
 def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepared_table: Path,
@@ -33,12 +34,12 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
 
     With ``[calibration] shards = k > 1`` (and images as the source) the images
     are calibrated in k contiguous slices on workers and their observers merged
-    into this process's prepared model (:mod:`pipeline.stages.calibrate_shards`,
+    into this process's prepared model (:mod:`pipeline.quant.shards`,
     :mod:`pipeline.quant.merge`); bias correction then runs here on the whole
     set. The record gains ``shards`` {requested, used, images per shard,
     merge method per observer class}; with shards = 1 it is unchanged.
 
-    The kernel-aware options (issue 30) run around the observation, each
+    The kernel-aware options run around the observation, each
     recorded in calibration.json under its name (False when off):
 
     1. ``equalize``: channels of the rescalable tensors equalized on the images
@@ -76,7 +77,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     with torch.no_grad(), tqdm(total=total, desc=f"calibrate {spec.name}", unit="img", leave=False,
                                disable=None) as bar:
         if len(slices) > 1:
-            from .calibrate_shards import calibrate_sharded
+            from ..quant.shards import calibrate_sharded
             merge = calibrate_sharded(gm, slices, bar, spec, float_pt2, prepared_state, prepared_table,
                                       int16_layers)
         else:
@@ -92,7 +93,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
         seen = list(calibration_batches(spec, images))
     if merge is not None:
         images_for_sqnr = list(calibration_batches(spec, images[:SQNR_IMAGES]))
-    images_for_sqnr = _single_images(images_for_sqnr)[:SQNR_IMAGES]
+    images_for_sqnr = single_images(images_for_sqnr)[:SQNR_IMAGES]
     before = layer_sqnr(gm, images_for_sqnr) if diagnose else None
     refined = refine(gm, seen, cal)
     sqnr = False
@@ -153,14 +154,14 @@ def _sqnr_record(gm: torch.fx.GraphModule, before: dict, after: dict, n: int) ->
 
 
 def _shard_slices(spec: ModelSpec, gm: torch.fx.GraphModule, images: list[Path]) -> list[list[Path]]:
-    """The image slices of ``[calibration] shards`` (:func:`pipeline.stages.calibrate_shards.split_images`;
+    """The image slices of ``[calibration] shards`` (:func:`pipeline.quant.shards.split_images`;
     one slice, no sharding, for shards = 1 or random tensors). Raises ConfigError when an
     observer of ``gm`` has no merge (moving_average), before any image is read."""
     cal = spec.calibration
     if cal.shards <= 1 or not images:
         return [images]
     from ..quant.merge import NotMergeable, merge_entry, observers
-    from .calibrate_shards import split_images
+    from ..quant.shards import split_images
     try:
         for obs in observers(gm).values():
             merge_entry(obs)
@@ -174,67 +175,9 @@ def _equalize(spec: ModelSpec, gm: torch.fx.GraphModule, images: list[Path]) -> 
     images (or the random batches); the ``equalization`` record of calibration.json."""
     from ..quant.equalize import REFERENCE, equalize
     t0 = time.perf_counter()
-    per_image = _single_images(calibration_batches(spec, images))
+    per_image = single_images(calibration_batches(spec, images))
     groups = equalize(gm, per_image, spec.calibration.equalize_alpha)
     return {"method": "smoothquant", "reference": REFERENCE, "alpha": spec.calibration.equalize_alpha,
             "seconds": round(time.perf_counter() - t0, 2), "groups": groups}
 
 
-def _single_images(batches) -> list[torch.Tensor]:
-    """The images of NCHW ``batches`` as batch-1 tensors, in order (what the passes after
-    observing take)."""
-    return [b[i:i + 1] for b in batches for i in range(len(b))]
-
-
-def refine(gm: torch.fx.GraphModule, seen: list[torch.Tensor], cal) -> dict:
-    """Steps 2-5 of :func:`calibrate_model` on the observed ``gm`` (in place), in order,
-    on the NCHW float32 batches ``seen``; their calibration.json records (False for an
-    option that is off). The mixed_precision stage runs them too, on its all-int8 model."""
-    out = {"range_search": _search_ranges(gm, seen, cal.range_search) if cal.range_search else False}
-    out["exact_requantize"] = _snap(gm) if cal.exact_requantize else False
-    out["adaround"] = _adaround(gm, seen, cal.adaround_iterations) if cal.adaround_iterations else False
-    out["bias_correction"] = _correct_biases(gm, seen) if cal.bias_correction else False
-    return out
-
-
-def _search_ranges(gm: torch.fx.GraphModule, batches: list[torch.Tensor], criterion: bool | str) -> dict:
-    """Percentiles chosen by the error at the readers' or the model's outputs (in place);
-    the ``range_search`` record."""
-    from ..quant.range_search import CANDIDATES, search_ranges, search_ranges_at_output
-    t0 = time.perf_counter()
-    per_image = _single_images(batches)
-    criterion = "output" if criterion == "output" else "readers"
-    chosen = (search_ranges_at_output if criterion == "output" else search_ranges)(gm, per_image)
-    return {"criterion": criterion, "candidates": list(CANDIDATES), "images": len(per_image),
-            "seconds": round(time.perf_counter() - t0, 2), "observers": chosen}
-
-
-def _snap(gm: torch.fx.GraphModule) -> dict:
-    """Kernel-exact weight scales of the calibrated ``gm`` (in place); the
-    ``exact_requantize`` record of calibration.json."""
-    from ..quant.exact_rescale import snap_weight_scales
-    layers = snap_weight_scales(gm)
-    return {"layers": len(layers),
-            "max_raise": round(max((r["max_raise"] for r in layers), default=0.0), 6),
-            "mean_raise": round(sum(r["mean_raise"] for r in layers) / max(len(layers), 1), 6)}
-
-
-def _adaround(gm: torch.fx.GraphModule, batches: list[torch.Tensor], iterations: int) -> dict:
-    """AdaRound of the int8 weights (in place); the ``adaround`` record of calibration.json."""
-    from ..quant.adaround import REFERENCE, adaround
-    t0 = time.perf_counter()
-    per_image = _single_images(batches)
-    layers = adaround(gm, per_image, iterations)
-    return {"reference": REFERENCE, "iterations": iterations, "images": len(per_image),
-            "seconds": round(time.perf_counter() - t0, 2), "layers": layers}
-
-
-def _correct_biases(gm: torch.fx.GraphModule, batches: list[torch.Tensor]) -> dict:
-    """Bias correction of the calibrated ``gm`` (in place) on the images of
-    ``batches`` (NCHW float32); the ``bias_correction`` record of calibration.json."""
-    from ..quant.bias_correction import REFERENCE, correct_biases
-    t0 = time.perf_counter()
-    per_image = _single_images(batches)
-    layers = correct_biases(gm, per_image)
-    return {"method": "empirical", "reference": REFERENCE, "images": len(per_image),
-            "seconds": round(time.perf_counter() - t0, 2), "layers": layers}

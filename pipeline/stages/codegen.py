@@ -33,7 +33,7 @@ def memory_budget(spec: ModelSpec):
     if spec.codegen.memory == "flat":
         return None
     from ..backend.levels import Budget
-    from .estimate import spec_target
+    from ..target import spec_target
 
     t = spec_target(spec)
     return Budget(l2=int(t.l2_sram_bytes), msmc=int(t.msmc_bytes))

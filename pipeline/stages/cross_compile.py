@@ -17,10 +17,10 @@ from pathlib import Path
 from ..config import ModelSpec
 from ..errors import ToolchainError
 from ..fsutil import atomic_dir, portable, write_json
-from ..toolchain import archive_command, compile_command, find_cgt, link_command
+from ..toolchain import MEMORY_CMD, archive_command, compile_command, find_cgt, link_command
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "backend" / "kernels"
-DATA_FILES = ("../backend/kernels/*.c", "../backend/kernels/*.h")  # read at run time (stages/code_deps.py)
+DATA_FILES = ("../backend/kernels/*.c", "../backend/kernels/*.h")  # read at run time (code_deps.py)
 
 
 def _run(cmd: list[str], model: str, cwd: Path, what: str) -> None:
@@ -34,15 +34,6 @@ def _run(cmd: list[str], model: str, cwd: Path, what: str) -> None:
         first_error = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else "")
         raise ToolchainError(f"model {model!r}: {tool} failed on {what} (exit {proc.returncode}): "
                              f"{first_error or 'no output'}")
-
-
-MEMORY_CMD = "c7x_memory.cmd"
-
-
-def outputs(model: str, c_sources: list[str]) -> list[str]:
-    """File names the stage writes into its folder (doit targets)."""
-    objs = [Path(c).stem + ".obj" for c in c_sources] + ["c7x_kernels_ref.obj"]
-    return ["build.json", f"lib{model}.lib", MEMORY_CMD] + objs
 
 
 def cross_compile_model(spec: ModelSpec, codegen_dir: Path, out: Path) -> dict:

@@ -23,15 +23,11 @@ import sys
 from pathlib import Path
 
 from ..config import ModelSpec
+from ..errors import StaleArtifactError
 from ..fsutil import write_json
 from ..perf.model import fitted
 from ..perf.report import LABEL, as_flat, compare_board, estimate_build
-from ..perf.target import Target, load_target
-
-
-def spec_target(spec: ModelSpec) -> Target:
-    """The model entry's target with its overrides (ConfigError: one line)."""
-    return load_target(spec.target.name, spec.target.figures, where=f"{spec.source} [target]")
+from ..target import Target, spec_target
 
 
 PLAN_WORDS = {
@@ -39,7 +35,8 @@ PLAN_WORDS = {
             "written there by each kernel, no DMA staging into L2 SRAM",
     "staged": "codegen's staged memory plan (memory_map.json): activations in the L2 / MSMC / DDR arena codegen "
               "placed them in, weights copied into L2 by DMA during the previous call (overlapped), what does "
-              "not fit read from DDR in place; no tiling yet",
+              "not fit read from DDR in place; a layer too large for L2 split over output channels into "
+              "double-buffered tiles (docs/memory.md)",
 }
 
 
@@ -91,12 +88,12 @@ def estimate_model(spec: ModelSpec, manifests: dict[str, Path], board_log: Path 
     for variant, path in manifests.items():
         manifest = json.loads(Path(path).read_text())
         if not manifest["calls"] or "work" not in manifest["calls"][0]:
-            raise ValueError(f"{path}: the manifest has no per-call work (written by an older codegen); "
-                             f"re-run codegen:{spec.name}")
+            raise StaleArtifactError(f"{path}: the manifest has no per-call work (written by an older "
+                                     f"codegen); re-run codegen:{spec.name}")
         variants[variant] = estimate_build(manifest, target)
         variants[variant]["memory"] = memory_figures(manifest, target, variants[variant])
     if board_log is not None:
-        from .profile import board_measurement
+        from ..perf.measured import board_measurement
 
         first = next(iter(manifests))
         board = board_measurement(spec, Path(manifests[first]).parent, Path(board_log))

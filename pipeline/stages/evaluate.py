@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import torchenv  # noqa: F401
+import torch
+
 from ..config import ModelSpec, list_images
 from ..data.images import label_of, load_images
 from ..errors import CalibrationDataError
 from ..fsutil import write_json
-from . import torch_outputs
-from .torch_outputs import outputs_note
-
-import torch  # noqa: E402
+from ..data import torch_outputs
+from ..data.torch_outputs import outputs_note
 
 
 def output_errors(float_outs: list[torch.Tensor], quant_outs: list[torch.Tensor]) -> list[dict]:

@@ -8,6 +8,9 @@ import re
 import sys
 from pathlib import Path
 
+import torch
+from torch.export import Dim
+
 from .. import torchenv
 from ..config import ModelSpec
 from ..errors import CalibrationDataError, ConfigError, UnsupportedOpError, WeightsNotFoundError, brief
@@ -15,8 +18,6 @@ from ..frontend.provenance import tag_program
 from ..fsutil import portable_path, write_json
 from ..weights import check_weights_hash, resolve_weights
 
-import torch  # noqa: E402  (after torchenv)
-from torch.export import Dim  # noqa: E402
 
 # Calibration may batch images, so the float program keeps the batch dim
 # dynamic; convert re-exports with the static batch-1 shape of the entry point.

@@ -35,14 +35,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .. import torchenv
 from ..config import ModelSpec, list_images
 from ..data.images import label_of, load_images, select_images
 from ..errors import CalibrationDataError
 from ..fsutil import write_json
-
-import torch  # noqa: E402
+from .registry import BY_NAME, StageContext
 
 
 def folds_of(images: list[Path], k: int) -> list[list[Path]]:
@@ -76,7 +76,8 @@ def _fold_spec(spec: ModelSpec) -> ModelSpec:
 #: The calibration-dependent part of the flow a fold re-runs, in record order. A
 #: fixed int16 choice and the prepared model are the model's own (linked); an
 #: automatic int16 choice depends on the images, so the fold makes its own.
-FOLD_STAGES = ("mixed_precision", "prepare", "calibrate", "convert", "relax_import", "codegen", "host_build")
+#: the stages a fold runs, in order: the holdout record's ``runs`` (its code is this stage's code too)
+FOLD_STAGES = BY_NAME["holdout"].runs
 
 
 def _deployed_only(args: dict, variant: str) -> dict:
@@ -97,11 +98,7 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], trai
     their own functions, arguments and file names (nothing of the flow restated here)."""
     from ..backend.host import model_info, run_host
     from ..layout import Layout, variants
-    from .registry import BY_NAME, StageContext
-    from .torch_outputs import run_program_outputs
-    # The records' functions run through Stage.function() (importlib); importing their
-    # modules here too puts them in this stage's code dependencies (stages/code_deps.py).
-    from . import calibrate, codegen, convert, host_build, mixed_precision, prepare, relax_import  # noqa: F401
+    from ..data.torch_outputs import run_program_outputs
 
     fspec = _fold_spec(spec)
     ctx = StageContext(spec=fspec, layout=Layout(work, spec.name), root=work, calib_root=work / "calib_data")
@@ -142,7 +139,7 @@ def _run_folds(jobs: list[tuple]):
     float summation order from a one-process run, as they do across machines with
     other core counts. Inside a task on a Dask worker they run one after another,
     in the slot the cluster gave the stage. A fold's exception is re-raised here."""
-    from .calibrate_shards import on_dask_worker
+    from ..quant.shards import on_dask_worker
     n_jobs = min(len(jobs), os.cpu_count() or 1)
     if n_jobs < 2 or on_dask_worker():
         for f, a in enumerate(jobs):
@@ -169,7 +166,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     Raises :class:`CalibrationDataError` when the evaluation folder is empty or holds
     fewer images than ``[evaluation] folds``."""
     from ..layout import variants
-    from .torch_outputs import outputs_note, run_program
+    from ..data.torch_outputs import outputs_note, run_program
 
     eval_images = list_images(images_dir, strict=True)
     if not eval_images:

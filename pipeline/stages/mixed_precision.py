@@ -9,9 +9,9 @@ the calibration images adds the layers with the most gain per MAC within
 prepared models, calibrated once each, stand in for a prepare/calibrate/convert
 per assignment. The all-int8 model first gets the calibrate stage's method
 (range search, exact requantize, AdaRound, bias correction: whatever the entry's
-``[calibration]`` turns on, :func:`pipeline.stages.calibrate.refine`), so the
-sensitivity measures what the method leaves and the int16 budget goes there
-(issue 30, item 3). Its refined weights stand for every layer's, int16 ones
+``[calibration]`` turns on, :func:`pipeline.quant.recipe.refine`), so the
+sensitivity measures what the method leaves and the int16 budget goes there.
+Its refined weights stand for every layer's, int16 ones
 included (the real int16 layers' AdaRound sees int16 inputs).
 
 Metric: mean squared logit error vs the float program over the images (logit
@@ -25,23 +25,23 @@ alone: new measurements with the same choice write the same bytes, so
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path
 
-from .. import torchenv  # noqa: F401  (quiet torch, Q/DQ ops registered)
+import torch
+
 from ..config import ModelSpec
 from ..data.images import select_images
 from ..errors import ConfigError
 from ..fsutil import write_json
 from ..quant import mixed
 from ..data.batches import calibration_batches
-from .estimate import spec_target
-from .torch_outputs import single_output
-from .prepare import build_prepared, load_program, make_quantizer
+from ..target import spec_target
+from ..data.torch_outputs import single_output
+from ..quant.program import build_prepared, load_program, make_quantizer
+from ..quant.sqnr import sqnr_db
 
-import torch  # noqa: E402
 
 #: the sensitivity pass and the recorded errors use at most this many calibration
 #: images (all of them for the shipped 20-image set), in batches of ``BATCH``.
@@ -120,9 +120,9 @@ def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: 
 def _simulator(spec: ModelSpec, ep, batches: list[torch.Tensor]):
     """(MixedSimulator, method record): all-int8 and all-int16 prepared models,
     calibrated on ``batches`` as the calibrate stage does; the all-int8 one refined by
-    the entry's method (:func:`pipeline.stages.calibrate.refine`)."""
+    the entry's method (:func:`pipeline.quant.recipe.refine`)."""
     from ..quant.mixed_sim import MixedSimulator
-    from .calibrate import refine
+    from ..quant.recipe import refine
     every = frozenset(mixed.layer_id(n) for n in ep.graph.nodes if n.op == "call_function")
     prepared = []
     for int16 in (frozenset(), every):
@@ -152,8 +152,8 @@ class _Metric:
 
     def summary(self, squared: float) -> dict:
         mse = squared / self.count
-        sqnr = 10 * math.log10(self.power / squared) if squared > 0 else math.inf
-        return {"mse": round(mse, 8), "sqnr_db": round(sqnr, 3)}
+        sqnr = sqnr_db(self.power, squared)   # None: identical to float
+        return {"mse": round(mse, 8), "sqnr_db": None if sqnr is None else round(sqnr, 3)}
 
     def of(self, sim, x: torch.Tensor, int16) -> dict:
         sim.select(int16)

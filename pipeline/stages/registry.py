@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Callable
 
 from ..fsutil import portable_path
-from .code_deps import closure
+from ..code_deps import closure
 from ..config import ModelSpec, list_images
 from ..layout import Layout, variants
-from ..toolchain import host_cpu
+from ..toolchain import cross_outputs, host_cpu
 
 PKG = Path(__file__).resolve().parent.parent
+_TORCHENV = PKG / "torchenv.py"
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Stage:
       function from input files to output files, testable without doit.
     - its code dependencies are derived: the import closure of ``func``'s
       module inside ``pipeline/`` plus the data files those modules declare
-      (:mod:`pipeline.stages.code_deps`); editing one re-runs the stage.
+      (:mod:`pipeline.code_deps`); editing one re-runs the stage.
     - ``params``: tracked ``ModelSpec`` fields (``"dtype"``, ``"quantizer"``,
       ``"calibration.observer"``...); ``versions``: tracked distributions;
       ``extra(ctx)``: other tracked values (image names, environment).
@@ -99,6 +100,8 @@ class Stage:
       ``mixed_precision`` only for mixed-precision entries).
     - ``shared``: the outputs never depend on the model's name, so models with
       identical inputs share run-cache entries (:mod:`pipeline.runcache`).
+    - ``runs``: other stages whose functions this one calls through their records
+      (holdout's folds): their code is this stage's code too.
     """
 
     name: str
@@ -114,16 +117,23 @@ class Stage:
     task_doc: Callable[[StageContext], str] | None = None
     applies: Callable[[StageContext], bool] = lambda ctx: True
     shared: bool = False
+    runs: tuple[str, ...] = ()
 
     def function(self) -> Callable:
-        """Import and return the stage function (this imports torch/tvm)."""
+        """Import and return the stage function (this imports torch/tvm). A stage whose
+        code uses torch (:mod:`pipeline.torchenv` in its sources) gets the process set
+        up first (:func:`pipeline.torchenv.setup`), before its module imports torch."""
         module, _, attr = self.func.partition(":")
+        if any(Path(p) == _TORCHENV for p in self.sources()):
+            from .. import torchenv
+            torchenv.setup()
         return getattr(importlib.import_module(module), attr)
 
     def sources(self) -> list[str]:
         """Absolute paths of the pipeline files the stage runs (sorted): derived
-        from its module's imports, never listed by hand (:mod:`.code_deps`)."""
-        return [str(p) for p in closure(self.func.partition(":")[0])]
+        from its module's imports, never listed by hand (:mod:`pipeline.code_deps`)."""
+        modules = [self.func.partition(":")[0]] + [BY_NAME[n].func.partition(":")[0] for n in self.runs]
+        return sorted({str(p) for m in modules for p in closure(m)})
 
     def tracked(self, ctx: StageContext) -> dict:
         """Tracked parameters of one model: what doit's ``config_changed`` compares."""
@@ -272,16 +282,15 @@ def _memory_budget(ctx: StageContext) -> list[int] | None:
     """[L2, MSMC] bytes of the entry's target for the staged plan (None: flat)."""
     if ctx.spec.codegen.memory == "flat":
         return None
-    from ..perf.target import load_target  # light: tomllib, no torch/tvm
+    from ..target import load_target  # light: tomllib, no torch/tvm
 
     t = load_target(ctx.spec.target.name, ctx.spec.target.figures)
     return [int(t.l2_sram_bytes), int(t.msmc_bytes)]
 
 
 def _cross_outputs(ctx: StageContext) -> list[Path]:
-    from .cross_compile import outputs  # light: no torch/tvm
     c_sources = [f.name for f in _mmalib_files(ctx) if f.suffix == ".c"]
-    return [ctx.layout.cross / f for f in outputs(ctx.spec.name, c_sources)]
+    return [ctx.layout.cross / f for f in cross_outputs(ctx.spec.name, c_sources)]
 
 
 
@@ -441,6 +450,7 @@ STAGES: tuple[Stage, ...] = (
         # every stage from mixed_precision to host_build tracks, and their code.
         name="holdout", doc="held-out accuracy: k-fold re-calibration, Q/DQ and C on unseen images",
         func="pipeline.stages.holdout:holdout_model",
+        runs=("mixed_precision", "prepare", "calibrate", "convert", "relax_import", "codegen", "host_build"),
         params=QUANT + ("calibration", "preprocess", "codegen", "evaluation_set", "evaluation_folds", "name"),
         versions=("torch", "torchao", "apache-tvm"),
         extra=lambda c: {"images": [p.name for p in c.calibration_images],

@@ -55,6 +55,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .. import torchenv
 from ..config import ModelSpec, list_images
@@ -62,10 +63,8 @@ from ..data import detections
 from ..data.images import label_of, load_images
 from ..errors import CalibrationDataError, PipelineError
 from ..fsutil import write_json
-from .torch_outputs import outputs_note
-from .torch_outputs import read as read_torch_outputs
-
-import torch  # noqa: E402
+from ..data.torch_outputs import outputs_note
+from ..data.torch_outputs import read as read_torch_outputs
 
 
 INTERMEDIATE_IMAGES = 1   # first images whose every kernel-call output is compared

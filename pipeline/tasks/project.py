@@ -26,7 +26,7 @@ from ..config import InvalidModel, ModelSpec, load_models
 from ..errors import ConfigError, WeightsNotFoundError
 from ..fsutil import sweep_leftovers
 from ..layout import Layout, variants
-from ..perf.target import check_target_spec
+from ..target import check_target_spec
 from ..stages.registry import PKG, STAGES, Stage, StageContext
 from ..weights import missing_weights_message, resolve_weights
 from . import lock

@@ -21,7 +21,7 @@ from pathlib import Path
 from .graph import COLOURS, KIND_NAMES, KINDS, build_graph
 
 HERE = Path(__file__).resolve().parent
-DATA_FILES = ("template.html", "page.css", "page.js", "vendor/*")  # inlined into the page (stages/code_deps.py)
+DATA_FILES = ("template.html", "page.css", "page.js", "vendor/*")  # inlined into the page (code_deps.py)
 DAGRE_VERSION = "3.1.3"
 
 #: Files the page is made of (besides this package's Python): the stage

@@ -5,9 +5,11 @@ engine and a tiling rule; this checks them against the header, the built host
 library, the pass order and the tables derived from the catalog.
 """
 
+import ast
 import dataclasses
 import importlib
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -23,9 +25,12 @@ from pipeline.perf import model
 CLEANUPS = {"eliminate_qdq_transparent", "eliminate_qdq_pairs", "collapse_reshapes", "integer_slices_and_pads"}
 
 
-def _pass(record: catalog.Kernel):
-    module, func = record.offload.split(".")
-    return getattr(importlib.import_module(f"pipeline.backend.passes.{module}"), func)
+def _passes(record: catalog.Kernel) -> list:
+    out = []
+    for name in record.offload:
+        module, func = name.split(".")
+        out.append(getattr(importlib.import_module(f"pipeline.backend.passes.{module}"), func))
+    return out
 
 
 def test_the_catalog_and_the_header_declare_the_same_kernels():
@@ -45,7 +50,7 @@ def test_a_record_agrees_with_its_c_twin_and_pass(name):
     required = {f.name for f in dataclasses.fields(rec.geometry) if f.default is dataclasses.MISSING}
     assert required <= set(params)
     # the pass that emits it runs in the pass order
-    assert _pass(rec) in PASS_ORDER
+    assert all(p in PASS_ORDER for p in _passes(rec))
     assert rec.engine in catalog.ENGINES
     if rec.tiling is not None:  # MAC kernels over output channels; elementwise ones over runs of elements
         t = rec.tiling
@@ -59,7 +64,7 @@ def test_a_record_agrees_with_its_c_twin_and_pass(name):
 
 
 def test_every_offload_pass_emits_a_catalog_kernel():
-    emitting = {_pass(r) for r in catalog.CATALOG.values()}
+    emitting = {p for r in catalog.CATALOG.values() for p in _passes(r)}
     for p in PASS_ORDER:
         assert p in emitting or p.__name__ in CLEANUPS, p.__name__
     assert len(PASS_ORDER) == len(set(PASS_ORDER)), "a pass listed twice"
@@ -88,3 +93,69 @@ def test_buffer_shapes_come_from_the_records_geometry():
     bad = list(args)
     bad[6] = 0   # C_in = 0: the kernel returns a shape error before touching a buffer
     assert catalog.buffer_shapes("mmalib_conv2d_i8", *bad) == {}
+
+
+PIPELINE = Path(catalog.__file__).resolve().parents[2]
+# the catalog declares the names; reference.py defines the numpy twins named after them
+NAMING = {PIPELINE / "backend" / "kernels" / "catalog.py", PIPELINE / "backend" / "kernels" / "reference.py"}
+
+
+def _kernel_name_strings(tree: ast.AST) -> list[str]:
+    """String literals equal to a kernel name, and f-strings that start like one."""
+    names = set(catalog.CATALOG)
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+            hits.append(node.value)
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            head = str(node.values[0].value)
+            if head.startswith(("c7x_", "mmalib_")) and any(n.startswith(head) for n in names):
+                hits.append(head + "{...}")
+    return hits
+
+
+def test_kernel_names_are_written_in_the_catalog_only():
+    """Passes and the performance model ask ``catalog.find(op, dtype)``: no second name table."""
+    found = {}
+    for path in sorted(PIPELINE.rglob("*.py")):
+        if path not in NAMING:
+            hits = _kernel_name_strings(ast.parse(path.read_text()))
+            if hits:
+                found[str(path.relative_to(PIPELINE))] = hits
+    assert found == {}
+
+
+def test_the_check_sees_a_name_table_and_a_built_name():
+    tree = ast.parse('K = {"int8": "c7x_take_i8"}\nk = f"c7x_{dtype}_relu"\nf = f"c7x_kernels_ref-{x}.so"')
+    assert sorted(_kernel_name_strings(tree)) == ["c7x_take_i8", "c7x_{...}"]
+
+
+def _found_ops(module: str) -> set[str]:
+    """The ops a pass module asks :func:`catalog.find` for (literal first arguments)."""
+    tree = ast.parse(Path(importlib.import_module(f"pipeline.backend.passes.{module}").__file__).read_text())
+    return {c.args[0].value for c in ast.walk(tree)
+            if isinstance(c, ast.Call) and getattr(c.func, "id", getattr(c.func, "attr", None)) == "find"
+            and c.args and isinstance(c.args[0], ast.Constant)}
+
+
+def test_each_record_names_exactly_the_passes_that_emit_it():
+    """A record's ``offload`` modules ask for its op, and every module asking for an op is
+    named by a record of that op (so a second emitter cannot go unrecorded)."""
+    modules = {m.split(".")[0] for r in catalog.CATALOG.values() for m in r.offload}
+    asks = {m: _found_ops(m) for m in modules | {p.__module__.rsplit(".", 1)[1] for p in PASS_ORDER}}
+    for rec in catalog.CATALOG.values():
+        for m in rec.offload:
+            assert rec.op in asks[m.split(".")[0]], (rec.name, m)
+    for m, ops in asks.items():
+        for op in ops:
+            assert any(m in {o.split(".")[0] for o in r.offload} for r in catalog.of_op(op)), (m, op)
+
+
+def test_find_looks_kernels_up_by_op_dtype_and_variant():
+    assert catalog.find("conv2d", "int8") == "mmalib_conv2d_i8"
+    assert catalog.find("conv2d", "int8", variant="grouped") == "mmalib_conv2d_i8_grouped_loop"
+    assert catalog.find("requantize", "int16", "int8") == "c7x_requantize_i16_i8"
+    assert catalog.find("concat", "int16", variant="3") == "c7x_concat3_i16"
+    assert catalog.find("softmax", "int16") is None      # no int16 softmax: the pass declines
+    keys = [(r.op, r.dtypes, r.variant) for r in catalog.CATALOG.values()]
+    assert len(keys) == len(set(keys)), "two records with one lookup key"

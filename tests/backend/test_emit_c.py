@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import tvm
 from tvm import relax
 from tvm.ir import GenericConst
 

@@ -12,6 +12,7 @@ import tvm
 
 from qflow import ConvReluPool, InvertedResidual, ResidualBlock, quantize, randomize_bn
 
+from pipeline.errors import StaleArtifactError
 from pipeline.backend.compile import compile_model
 from pipeline.backend.interp import Program, _contracts, llvm_target, run_reference
 from pipeline.backend.kernels.hostlib import kernel_signatures
@@ -90,7 +91,7 @@ def test_offload_calls_are_decoded_from_the_primfunc(tmp_path):
 
 def test_unparsable_lowered_module_is_a_clear_error(tmp_path):
     (tmp_path / "lowered.py").write_text("this is not TVMScript\n")
-    with pytest.raises(ValueError, match="lowered.py: not a TVMScript module doit-c7x wrote"):
+    with pytest.raises(StaleArtifactError, match="lowered.py: not a TVMScript module doit-c7x wrote"):
         Program(tmp_path)  # refused by the guard before TVM's parser sees it
 
 

@@ -122,9 +122,10 @@ def spec_of(d: Path, builder="tinynets:small_cnn", shape=(1, 3, 32, 32), kwargs=
 
 def run_stages(d: Path, name: str, spec: ModelSpec, int16_selection=None):
     from pipeline.stages.calibrate import calibrate_model
-    from pipeline.stages.convert import load_converted
+    from pipeline.quant.program import load_converted
     from pipeline.stages.export import export_model
-    from pipeline.stages.prepare import prepare_model, read_int16_selection
+    from pipeline.stages.prepare import prepare_model
+    from pipeline.quant.program import read_int16_selection
     if not (d / "float.pt2").exists():
         export_model(spec, None, d / "float.pt2", TESTS)
     prepare_model(spec, d / "float.pt2", d / f"{name}_prepared.pt", d / f"{name}_obs.txt", int16_selection)

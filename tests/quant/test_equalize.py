@@ -10,6 +10,7 @@ import pytest
 import torch
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
+from pipeline.errors import StaleArtifactError
 from pipeline import torchenv  # noqa: F401  (torch settings before torchao)
 from pipeline.backend.fold import float_to_scale_shift
 from pipeline.quant.bias_correction import weighted_nodes
@@ -113,7 +114,7 @@ def test_layers_stage_replays_the_record_on_its_float_reference(prepared):
     """The layers stage's float reference (the exported program, no observers) gets the
     recorded scales, so a stream node computes what the equalized Q/DQ node approximates."""
     from pipeline.quant.bias_correction import _Lockstep, _PerImage
-    from pipeline.stages.layers import replay_equalization
+    from pipeline.quant.debugger import replay_equalization
     gm, xs = prepared
     eq = copy.deepcopy(gm)
     records = equalize(eq, xs, 0.5)
@@ -128,7 +129,7 @@ def test_layers_stage_replays_the_record_on_its_float_reference(prepared):
             _Lockstep(m, hooks, skip).run(_PerImage([xs[1]]))
     for n in stream:
         assert torch.allclose(got[n], want[n], rtol=1e-4, atol=1e-5), n
-    with pytest.raises(RuntimeError, match="not in the float program"):
+    with pytest.raises(StaleArtifactError, match="not in the float program"):
         replay_equalization(ref, [{**records[0], "producers": ["conv2d_99"]}])
 
 
@@ -218,7 +219,7 @@ def test_calibrate_stage_records_both_and_convert_loads_them(tmp_path):
     from doitproj import write_jpeg
     from pipeline.config import CalibrationSpec, ModelSpec, PreprocessSpec, WeightsSpec
     from pipeline.stages.calibrate import calibrate_model
-    from pipeline.stages.convert import load_converted
+    from pipeline.quant.program import load_converted
     from pipeline.stages.export import export_model
     from pipeline.stages.prepare import prepare_model
     from pathlib import Path

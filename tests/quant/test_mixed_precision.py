@@ -227,7 +227,7 @@ def test_auto_choice_picks_the_outlier_tensor_within_budget(tmp_path):
 
 
 def test_layer_cycles_are_estimated_and_int16_costs_more(ep):
-    from pipeline.perf.target import load_target
+    from pipeline.target import load_target
 
     layers = mixed.program_layers(ep.graph, load_target("am67a"))
     assert all(layer.cycles is not None and layer.cycles[1] > layer.cycles[0] > 0 for layer in layers)
@@ -237,7 +237,7 @@ def test_layer_cycles_are_estimated_and_int16_costs_more(ep):
 
 
 def test_choose_within_a_budget_of_estimated_cycles(ep):
-    from pipeline.perf.target import load_target
+    from pipeline.target import load_target
 
     layers = mixed.program_layers(ep.graph, load_target("am67a"))
     ids = {layer.module: layer.id for layer in layers}

@@ -41,7 +41,7 @@ def _vendor_quantizer():
                     reason="TI's tvm fork (tvm.relax.frontend.torch.C7xMMAQuantizer) is not installed; "
                            "upstream apache-tvm has no C7x quantizer")
 def test_vendor_quantizer_accepts_the_prepare_stage_call():
-    """pipeline/stages/prepare.py calls the vendor class with dtype= and
+    """pipeline/quant/program.py calls the vendor class with dtype= and
     symmetric_activations= only; ours must accept the same keywords."""
     from pipeline.quant import C7xMMAQuantizer
     vendor = inspect.signature(_vendor_quantizer().__init__).parameters

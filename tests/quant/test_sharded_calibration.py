@@ -55,14 +55,14 @@ def assert_bitwise_equal(a: dict, b: dict):
 def observers_loaded(d: Path, observer: str, state: dict) -> dict:
     """{name: activation observer} of a prepared tiny model holding ``state``."""
     from pipeline.quant.merge import observers
-    from pipeline.stages.prepare import build_prepared
+    from pipeline.quant.program import build_prepared
     gm = build_prepared(tiny_spec(d, observer=observer), d / "float.pt2")
     gm.load_state_dict(state)
     return {n: m for n, m in observers(gm).items() if not type(m).__name__.startswith("PerChannel")}
 
 
 def test_split_images_contiguous_whole_batches():
-    from pipeline.stages.calibrate_shards import split_images
+    from pipeline.quant.shards import split_images
     imgs = [Path(f"{i}.jpg") for i in range(7)]
     assert split_images(imgs, 1, 3) == [imgs[0:3], imgs[3:5], imgs[5:7]]
     assert split_images(imgs, 2, 3) == [imgs[0:4], imgs[4:6], imgs[6:7]]   # batches [2, 2, 2, 1]
@@ -155,7 +155,7 @@ def test_holdout_fold_inherits_shards(exported, tmp_path):
 
 def _calibrate_on_worker(spec, d: Path):
     """Runs inside a Dask worker: calibrate_model then uses worker_client for its shards."""
-    from pipeline.stages.calibrate_shards import on_dask_worker
+    from pipeline.quant.shards import on_dask_worker
     from pipeline.stages.calibrate import calibrate_model
     import torch
     assert on_dask_worker()
@@ -200,7 +200,7 @@ def test_config_rejects_bad_shards_in_one_line(tmp_path, line, needle):
 
 
 def test_config_accepts_shards(tmp_path):
-    from pipeline.config import ModelSpec as Spec, load_models
+    from pipeline.config import load_models
     (tmp_path / "m.toml").write_text(BASE + "[calibration]\nshards = 4\n")
     (spec,) = load_models(tmp_path)
     assert spec.calibration.shards == 4

@@ -1,4 +1,4 @@
-"""Derived code dependencies (pipeline/stages/code_deps.py, issue 29): every
+"""Derived code dependencies (pipeline/code_deps.py, issue 29): every
 pipeline module a stage loads when it runs is in its closure, and every data
 file of the package is declared by the module that reads it."""
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from doitproj import Project, build_through
-from pipeline.stages import code_deps
+from pipeline import code_deps
 from pipeline.stages.registry import STAGES
 
 PKG = code_deps.PKG

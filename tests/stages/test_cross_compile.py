@@ -67,7 +67,7 @@ def test_commands_follow_ti_flags_and_library_is_built(tmp_path, monkeypatch):
         assert "--silicon_version" not in c
     assert calls[-1].startswith("ar7x rq libnet.lib model.obj tvm_kernels.obj")
     assert (out / "libnet.lib").is_file()
-    from pipeline.stages.cross_compile import outputs
+    from pipeline.toolchain import cross_outputs as outputs
     assert sorted(outputs("net", ["model.c", "tvm_kernels.c"])) == sorted(p.name for p in out.iterdir())
     assert json.loads((out / "build.json").read_text())["commands"] == info["commands"]
     assert (out / "c7x_memory.cmd").read_text() == (tmp_path / "c" / "mmalib" / "c7x_memory.cmd").read_text()

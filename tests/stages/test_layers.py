@@ -18,6 +18,10 @@ import pytest
 from doitproj import Project, build_through
 
 from pipeline.errors import CalibrationDataError
+from pipeline.backend.layer_calls import capture_calls
+from pipeline.quant.debugger import float_reference
+from pipeline.quant.output_points import Point, dequantize
+from pipeline.quant.sqnr import Stats
 from pipeline.stages import layers as L
 from pipeline.stages.registry import get
 
@@ -87,12 +91,12 @@ def test_sqnr_is_the_debuggers_own_on_one_image():
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(2, 8, 5, 5, generator=g)
     x = ref + 0.05 * torch.randn(2, 8, 5, 5, generator=g)
-    s = L.Stats()
+    s = Stats()
     s.add(ref, x)
     assert s.result()["sqnr_db"] == pytest.approx(float(QuantizationComparisonResult(actual=x, ref=ref).sqnr),
                                                   abs=1e-3)
     assert s.result()["max_abs"] == pytest.approx(float((x - ref).abs().max()), rel=1e-5)
-    same = L.Stats()
+    same = Stats()
     same.add(ref, ref.clone())
     assert same.result() == {"sqnr_db": None, "cosine": 1.0, "max_abs": 0.0}
 
@@ -102,12 +106,12 @@ def test_c_integers_are_dequantized_exactly_as_torch_does():
 
     q = np.arange(-128, 128, dtype=np.int8).reshape(1, 2, 8, 16)
     for scale, zp in ((0.0470588244497776, 0), (0.011176809668540955, 3), (1e-5, -7)):
-        point = L.Point(node="n", q="q", dq=("dq",), qparams=(scale, zp, -128, 127, torch.int8))
-        value, ints = L.dequantize(q, point)
+        point = Point(node="n", q="q", dq=("dq",), qparams=(scale, zp, -128, 127, torch.int8))
+        value, ints = dequantize(q, point)
         want = torch.ops.quantized_decomposed.dequantize_per_tensor(torch.from_numpy(q), scale, zp, -128, 127,
                                                                     torch.int8)
         assert np.array_equal(value, want.numpy()) and ints is q
-        back, ints2 = L.dequantize(value, point)  # a fused kernel's float output: kept, integer recovered
+        back, ints2 = dequantize(value, point)  # a fused kernel's float output: kept, integer recovered
         assert back is value and np.array_equal(ints2, q.astype(np.int32))
 
 
@@ -135,7 +139,7 @@ def test_scalar_build_agrees_with_qdq_and_an_injected_lsb_is_counted_exactly(bui
     base = clean["conv2d"]["c_vs_qdq_scalar"]
     assert base["max_lsb"] <= 1 and base["cosine"] > 0.9999  # scalar path: within 1 LSB of torch
 
-    capture, k = L._capture, 5
+    capture, k = capture_calls, 5
     scale = clean["conv2d"]["compared_at"]["scale"]
 
     def shifted(prog, image, calls, wanted):  # what the scalar reference showed for the stem, + k LSB once
@@ -168,7 +172,7 @@ def test_last_layer_matches_verify_at_the_model_output(built):
     from pipeline.backend.interp import run_reference
     from pipeline.data.images import load_images
     from pipeline.config import list_images
-    from pipeline.stages.torch_outputs import output_scale, run_torch
+    from pipeline.data.torch_outputs import output_scale, run_torch
     from pipeline.stages.verify import lsb_stats
 
     ctx, report = built
@@ -238,7 +242,7 @@ def test_converted_model_from_a_loaded_program_is_the_same_and_leaves_it_alone(b
     output), and neither it nor the float reference writes into ep's tensors."""
     import torch
 
-    from pipeline.stages.convert import load_converted
+    from pipeline.quant.program import load_converted
 
     ctx, _ = built
     ep = torch.export.load(ctx.layout.float_pt2)
@@ -251,5 +255,5 @@ def test_converted_model_from_a_loaded_program_is_the_same_and_leaves_it_alone(b
         ep.state_dict["pw.weight"].mul_(3.0)  # calibrated.pt holds the original: loading it must not reach ep
     before = {k: v.clone() for k, v in ep.state_dict.items()}
     load_converted(ctx.spec, ep, ctx.layout.calibrated)
-    L.float_reference(ep)
+    float_reference(ep)
     assert all(torch.equal(before[k], v) for k, v in ep.state_dict.items())

@@ -19,6 +19,7 @@ import pytest
 
 from doitproj import Project, build_through
 
+from pipeline.backend import layer_calls as LC
 from pipeline.stages import layers as L
 from pipeline.stages.registry import get
 
@@ -77,7 +78,7 @@ def test_an_injected_error_after_the_shuffles_still_shows(shuffled, tmp_path, mo
     k = 6
     targets = {"conv2d_5", "conv2d_9", "conv2d_12"}
     assert all(rows[lid]["c_vs_qdq_scalar"] is not None for lid in targets), rows
-    capture = L._capture
+    capture = LC.capture_calls
 
     def planted(prog, image, calls, wanted):
         got = capture(prog, image, calls, wanted)
@@ -109,19 +110,19 @@ def _call(func, vars_=(), backend="tvm", outputs=None, layer=None, index=7):
 def test_which_calls_output_their_layers_tensor():
     names = {"quantize_per_tensor_5": {"id": "relu__2"}}
     shuffle = "fused_tir_clip1_dequantize_concatenate_quantize1_reshape_transpose_reshape1_dequantize2_split"
-    why = L._not_layer_output(_call(shuffle, outputs=["t1", "t2"]), names)
+    why = LC.not_layer_output(_call(shuffle, outputs=["t1", "t2"]), names)
     assert why.startswith("fused with concatenate, transpose, split in one TVM function (" + shuffle + ", call 7)")
-    assert L._not_layer_output(_call("fused_dequantize5_concatenate_quantize12"), names).startswith(
+    assert LC.not_layer_output(_call("fused_dequantize5_concatenate_quantize12"), names).startswith(
         "fused with concatenate ")
-    assert "writing 2 tensors" in L._not_layer_output(_call("fused_tir_clip", outputs=["a", "b"]), names)
-    assert "no kernel call" in L._not_layer_output(None, names)
+    assert "writing 2 tensors" in LC.not_layer_output(_call("fused_tir_clip", outputs=["a", "b"]), names)
+    assert "no kernel call" in LC.not_layer_output(None, names)
     for ok in (_call("tir_clip2", ["quantize_per_tensor_5"]),             # named: that binding's tensor
                _call(shuffle, ["quantize_per_tensor_5"]),
                _call("fused_strided_slice_dequantize32", ["lv55"]),       # FC padding dropped, dequantized
                _call("fused_conv2d2_cast1_multiply1_add1_relu1_quantize6", ["lv5"]),  # the whole layer
                _call("fused_mean_squeeze_quantize18", ["lv22"]),
                _call("mmalib_conv2d_i8_1", ["mmalib_conv2d_i8_1_out"], backend="mmalib")):
-        assert L._not_layer_output(ok, names) is None, ok
+        assert LC.not_layer_output(ok, names) is None, ok
 
 
 def test_a_layer_fused_into_the_shuffle_is_compared_where_a_call_computes_all_of_it():
@@ -133,10 +134,10 @@ def test_a_layer_fused_into_the_shuffle_is_compared_where_a_call_computes_all_of
              _call("fused_tir_clip1_dequantize_concatenate_quantize1", layer="b", index=4),
              _call("fused_add_quantize3", ["lv9"], layer="c", index=5),
              _call("fused_dequantize_concatenate", layer="c", index=6)]
-    chosen, why = L.layer_calls({"layers": layers, "calls": calls}, {})
+    chosen, why = LC.layer_calls({"layers": layers, "calls": calls}, {})
     assert chosen == {"a": calls[0]}                  # the scalar conv ... quantize, not the split half
     assert why["b"].startswith("fused with concatenate in one TVM function")  # MMALIB: pre-clip output only
     assert why["c"].startswith("fused with concatenate")  # an add is not a layer _whole_layer knows
-    assert not L._whole_layer(_call("fused_conv2d_cast_multiply_add_relu_quantize1_dequantize"), "conv2d")
-    assert not L._whole_layer(_call(whole, backend="mmalib"), "conv2d")
-    assert L._whole_layer(_call("fused_matmul_cast3_multiply3_add3_quantize19"), "fc")
+    assert not LC.whole_layer(_call("fused_conv2d_cast_multiply_add_relu_quantize1_dequantize"), "conv2d")
+    assert not LC.whole_layer(_call(whole, backend="mmalib"), "conv2d")
+    assert LC.whole_layer(_call("fused_matmul_cast3_multiply3_add3_quantize19"), "fc")

@@ -19,7 +19,7 @@ import torch
 from doitproj import TINY, Project, build_through
 
 from pipeline.errors import UnsupportedOpError
-from pipeline.stages.torch_outputs import model_outputs, single_output
+from pipeline.data.torch_outputs import model_outputs, single_output
 from pipeline.stages.summary import model_lines
 from pipeline.visualize.graph import build_graph
 

@@ -34,7 +34,8 @@ from doitproj import Project
 from pipeline.backend.host import CFLAGS, build_host, model_info, profile_flags, run_host, run_host_timed
 from pipeline.backend.profile_block import (HEADER, ProfileBlock, ProfileLogError, format_block, match_calls,
                                             parse_blocks, read_blocks)
-from pipeline.stages.profile import HOST_LABEL, board_label, profile_model
+from pipeline.perf.measured import board_label
+from pipeline.stages.profile import HOST_LABEL, profile_model
 from pipeline.stages.registry import STAGES, get
 from pipeline.tasks import Project as C7xProject
 
@@ -236,7 +237,7 @@ def test_stage_writes_host_profile_of_both_builds(built):
         modules = {r["layer"]: r["module"] for r in m["layers"]}
         assert modules["conv2d"] == "stem.0" and modules[None] is None
         assert built.layout.profile_exe(variant).is_file()
-        assert f"-DTINY_PROFILE_LAYERS" in m["build"]
+        assert "-DTINY_PROFILE_LAYERS" in m["build"]
     assert all(HOST_LABEL in line for line in report["summary_lines"])
     assert {v: built.layout.host_exe(v).read_bytes() for v in plain} == plain  # the normal harness: untouched
 

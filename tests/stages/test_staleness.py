@@ -139,7 +139,7 @@ def test_pipeline_code_change_reruns_its_stage(proj):
 
 
 def test_a_shared_module_change_reruns_exactly_the_stages_that_import_it(proj):
-    """Code dependencies are the import closure (pipeline/stages/code_deps.py):
+    """Code dependencies are the import closure (pipeline/code_deps.py):
     editing the image loader re-runs the stages that load images, no other."""
     from pipeline.stages.registry import BY_NAME
     src = proj.root / "pipeline" / "data" / "images.py"

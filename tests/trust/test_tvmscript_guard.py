@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.errors import StaleArtifactError
+
 from pipeline.tvmscript_guard import check_tvmscript
 
 GOOD = '''# from tvm.script import ir as I
@@ -34,7 +36,7 @@ def test_the_shape_our_writers_produce_passes():
     ("def (:", "a syntax error"),
 ])
 def test_planted_python_is_refused_in_one_line(planted, needle):
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(StaleArtifactError) as e:
         check_tvmscript(planted, "relax/module.py")
     assert needle in str(e.value) and "relax/module.py" in str(e.value) and "\n" not in str(e.value)
 

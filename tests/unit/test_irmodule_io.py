@@ -7,6 +7,7 @@ import pytest
 import tvm
 from tvm import relax
 
+from pipeline.errors import StaleArtifactError
 from pipeline.frontend.irmodule_io import load_irmodule, save_irmodule
 
 
@@ -38,6 +39,6 @@ def test_unparsable_module_is_one_line(tmp_path):
     script, params = tmp_path / "module.py", tmp_path / "params.bin"
     save_irmodule(_where_minus_inf(), {}, script, params)
     script.write_text(script.read_text().replace("R.where", "R.no_such_op"))
-    with pytest.raises(ValueError, match=r"module\.py: cannot parse the imported module .*relax_import") as e:
+    with pytest.raises(StaleArtifactError, match=r"module\.py: cannot parse the imported module .*relax_import") as e:
         load_irmodule(script, params)
     assert "\n" not in str(e.value)

@@ -1,4 +1,4 @@
-"""evaluate's PyTorch outputs file (pipeline/stages/torch_outputs.py), which verify reads
+"""evaluate's PyTorch outputs file (pipeline/data/torch_outputs.py), which verify reads
 instead of running the float and Q/DQ programs again."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.errors import PipelineError
-from pipeline.stages import torch_outputs as T
+from pipeline.data import torch_outputs as T
 
 NAMES = ["a.jpg", "b.jpg", "c.jpg"]
 

@@ -7,11 +7,14 @@ emits it (``pipeline.backend.passes.<module>.<function>``, run in the order of
 (:mod:`.reference`), the engine the performance model costs it on, and how the
 memory plan may tile it. Every other table is derived from this one:
 ``reference.KERNELS``, ``reference.buffer_shapes``, ``tiling.TILEABLE``,
-``call_work``'s MAC kernels and ``perf.model.engine``.
+``call_work``'s MAC kernels and ``perf.model.engine``. Passes and the performance model
+look a kernel up by operation and dtype (:func:`find`), so its name string is written
+here and nowhere else in ``pipeline/`` (``tests/backend/test_catalog.py``).
 
 Adding a kernel: write its C body (int8 and int16 variants from one macro, as
 the others in ``c7x_kernels_ref.c``) and prototype, its numpy twin and geometry
-in :mod:`.reference`, the pass that emits it, and one record below.
+in :mod:`.reference` (named like the kernel), the pass that emits it (which asks
+:func:`find` for it), and one record below.
 ``tests/backend/test_catalog.py`` checks that each record's pieces exist and
 agree (the header, the twin's arguments, the pass).
 
@@ -57,23 +60,32 @@ class Tileable:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One kernel. ``name``: the C entry point and the twin's name; ``offload``: the pass
-    that emits it, ``"<module>.<function>"`` under ``pipeline.backend.passes``;
-    ``reference``: the numpy twin (same arguments as the C, plus ``rounding``);
-    ``geometry``: the :class:`reference._Geometry` that checks the scalars and gives the
-    buffer shapes; ``engine``: one of :data:`ENGINES`; ``tiling``: a :class:`Tileable`,
-    or None when the plan never tiles it; ``vector_factor``: cycles per element of a
-    vector kernel, in units of one element per lane per cycle (1: one pass at the
-    operand's width; assumed for kernels that make several passes or work in 64-bit
-    lanes, docs/estimate.md)."""
+    """One kernel. ``name``: the C entry point and its numpy twin's name (:mod:`.reference`);
+    ``op`` / ``dtypes`` / ``variant``: what the passes and the performance model look it up by
+    (:func:`find`; ``dtypes`` the operand dtypes, input first, e.g. ``("int8", "int16")`` for a
+    requantize, ``("float32", "int8")`` for the input quantize); ``offload``: the passes that
+    emit it, ``"<module>.<function>"`` under ``pipeline.backend.passes``; ``geometry``: the
+    :class:`reference._Geometry` that checks the scalars and gives the buffer shapes;
+    ``engine``: one of :data:`ENGINES`; ``tiling``: a :class:`Tileable`, or None when the plan
+    never tiles it; ``vector_factor``: cycles per element of a vector kernel, in units of one
+    element per lane per cycle (1: one pass at the operand's width; assumed for kernels that
+    make several passes or work in 64-bit lanes, docs/estimate.md)."""
 
     name: str
-    offload: str
-    reference: Callable[..., int]
+    op: str
+    dtypes: tuple[str, ...]
+    offload: tuple[str, ...]
     geometry: type
     engine: str
     tiling: Tileable | None = None
     vector_factor: float = 1.0
+    variant: str = ""
+
+    @property
+    def reference(self) -> Callable[..., int]:
+        """The numpy twin: the function of :mod:`.reference` named like the kernel (same
+        arguments as the C, plus ``rounding``)."""
+        return getattr(ref, self.name)
 
     @property
     def backend(self) -> str:
@@ -83,13 +95,13 @@ class Kernel:
     @property
     def edge(self) -> bool:
         """True for the model's edges (input quantize, output dequantize): kernels, but no layer of the model."""
-        return self.offload.startswith("edges.")
+        return self.op in EDGES
 
     @property
     def layer(self) -> bool:
-        """False for the edges and for data movement (concat, split, permute, take): kernels that compute
+        """False for the edges and for data movement (concat, permute, take): kernels that compute
         no layer of the model (``backend/manifest.py``)."""
-        return not (self.edge or self.offload.startswith(("concat.", "permute.", "take.")))
+        return not (self.edge or self.op in MOVEMENT)
 
     @property
     def macs(self) -> bool:
@@ -97,93 +109,102 @@ class Kernel:
         return self.engine != "vector"
 
 
+#: ops of the model's edges and of data movement (kernels that compute no layer)
+EDGES, MOVEMENT = ("quantize", "dequantize"), ("concat", "permute", "take")
+
 _CONV, _FC, _DW = Tileable((3,), "conv"), Tileable((2,), "fc", rows=0), Tileable((0, 11), "depthwise")
 #: (in, out, n, ...): streamed in runs of elements when its input spilled to DDR
 _ELEMENTWISE = Tileable((0,), "elementwise", pointers=2)
+_I8, _I16 = ("int8",), ("int16",)
 
 
 def _records() -> tuple[Kernel, ...]:
-    K = Kernel
+    def K(name, op, dtypes, offload, geometry, engine, tiling=None, **kw):   # noqa: N802
+        return Kernel(name, op, dtypes, (offload,) if isinstance(offload, str) else offload, geometry, engine,
+                      tiling, **kw)
+
+    g = ref
     return (
-        K("mmalib_conv2d_i8", "conv.offload_conv2d_i8", ref.mmalib_conv2d_i8, ref.ConvGeometry, "mma", _CONV),
-        K("mmalib_conv2d_i16", "conv.offload_conv2d_i16", ref.mmalib_conv2d_i16, ref.ConvGeometry, "mma", _CONV),
-        K("mmalib_conv2d_i8_grouped_loop", "conv.offload_conv2d_i8", ref.mmalib_conv2d_i8_grouped_loop,
-          ref.ConvGeometry, "mma"),
-        K("mmalib_depthwise_conv2d_i8", "depthwise.offload_depthwise_conv2d_i8", ref.mmalib_depthwise_conv2d_i8,
-          ref.DepthwiseGeometry, "mma_depthwise", _DW),
-        K("mmalib_depthwise_conv2d_i16", "depthwise.offload_depthwise_conv2d_i16",
-          ref.mmalib_depthwise_conv2d_i16, ref.DepthwiseGeometry, "mma_depthwise", _DW),
-        K("mmalib_matmul_bias_i8", "fc.offload_fc_i8", ref.mmalib_matmul_bias_i8, ref.MatmulGeometry, "mma", _FC),
-        K("mmalib_matmul_bias_i16", "fc.offload_fc_i16", ref.mmalib_matmul_bias_i16, ref.MatmulGeometry, "mma",
-          _FC),
+        K("mmalib_conv2d_i8", "conv2d", _I8, "conv.offload_conv2d_i8", g.ConvGeometry, "mma", _CONV),
+        K("mmalib_conv2d_i16", "conv2d", _I16, "conv.offload_conv2d_i16", g.ConvGeometry, "mma", _CONV),
+        K("mmalib_conv2d_i8_grouped_loop", "conv2d", _I8, "conv.offload_conv2d_i8", g.ConvGeometry, "mma",
+          variant="grouped"),
+        K("mmalib_depthwise_conv2d_i8", "depthwise_conv2d", _I8, "depthwise.offload_depthwise_conv2d_i8",
+          g.DepthwiseGeometry, "mma_depthwise", _DW),
+        K("mmalib_depthwise_conv2d_i16", "depthwise_conv2d", _I16, "depthwise.offload_depthwise_conv2d_i16",
+          g.DepthwiseGeometry, "mma_depthwise", _DW),
+        K("mmalib_matmul_bias_i8", "matmul_bias", _I8, "fc.offload_fc_i8", g.MatmulGeometry, "mma", _FC),
+        K("mmalib_matmul_bias_i16", "matmul_bias", _I16, "fc.offload_fc_i16", g.MatmulGeometry, "mma", _FC),
         # an activation x activation matmul: MACs on the MMA, never tiled (both operands are activations)
-        K("mmalib_batch_matmul_i8", "matmul.offload_batch_matmul_i8", ref.mmalib_batch_matmul_i8,
-          ref.BatchMatmulGeometry, "mma"),
-        K("mmalib_batch_matmul_i16", "matmul.offload_batch_matmul_i16", ref.mmalib_batch_matmul_i16,
-          ref.BatchMatmulGeometry, "mma"),
-        K("c7x_int8_residual_add_relu", "residual.offload_residual_add_i8", ref.c7x_int8_residual_add_relu,
-          ref.ElementwiseGeometry, "vector"),
-        K("c7x_int16_residual_add_relu", "residual.offload_residual_add_i16", ref.c7x_int16_residual_add_relu,
-          ref.ElementwiseGeometry, "vector"),
-        K("c7x_int8_broadcast_add", "residual.offload_residual_add_i8", ref.c7x_int8_broadcast_add,
-          ref.BroadcastAddGeometry, "vector"),
-        K("c7x_int16_broadcast_add", "residual.offload_residual_add_i16", ref.c7x_int16_broadcast_add,
-          ref.BroadcastAddGeometry, "vector"),
-        K("c7x_int8_max_pool", "pool.offload_max_pool2d_i8", ref.c7x_int8_max_pool, ref.PoolGeometry, "vector"),
-        K("c7x_int8_max_pool_tidl", "pool.offload_max_pool2d_i8", ref.c7x_int8_max_pool_tidl, ref.PoolGeometry,
+        K("mmalib_batch_matmul_i8", "batch_matmul", _I8, "matmul.offload_batch_matmul_i8",
+          g.BatchMatmulGeometry, "mma"),
+        K("mmalib_batch_matmul_i16", "batch_matmul", _I16, "matmul.offload_batch_matmul_i16",
+          g.BatchMatmulGeometry, "mma"),
+        K("c7x_int8_residual_add_relu", "residual_add", _I8, "residual.offload_residual_add_i8",
+          g.ElementwiseGeometry, "vector"),
+        K("c7x_int16_residual_add_relu", "residual_add", _I16, "residual.offload_residual_add_i16",
+          g.ElementwiseGeometry, "vector"),
+        K("c7x_int8_broadcast_add", "broadcast_add", _I8, "residual.offload_residual_add_i8",
+          g.BroadcastAddGeometry, "vector"),
+        K("c7x_int16_broadcast_add", "broadcast_add", _I16, "residual.offload_residual_add_i16",
+          g.BroadcastAddGeometry, "vector"),
+        K("c7x_int8_max_pool", "max_pool", _I8, "pool.offload_max_pool2d_i8", g.PoolGeometry, "vector"),
+        K("c7x_int8_max_pool_tidl", "max_pool", _I8, "pool.offload_max_pool2d_i8", g.PoolGeometry, "vector",
+          variant="tidl"),
+        K("c7x_int16_max_pool", "max_pool", _I16, "pool.offload_max_pool2d_i16", g.PoolGeometry, "vector"),
+        K("c7x_int8_relu", "relu", _I8, "relu.offload_relu_i8", g.ElementwiseGeometry, "vector"),
+        K("c7x_int8_clamp", "clamp", _I8, "relu.offload_relu_i8", g.ElementwiseGeometry, "vector"),
+        K("c7x_int8_channel_mul", "channel_mul", _I8, "channel_mul.offload_channel_mul", g.ChannelMulGeometry,
           "vector"),
-        K("c7x_int16_max_pool", "pool.offload_max_pool2d_i16", ref.c7x_int16_max_pool, ref.PoolGeometry,
+        K("c7x_int16_channel_mul", "channel_mul", _I16, "channel_mul.offload_channel_mul", g.ChannelMulGeometry,
           "vector"),
-        K("c7x_int8_relu", "relu.offload_relu_i8", ref.c7x_int8_relu, ref.ElementwiseGeometry, "vector"),
-        K("c7x_int8_clamp", "relu.offload_relu_i8", ref.c7x_int8_clamp, ref.ElementwiseGeometry, "vector"),
-        K("c7x_int8_channel_mul", "channel_mul.offload_channel_mul", ref.c7x_int8_channel_mul,
-          ref.ChannelMulGeometry, "vector"),
-        K("c7x_int16_channel_mul", "channel_mul.offload_channel_mul", ref.c7x_int16_channel_mul,
-          ref.ChannelMulGeometry, "vector"),
-        K("c7x_int8_lut", "activation.offload_activation_lut_i8", ref.c7x_int8_lut, ref.ElementwiseGeometry,
-          "vector"),
+        K("c7x_int8_lut", "lut", _I8, "activation.offload_activation_lut_i8", g.ElementwiseGeometry, "vector"),
         # assumed vector factors (docs/estimate.md): LayerNorm makes two passes in 64-bit lanes (sums,
         # then two multiplies per element), softmax three (max; table gather and 64-bit sum; multiply)
-        K("c7x_int8_softmax", "softmax.offload_softmax_i8", ref.c7x_int8_softmax, ref.SoftmaxGeometry, "vector",
+        K("c7x_int8_softmax", "softmax", _I8, "softmax.offload_softmax_i8", g.SoftmaxGeometry, "vector",
           vector_factor=12.0),
-        K("c7x_int8_layer_norm", "layer_norm.offload_layer_norm_i8", ref.c7x_int8_layer_norm,
-          ref.LayerNormGeometry, "vector", vector_factor=24.0),
-        K("c7x_int8_l2_normalize", "l2_normalize.offload_l2_normalize_i8", ref.c7x_int8_l2_normalize,
-          ref.LayerNormGeometry, "vector", vector_factor=24.0),
-        K("c7x_requantize_i8_i16", "requantize.offload_requantize", ref.c7x_requantize_i8_i16,
-          ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
-        K("c7x_requantize_i16_i8", "requantize.offload_requantize", ref.c7x_requantize_i16_i8,
-          ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
-        K("c7x_requantize_i8_i8", "pool.offload_max_pool2d_i8", ref.c7x_requantize_i8_i8,
-          ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
-        K("c7x_requantize_i16_i16", "pool.offload_max_pool2d_i16", ref.c7x_requantize_i16_i16,
-          ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
-        K("c7x_int8_global_avg_pool", "avg_pool.offload_global_avg_pool", ref.c7x_int8_global_avg_pool,
-          ref.GlobalPoolGeometry, "vector"),
-        K("c7x_int16_global_avg_pool", "avg_pool.offload_global_avg_pool", ref.c7x_int16_global_avg_pool,
-          ref.GlobalPoolGeometry, "vector"),
-        K("c7x_int8_avg_pool", "avg_pool.offload_avg_pool2d", ref.c7x_int8_avg_pool, ref.AvgPoolGeometry, "vector"),
-        K("c7x_int16_avg_pool", "avg_pool.offload_avg_pool2d", ref.c7x_int16_avg_pool, ref.AvgPoolGeometry,
-          "vector"),
-        K("c7x_int8_channel_affine", "channel_affine.offload_channel_affine", ref.c7x_int8_channel_affine,
-          ref.ChannelAffineGeometry, "vector"),
-        K("c7x_int16_channel_affine", "channel_affine.offload_channel_affine", ref.c7x_int16_channel_affine,
-          ref.ChannelAffineGeometry, "vector"),
-        K("c7x_quantize_f32_i8", "edges.offload_input_quantize", ref.c7x_quantize_f32_i8,
-          ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
-        K("c7x_quantize_f32_i16", "edges.offload_input_quantize", ref.c7x_quantize_f32_i16,
-          ref.ElementwiseGeometry, "vector", _ELEMENTWISE),
-        K("c7x_dequantize_i8_f32", "edges.offload_output_dequantize", ref.c7x_dequantize_i8_f32,
-          ref.DequantizeGeometry, "vector"),
-        K("c7x_dequantize_i16_f32", "edges.offload_output_dequantize", ref.c7x_dequantize_i16_f32,
-          ref.DequantizeGeometry, "vector"),
+        K("c7x_int8_layer_norm", "layer_norm", _I8, "layer_norm.offload_layer_norm_i8", g.LayerNormGeometry,
+          "vector", vector_factor=24.0),
+        K("c7x_int8_l2_normalize", "l2_normalize", _I8, "l2_normalize.offload_l2_normalize_i8",
+          g.LayerNormGeometry, "vector", vector_factor=24.0),
+        K("c7x_requantize_i8_i16", "requantize", ("int8", "int16"), "requantize.offload_requantize",
+          g.ElementwiseGeometry, "vector", _ELEMENTWISE),
+        K("c7x_requantize_i16_i8", "requantize", ("int16", "int8"), "requantize.offload_requantize",
+          g.ElementwiseGeometry, "vector", _ELEMENTWISE),
+        # same-dtype requantize: a Q/DQ pair with new parameters, and a max pool's output step
+        K("c7x_requantize_i8_i8", "requantize", ("int8", "int8"),
+          ("requantize.offload_requantize", "pool.offload_max_pool2d_i8"), g.ElementwiseGeometry, "vector",
+          _ELEMENTWISE),
+        K("c7x_requantize_i16_i16", "requantize", ("int16", "int16"),
+          ("requantize.offload_requantize", "pool.offload_max_pool2d_i16"), g.ElementwiseGeometry, "vector",
+          _ELEMENTWISE),
+        K("c7x_int8_global_avg_pool", "global_avg_pool", _I8, "avg_pool.offload_global_avg_pool",
+          g.GlobalPoolGeometry, "vector"),
+        K("c7x_int16_global_avg_pool", "global_avg_pool", _I16, "avg_pool.offload_global_avg_pool",
+          g.GlobalPoolGeometry, "vector"),
+        K("c7x_int8_avg_pool", "avg_pool", _I8, "avg_pool.offload_avg_pool2d", g.AvgPoolGeometry, "vector"),
+        K("c7x_int16_avg_pool", "avg_pool", _I16, "avg_pool.offload_avg_pool2d", g.AvgPoolGeometry, "vector"),
+        K("c7x_int8_channel_affine", "channel_affine", _I8, "channel_affine.offload_channel_affine",
+          g.ChannelAffineGeometry, "vector"),
+        K("c7x_int16_channel_affine", "channel_affine", _I16, "channel_affine.offload_channel_affine",
+          g.ChannelAffineGeometry, "vector"),
+        K("c7x_quantize_f32_i8", "quantize", ("float32", "int8"), "edges.offload_input_quantize",
+          g.ElementwiseGeometry, "vector", _ELEMENTWISE),
+        K("c7x_quantize_f32_i16", "quantize", ("float32", "int16"), "edges.offload_input_quantize",
+          g.ElementwiseGeometry, "vector", _ELEMENTWISE),
+        K("c7x_dequantize_i8_f32", "dequantize", ("int8", "float32"), "edges.offload_output_dequantize",
+          g.DequantizeGeometry, "vector"),
+        K("c7x_dequantize_i16_f32", "dequantize", ("int16", "float32"), "edges.offload_output_dequantize",
+          g.DequantizeGeometry, "vector"),
         # data movement (a multi-dimensional DMA on the C7x; costed as one vector pass, assumed)
-        K("c7x_permute_i8", "permute.offload_permute", ref.c7x_permute_i8, ref.PermuteGeometry, "vector"),
-        K("c7x_permute_i16", "permute.offload_permute", ref.c7x_permute_i16, ref.PermuteGeometry, "vector"),
-        K("c7x_take_i8", "take.offload_take", ref.c7x_take_i8, ref.TakeGeometry, "vector"),
-        K("c7x_take_i16", "take.offload_take", ref.c7x_take_i16, ref.TakeGeometry, "vector"),
-        *(K(f"c7x_concat{k}_{t}", "concat.offload_concat", getattr(ref, f"c7x_concat{k}_{t}"), ref.ConcatGeometry,
-            "vector") for k in range(1, ref.MAX_SEGMENTS + 1) for t in ("i8", "i16")),
+        K("c7x_permute_i8", "permute", _I8, "permute.offload_permute", g.PermuteGeometry, "vector"),
+        K("c7x_permute_i16", "permute", _I16, "permute.offload_permute", g.PermuteGeometry, "vector"),
+        K("c7x_take_i8", "take", _I8, "take.offload_take", g.TakeGeometry, "vector"),
+        K("c7x_take_i16", "take", _I16, "take.offload_take", g.TakeGeometry, "vector"),
+        # one kernel per segment count (variant "<k>"): c7x_concat<k>_i8 / _i16
+        *(K(f"c7x_concat{k}_{t}", "concat", (d,), "concat.offload_concat", g.ConcatGeometry, "vector",
+            variant=str(k))
+          for k in range(1, ref.MAX_SEGMENTS + 1) for t, d in (("i8", "int8"), ("i16", "int16"))),
     )
 
 
@@ -197,6 +218,23 @@ def kernel(name: str) -> Kernel:
         return CATALOG[name]
     except KeyError:
         raise KeyError(f"unknown C7x kernel {name!r}: not in pipeline/backend/kernels/catalog.py") from None
+
+
+_BY_OP: dict[tuple, str] = {(k.op, k.dtypes, k.variant): k.name for k in CATALOG.values()}
+
+
+def find(op: str, *dtypes: str, variant: str = "") -> str | None:
+    """The C entry point of kernel ``op`` on ``dtypes`` (operand dtypes, input first; one
+    dtype for a kernel whose operands share it), e.g. ``find("conv2d", "int8")`` ->
+    ``"mmalib_conv2d_i8"``, ``find("requantize", "int16", "int8")``, ``find("concat",
+    "int8", variant="3")``; None when the catalog has no such kernel (the pass declines).
+    The one way code other than this module names a kernel."""
+    return _BY_OP.get((op, tuple(dtypes), variant))
+
+
+def of_op(op: str) -> tuple[Kernel, ...]:
+    """Every record of ``op``, in the header's order."""
+    return tuple(k for k in CATALOG.values() if k.op == op)
 
 
 #: extern name -> numpy twin (``reference``'s functions)

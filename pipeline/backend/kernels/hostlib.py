@@ -30,7 +30,7 @@ from pipeline.fsutil import atomic_path
 HEADER_NAME = "c7x_kernels.h"
 ROUNDINGS = ("half_up", "floor")
 
-# Host flags (issue 4): C99, no FMA contraction (the requantize kernels and the
+# Host flags: C99, no FMA contraction (the requantize kernels and the
 # generated code linked with the kernels use float32, and must match numpy).
 HOST_CFLAGS = ("-std=c99", "-O3", "-fPIC", "-shared", "-ffp-contract=off")
 # What the "compiles cleanly" test and a strict host build add.
@@ -51,7 +51,7 @@ _POINTER_DTYPES = {
 
 # C type of a scalar argument -> ctypes type (the requantize kernels take float scales).
 _SCALAR_CTYPES = {"int32_t": ctypes.c_int32, "float": ctypes.c_float}
-DATA_FILES = ("*.c", "*.h")  # the reference kernels it compiles (stages/code_deps.py)
+DATA_FILES = ("*.c", "*.h")  # the reference kernels it compiles (code_deps.py)
 
 
 def kernel_source_dir() -> Path:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from ..kernels.catalog import find
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const, const_array, const_scalar, dequantize_of, prim_number, \
     quantize_of, static_shape, var_name
@@ -38,7 +39,7 @@ from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
 from .rewrite import Offload, run_pass
 
-KERNEL = "c7x_int8_lut"
+KERNEL = find("lut", "int8")
 TABLE_SIZE = 256
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..kernels.catalog import find
 from ...config import DTYPES
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const_array, dequantize_of, quantize_of, static_shape, var_name
@@ -77,7 +78,7 @@ def _plan_global(graph: Graph, call, pool_var, data: QDQ, out: QDQ, dtype: str) 
     in_shape, out_shape, scalars = _common(graph, pool_var, data, out, dtype)
     if not _is_global(call, in_shape):
         raise Declined("not an average over the last two axes of an NCHW tensor")
-    kernel = f"c7x_{dtype}_global_avg_pool"
+    kernel = find("global_avg_pool", dtype)
     planes, hw = in_shape[0] * in_shape[1], in_shape[2] * in_shape[3]
     prim = offload_primfunc(kernel, [TensorArg("data", in_shape, dtype),   # "in": a Python keyword
                                      TensorArg("out", out_shape, dtype)], [planes, hw, *scalars])
@@ -92,7 +93,7 @@ def _plan_global(graph: Graph, call, pool_var, data: QDQ, out: QDQ, dtype: str) 
 
 def _plan_window(graph: Graph, call, pool_var, data: QDQ, out: QDQ, dtype: str) -> Offload:
     in_shape, out_shape, scalars = _common(graph, pool_var, data, out, dtype)
-    kernel = f"c7x_{dtype}_avg_pool"
+    kernel = find("avg_pool", dtype)
     geometry = [*window_geometry(call.attrs, in_shape, out_shape), int(bool(call.attrs.count_include_pad))]
     prim = offload_primfunc(kernel, [TensorArg("data", in_shape, dtype),
                                      TensorArg("out", out_shape, dtype)], [*geometry, *scalars])

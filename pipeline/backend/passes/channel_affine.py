@@ -48,6 +48,7 @@ import tvm
 from tvm import relax
 
 from ...config import DTYPES
+from ..kernels.catalog import find
 from ..kernels.reference import AFFINE_LIMIT, batch_norm_affine, channel_affine_params
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const, const_array, dequantize_of, quantize_of, static_shape, var_name
@@ -212,7 +213,7 @@ def _plan(graph: Graph, m: _Match) -> Offload:
             raise Declined(f"float intermediate {var_name(v)} has other users")
     shape, blob = _params(graph, m.bn, dtype)
     n, c, hw = shape[0], shape[1], int(np.prod(shape[2:], dtype=np.int64))
-    kernel = f"c7x_{dtype}_channel_affine"
+    kernel = find("channel_affine", dtype)
     mid_s = float(np.float32(m.mid.s))
     scalars = [n, c, hw, m.mid.z, mid_s, inverse_scale(mid_s), int(m.relu is not None), m.out.z,
                inverse_scale(float(np.float32(m.out.s)))]
@@ -273,7 +274,7 @@ def _plan_layer_scale(graph: Graph, out: QDQ) -> Offload | None:
         shape = static_shape(dq.data)
         n, c, hw = shape[0], shape[1], int(np.prod(shape[2:], dtype=np.int64))
         blob = channel_affine_params(dq.z, np.float32(dq.s), gamma, np.zeros_like(gamma))
-        kernel = f"c7x_{dtype}_channel_affine"
+        kernel = find("channel_affine", dtype)
         out_s = float(np.float32(out.s))
         out_inv = inverse_scale(out_s)
         # no ReLU: the mid quantize is the output's (the kernel's requantize after it is unused)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..kernels.catalog import find
 from .. import fold
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const, const_array, dequantize_of, quantize_of, static_shape, var_name
@@ -54,7 +55,7 @@ def _plan(graph: Graph, mul_var, x: QDQ, gate: QDQ, out: QDQ, dtype: str) -> Off
     params = fold.channel_mul_params(x.s, x.z, gate.s, gate.z, out.s, out.z, dtype)
     shape = static_shape(x.data)
     planes, hw = shape[0] * shape[1], shape[2] * shape[3]
-    kernel = f"c7x_{dtype}_channel_mul"
+    kernel = find("channel_mul", dtype)
     tensors = [TensorArg("x", shape, dtype), TensorArg("gate", static_shape(gate.data), dtype),
                TensorArg("params", (16,), "uint8"), TensorArg("out", shape, dtype)]
     prim = offload_primfunc(kernel, tensors, [planes, hw])

@@ -37,6 +37,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..kernels.catalog import find
 from ..kernels.reference import MAX_SEGMENTS, quantize_per_tensor
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const, const_array, dequantize_of, quantize_of, static_shape, var_name
@@ -45,7 +46,6 @@ from .primfunc import TensorArg, offload_primfunc
 from .requantize import inverse_scale, requantize_scalars
 from .rewrite import Offload, run_pass
 
-_SUFFIX = {"int8": "i8", "int16": "i16"}
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _quantized_constant(graph: Graph, expr, q: QDQ) -> QDQ | None:
     bcast = graph.call(expr, "relax.broadcast_to") if value is None else None
     if bcast is not None and const_array(bcast.args[0]) is not None and static_shape(expr) is not None:
         value = np.broadcast_to(const_array(bcast.args[0]), static_shape(expr))   # the class token's expand
-    if value is None or value.dtype != np.float32 or not q.scalar or q.out_dtype not in _SUFFIX:
+    if value is None or value.dtype != np.float32 or not q.scalar or find("concat", q.out_dtype, variant="1") is None:
         return None
     inv = np.float32(inverse_scale(float(np.float32(q.s))))
     ints = quantize_per_tensor(value, q.z, inv, np.dtype(q.out_dtype))
@@ -158,7 +158,7 @@ def _merged(segments: list[Segment]) -> list[Segment]:
 
 def _plan(binding, q: QDQ, segments: list[Segment]) -> Offload:
     dtype = q.out_dtype
-    if dtype not in _SUFFIX:
+    if find("concat", dtype, variant="1") is None:
         raise Declined(f"output dtype {dtype}: only int8 and int16 have a kernel")
     for s in segments:
         if str(s.dq.data.ty.dtype) != dtype:
@@ -169,7 +169,7 @@ def _plan(binding, q: QDQ, segments: list[Segment]) -> Offload:
     out_shape = static_shape(binding.var)
     if out_shape is None:
         raise Declined("dynamic shape")
-    kernel = f"c7x_concat{len(segments)}_{_SUFFIX[dtype]}"
+    kernel = find("concat", dtype, variant=str(len(segments)))
     tensors = [TensorArg(f"in{j}", static_shape(s.dq.data), dtype) for j, s in enumerate(segments)]
     tensors.append(TensorArg("out", out_shape, dtype))
     scalars: list = [segments[0].outer]

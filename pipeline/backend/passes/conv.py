@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import tvm
 
+from ..kernels.catalog import find
 from ..refusal import Declined, declining
 from .graph import Graph, const, dequantize_of, static_shape
 from .log import OffloadLog
@@ -173,8 +174,7 @@ def _plan_conv(graph: Graph, chain: WeightedChain, op: str, dtype: str) -> Offlo
         if not (groups < g.c_in and g.c_in % groups == 0 and g.c_out % groups == 0):
             raise Declined(f"groups={groups} does not divide C_in={g.c_in} and C_out={g.c_out}")
     data, folded = fold_conv(graph, chain, g, dtype)
-    suffix = "i8" if dtype == "int8" else "i16"
-    kernel = f"mmalib_conv2d_{suffix}" if groups == 1 else "mmalib_conv2d_i8_grouped_loop"
+    kernel = find("conv2d", dtype, variant="" if groups == 1 else "grouped")
     kh, kw = g.kernel
     scalars = [g.c_in, g.x_shape[2], g.x_shape[3], g.c_out, kh, kw, *g.strides, *g.pads]
     if groups > 1:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tvm
 
+from ..kernels.catalog import find
 from ..refusal import Declined, declining
 from .conv import ConvGeometry, conv_geometry, conv_offload, fold_conv, match_conv
 from .graph import Graph
@@ -57,8 +58,7 @@ def _plan_depthwise(graph: Graph, chain: WeightedChain, dtype: str) -> Offload:
     c = g.c_in
     scalars = [c, g.x_shape[2], g.x_shape[3], kh, kw, *g.strides, *g.pads, c]
     w_arg = TensorArg("weight", (c * kh * kw,), dtype)
-    suffix = "i8" if dtype == "int8" else "i16"
-    return conv_offload(chain, "depthwise_conv2d", dtype, f"mmalib_depthwise_conv2d_{suffix}",
+    return conv_offload(chain, "depthwise_conv2d", dtype, find("depthwise_conv2d", dtype),
                         data, folded, w_arg, scalars, g)
 
 

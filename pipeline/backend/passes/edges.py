@@ -27,6 +27,7 @@ import math
 import numpy as np
 import tvm
 
+from ..kernels.catalog import find
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, dequantize_of, prim_number, quantize_of, static_shape, var_name
 from .log import OffloadLog
@@ -34,7 +35,6 @@ from .primfunc import TensorArg, offload_primfunc
 from .requantize import inverse_scale
 from .rewrite import Offload, run_pass
 
-_SUFFIX = {"int8": "i8", "int16": "i16"}
 
 
 def _scale_zp(q: QDQ) -> tuple[int, float]:
@@ -49,14 +49,14 @@ def _scale_zp(q: QDQ) -> tuple[int, float]:
 
 def _input_quantize(graph: Graph, binding):
     q = quantize_of(graph, binding.value)
-    if q is None or q.data not in graph.params or q.out_dtype not in _SUFFIX:
+    if q is None or q.data not in graph.params or find("quantize", "float32", q.out_dtype) is None:
         return None
     with declining(var_name(binding.var), "quantize", q.out_dtype):
         shape = static_shape(q.data)
         if shape is None:
             raise Declined("dynamic shape")
         zp, s = _scale_zp(q)
-        kernel = f"c7x_quantize_f32_{_SUFFIX[q.out_dtype]}"
+        kernel = find("quantize", "float32", q.out_dtype)
         prim = offload_primfunc(kernel, [TensorArg("data", shape, "float32"), TensorArg("out", shape, q.out_dtype)],
                                 [math.prod(shape), zp, inverse_scale(s)])
 
@@ -89,7 +89,7 @@ def _output_dequantize(graph: Graph, binding):
     if dq is None or binding.var not in graph.returned or dq.out_dtype != "float32":
         return None
     dtype = str(dq.data.ty.dtype)
-    if dtype not in _SUFFIX:
+    if find("dequantize", dtype, "float32") is None:
         return None
     with declining(var_name(binding.var), "dequantize", dtype):
         out_shape = static_shape(binding.var)
@@ -98,7 +98,7 @@ def _output_dequantize(graph: Graph, binding):
         if out_shape is None or in_shape is None:
             raise Declined("dynamic shape")
         zp, s = _scale_zp(dq)
-        kernel = f"c7x_dequantize_{_SUFFIX[dtype]}_f32"
+        kernel = find("dequantize", dtype, "float32")
         prim = offload_primfunc(kernel, [TensorArg("data", in_shape, dtype), TensorArg("out", out_shape, "float32")],
                                 [math.prod(in_shape), math.prod(out_shape), zp, s])
 

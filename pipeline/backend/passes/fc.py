@@ -47,6 +47,7 @@ import tvm
 from tvm import relax, te, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from ..kernels.catalog import find
 from ..refusal import Declined, declining
 from .graph import Graph, const, dequantize_of, static_shape
 from .log import OffloadLog
@@ -180,7 +181,7 @@ def _fc_offload(chain, data, folded, shapes, dtype: str) -> Offload:
         notes.append(f"K={k} padded to {k_pad} (zero weight columns, input padded with 0)")
     w = _pad_columns(_pad_rows(folded.w, n_pad, 0), k_pad)
     consts = [const(w)] + [const(_pad_rows(a, n_pad, 0)) for a in (folded.bias, folded.scale, folded.shift)]
-    kernel = f"mmalib_matmul_bias_{'i8' if dtype == 'int8' else 'i16'}"
+    kernel = find("matmul_bias", dtype)
     in_shape = x_shape[:-1] + (k_pad,)
     out_shape = q_shape[:-1] + (n_pad,)
     tensors = [TensorArg("data", in_shape, dtype), TensorArg("weight", (n_pad, k_pad), dtype),

@@ -1,4 +1,4 @@
-"""Compile-time evaluation of the input-independent subgraphs of a model (issue 28, item 1).
+"""Compile-time evaluation of the input-independent subgraphs of a model.
 
 Some layers compute what depends only on shapes and weights: Swin's shifted-window
 attention mask (arange, mod, equal, where ...) and Swin V2's continuous position-bias

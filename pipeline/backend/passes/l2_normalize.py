@@ -24,6 +24,7 @@ import math
 import tvm
 from tvm import relax
 
+from ..kernels.catalog import find
 from ..kernels.reference import LAYER_NORM_MAX_N, l2_normalize_gain
 from ..refusal import Declined, declining
 from .graph import Graph, const_array, const_scalar, dequantize_of, prim_number, quantize_of, static_shape, var_name
@@ -31,7 +32,7 @@ from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
 from .rewrite import Offload, run_pass
 
-KERNEL = "c7x_int8_l2_normalize"
+KERNEL = find("l2_normalize", "int8")
 
 
 def _exponent(graph: Graph, expr, value: float):

@@ -21,6 +21,7 @@ import math
 import numpy as np
 import tvm
 
+from ..kernels.catalog import find
 from ..kernels.reference import LAYER_NORM_MAX_N, layer_norm_constants
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const, const_array, dequantize_of, quantize_of, static_shape, var_name
@@ -28,7 +29,7 @@ from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
 from .rewrite import Offload, run_pass
 
-KERNEL = "c7x_int8_layer_norm"
+KERNEL = find("layer_norm", "int8")
 
 
 def _affine(call, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -30,6 +30,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..kernels.catalog import find
 from .. import fold
 from ..kernels.reference import BATCH_MATMUL_MAX_K, BATCH_MATMUL_ZERO_POINTS
 from ..refusal import Declined, declining
@@ -38,7 +39,6 @@ from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
 from .rewrite import Offload, run_pass
 
-_KERNEL = {"int8": "mmalib_batch_matmul_i8", "int16": "mmalib_batch_matmul_i16"}
 
 
 def _layout_step(graph: Graph, expr):
@@ -182,7 +182,7 @@ def _plan(graph: Graph, out: QDQ, dtype: str):
         if 1 not in (s_row, s_col):
             raise Declined(f"operand {label} has no unit stride (rows {s_row}, columns {s_col})")
     params = const(fold.batch_matmul_params(a[1].s, a[1].z, b[1].s, b[1].z, out.s, out.z, factor, dtype))
-    kernel = _KERNEL[dtype]
+    kernel = find("batch_matmul", dtype)
     tensors = [TensorArg("a", static_shape(a[0]), dtype), TensorArg("b", static_shape(b[0]), dtype),
                TensorArg("params", (16,), "uint8"), TensorArg("out", q_shape, dtype)]
     scalars = [a_size, b_size, math.prod(batch), m, k, n, *a_view, *b_view]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tvm
 
+from ..kernels.catalog import find
 from ..kernels.reference import PERMUTE_RANK
 from ..refusal import Declined, declining
 from .graph import Graph, const_array, static_shape, var_name
@@ -22,7 +23,6 @@ from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
 from .rewrite import Offload, run_pass
 
-_KERNEL = {"int8": "c7x_permute_i8", "int16": "c7x_permute_i16"}
 
 
 def padded_permutation(shape: tuple[int, ...], axes: list[int]) -> tuple[list[int], list[int]]:
@@ -41,7 +41,7 @@ def _planner(graph: Graph, binding):
         return None
     x = call.args[0]
     dtype = str(x.ty.dtype) if hasattr(x.ty, "dtype") else ""
-    if dtype not in _KERNEL:
+    if find("permute", dtype) is None:
         return None  # a float transpose: part of a scalar layer
     with declining(var_name(binding.var), "permute", dtype):
         shape, out_shape = static_shape(x), static_shape(binding.var)
@@ -51,7 +51,7 @@ def _planner(graph: Graph, binding):
             raise Declined("input is a compile-time constant")
         axes = list(range(len(shape)))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
         dims, perm = padded_permutation(shape, axes)
-        kernel = _KERNEL[dtype]
+        kernel = find("permute", dtype)
         prim = offload_primfunc(kernel, [TensorArg("data", shape, dtype), TensorArg("out", out_shape, dtype)],
                                 [*dims, *perm])
 

@@ -28,15 +28,16 @@ import math
 import tvm
 from tvm import relax
 
+from ..kernels.catalog import find
 from ...config import DTYPES
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
-from .requantize import KERNELS as REQUANTIZE_KERNELS, requantize_scalars
+from .requantize import requantize_scalars
 from .rewrite import Offload, run_pass
 
-REQUANTIZE = {dtype: REQUANTIZE_KERNELS[(dtype, dtype)] for dtype in DTYPES}
+REQUANTIZE = {dtype: find("requantize", dtype, dtype) for dtype in DTYPES}
 
 
 def pooled_sizes(size: int, k: int, s: int, p: int) -> tuple[int, int]:
@@ -131,7 +132,7 @@ def offload_max_pool2d_i8(mod: tvm.IRModule, log: OffloadLog | None = None,
     Extern args: in int8[N,C,H,W], out int8[N,C,H_out,W_out], N, C, H_in, W_in, H_out,
     W_out, kH, kW, sH, sW, pH, pW.
     """
-    kernel = "c7x_int8_max_pool_tidl" if tidl_kernels else "c7x_int8_max_pool"
+    kernel = find("max_pool", "int8", variant="tidl" if tidl_kernels else "")
     return run_pass(mod, log, "max_pool2d_i8", _pool_planner(kernel, "int8"))
 
 
@@ -139,4 +140,4 @@ def offload_max_pool2d_i16(mod: tvm.IRModule, log: OffloadLog | None = None) -> 
     """int16 max_pool2d -> ``c7x_int16_max_pool`` (ours), the extern args of
     :func:`offload_max_pool2d_i8` on int16 (then ``c7x_requantize_i16_i16`` when the
     input and output quantization differ)."""
-    return run_pass(mod, log, "max_pool2d_i16", _pool_planner("c7x_int16_max_pool", "int16"))
+    return run_pass(mod, log, "max_pool2d_i16", _pool_planner(find("max_pool", "int16"), "int16"))

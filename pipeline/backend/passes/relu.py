@@ -22,6 +22,7 @@ import math
 import tvm
 from tvm import relax
 
+from ..kernels.catalog import find
 from ..refusal import Declined, declining
 from .graph import (QDQ, Activation, Graph, activation_of, const_array, dequantize_of, quantize_of,
                     static_shape, var_name)
@@ -49,9 +50,9 @@ def _plan_relu(graph: Graph, act: Activation, data: QDQ, out: QDQ) -> Offload:
     tensors = [TensorArg("data", shape, "int8"), TensorArg("out", shape, "int8")]
     n = math.prod(shape)
     if act.kind == "relu":
-        kernel, scalars = "c7x_int8_relu", [n, out.z]
+        kernel, scalars = find("relu", "int8"), [n, out.z]
     else:
-        kernel = "c7x_int8_clamp"
+        kernel = find("clamp", "int8")
         scalars = [n, *act.int_bounds(out.s, out.z, "int8")]
     prim = offload_primfunc(kernel, tensors, scalars)
 

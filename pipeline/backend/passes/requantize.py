@@ -32,14 +32,14 @@ import math
 import numpy as np
 import tvm
 
+from ..kernels.catalog import find
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const_array, dequantize_of, quantize_of, static_shape, var_name
 from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
 from .rewrite import Offload, run_pass
 
-KERNELS = {("int8", "int16"): "c7x_requantize_i8_i16", ("int16", "int8"): "c7x_requantize_i16_i8",
-           ("int8", "int8"): "c7x_requantize_i8_i8", ("int16", "int16"): "c7x_requantize_i16_i16"}
+
 """(input dtype, output dtype) -> extern name (a same-dtype pair only when the parameters differ)."""
 
 
@@ -89,7 +89,7 @@ def _requantize_planner(graph: Graph, binding):
     dq = dequantize_of(graph, q.data) if q is not None else None
     if dq is None:
         return None
-    kernel = KERNELS.get((str(dq.data.ty.dtype), q.out_dtype))
+    kernel = find("requantize", str(dq.data.ty.dtype), q.out_dtype)
     if kernel is None or (str(dq.data.ty.dtype) == q.out_dtype and dq.same_params(q)):
         return None  # a dtype pair without a kernel, or the identity (a cleanup's pattern)
     with declining(var_name(binding.var), "requantize", str(dq.data.ty.dtype)):

@@ -24,6 +24,7 @@ import math
 import tvm
 from tvm import relax
 
+from ..kernels.catalog import find
 from .. import fold
 from ..refusal import Declined, declining
 from .graph import QDQ, Activation, Graph, activation_of, const, dequantize_of, quantize_of, static_shape, var_name
@@ -62,9 +63,9 @@ def _plan_residual(graph: Graph, binding, act: Activation | None, add_var, x: QD
     relu = act is not None and act.kind == "relu"
     shape = shapes[2]
     if broadcast is None:
-        kernel, scalars = f"c7x_{dtype}_residual_add_relu", [math.prod(shape), int(relu)]
+        kernel, scalars = find("residual_add", dtype), [math.prod(shape), int(relu)]
     else:
-        kernel, scalars = f"c7x_{dtype}_broadcast_add", [math.prod(shapes[1]), *broadcast, int(relu)]
+        kernel, scalars = find("broadcast_add", dtype), [math.prod(shapes[1]), *broadcast, int(relu)]
     tensors = [TensorArg("x", shape, dtype), TensorArg("skip", shapes[1], dtype),
                TensorArg("params", (16,), "uint8"), TensorArg("out", shape, dtype)]
     prim = offload_primfunc(kernel, tensors, scalars)

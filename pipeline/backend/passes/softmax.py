@@ -18,6 +18,7 @@ import math
 
 import tvm
 
+from ..kernels.catalog import find
 from ..kernels.reference import SOFTMAX_OUT_SCALE, SOFTMAX_OUT_ZERO_POINT, softmax_table
 from ..refusal import Declined, declining
 from .graph import QDQ, Graph, const, const_array, dequantize_of, quantize_of, static_shape, var_name
@@ -25,7 +26,7 @@ from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
 from .rewrite import Offload, run_pass
 
-KERNEL = "c7x_int8_softmax"
+KERNEL = find("softmax", "int8")
 
 
 def _plan(graph: Graph, root, call, data: QDQ, out: QDQ) -> Offload:

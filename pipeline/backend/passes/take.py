@@ -16,13 +16,13 @@ import math
 import numpy as np
 import tvm
 
+from ..kernels.catalog import find
 from ..refusal import Declined, declining
 from .graph import Graph, const, const_array, static_shape, var_name
 from .log import OffloadLog
 from .primfunc import TensorArg, offload_primfunc
 from .rewrite import Offload, run_pass
 
-_KERNEL = {"int8": "c7x_take_i8", "int16": "c7x_take_i16"}
 
 
 def _planner(graph: Graph, binding):
@@ -31,7 +31,7 @@ def _planner(graph: Graph, binding):
         return None
     x = call.args[0]
     dtype = str(x.ty.dtype) if hasattr(x.ty, "dtype") else ""
-    if dtype not in _KERNEL:
+    if find("take", dtype) is None:
         return None  # a float gather: part of a scalar layer
     with declining(var_name(binding.var), "take", dtype):
         shape, out_shape = static_shape(x), static_shape(binding.var)
@@ -51,7 +51,7 @@ def _planner(graph: Graph, binding):
             raise Declined(f"an index outside [-{n_in}, {n_in})")
         index = np.where(index < 0, index + n_in, index).astype(np.int32)   # numpy's negative indices
         outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
-        kernel = _KERNEL[dtype]
+        kernel = find("take", dtype)
         prim = offload_primfunc(kernel, [TensorArg("data", shape, dtype), TensorArg("index", index.shape, "int32"),
                                          TensorArg("out", out_shape, dtype)],
                                 [outer, n_in, index.size, inner])

@@ -1,4 +1,7 @@
-"""SoC descriptions as data: ``pipeline/perf/targets/<name>.toml``.
+"""SoC descriptions as data: ``pipeline/target/<name>.toml``.
+
+The lowest layer above the core: the memory plan (``backend/levels.py``), the
+performance model (``perf/``) and the mixed-precision budget all read it.
 
 A model entry selects one with ``[target] name = "am67a"`` (the default) and
 may override any figure in the same table (``l2_sram_bytes = 229376``): public
@@ -17,8 +20,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-TARGETS_DIR = Path(__file__).resolve().parent / "targets"
-DATA_FILES = ("targets/*.toml",)  # the target tables (stages/code_deps.py)
+TARGETS_DIR = Path(__file__).resolve().parent
+DATA_FILES = ("*.toml",)  # the target tables (code_deps.py)
 DEFAULT_TARGET = "am67a"
 
 #: every figure a target file must give: name -> (unit, meaning)
@@ -135,7 +138,7 @@ def load_target(name: str = DEFAULT_TARGET, overrides: dict | None = None, where
         if not figures[k] > 0:
             raise ConfigError(f"{where or path}: figure {k} must be > 0 (it divides), got {figures[k]!r}")
     return Target(name=name, description=str(data.get("description", name)),
-                  source=f"pipeline/perf/targets/{path.name}", figures=figures,
+                  source=f"pipeline/target/{path.name}", figures=figures,
                   assumed=tuple(data.get("assumed", ())), conflicting=tuple(data.get("conflicting", ())),
                   overridden=tuple(sorted(overrides)))
 
@@ -148,3 +151,9 @@ def check_target_spec(spec) -> None:
     except ConfigError as e:
         msg = str(e)
         raise ConfigError(msg if str(spec.source) in msg else f"{spec.source} (model {spec.name!r}): {msg}") from None
+
+
+def spec_target(spec) -> Target:
+    """The target of a model entry (``[target]``, a :class:`pipeline.config.ModelSpec`)
+    with its overrides. Raises ConfigError with one line naming the entry."""
+    return load_target(spec.target.name, spec.target.figures, where=f"{spec.source} [target]")

@@ -6,7 +6,7 @@ tuple return; :func:`single_output` is output 0, the one the reports score).
 ``evaluate`` runs ``float.pt2`` and ``quantized.pt2`` on the evaluation images
 (its report) and keeps what it computed in ``torch_outputs.npz``; ``verify``
 compares every C build against that file instead of loading and running both
-programs again (issue 13: do not re-run what another stage computed). The file
+programs again (a stage does not re-run what another stage computed). The file
 also holds each Q/DQ output's scale (one LSB) and PyTorch's self-noise run:
 output 0 of the Q/DQ program again on the first ``SELF_NOISE_IMAGES`` images
 with 1 thread and MKLDNN off, the band PyTorch moves by itself (verify.py).
@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .. import torchenv
 from ..errors import PipelineError, UnsupportedOpError
 from ..fsutil import write_bytes
 
-import torch  # noqa: E402
 
 SELF_NOISE_IMAGES = 5     # first images of the PyTorch self-noise pass (1 thread, no MKLDNN)
 

@@ -33,7 +33,7 @@ import functools
 import re
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent  # the pipeline package folder
+PKG = Path(__file__).resolve().parent  # the pipeline package folder
 
 _IMPORT = re.compile(
     r"^[ \t]*(?:from[ \t]+(?P<base>\.+[\w.]*|pipeline(?:\.\w+)*)[ \t]+import[ \t]+(?P<names>\([^)]*\)|[^\n#]*)"

@@ -83,7 +83,7 @@ def calibrate_shard(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     :class:`~pipeline.errors.CalibrationDataError` for an unreadable image and
     RuntimeError when the rebuilt prepared model differs from the stored one."""
     from ..data.batches import calibration_batches
-    from .prepare import build_prepared, check_prepared
+    from .program import build_prepared, check_prepared
     from ..quant.merge import load_observer_states, observer_states
     gm = build_prepared(spec, float_pt2, int16_layers=int16_layers)
     check_prepared(gm, prepared_state, prepared_table)
@@ -149,6 +149,7 @@ def _with_threads(threads: int, *a) -> dict:
     shards then run 2 threads each: oversubscribed, but exact. torch's thread count
     is per process: on a Dask worker with several task threads the others see it
     too until it is restored; the project's executor runs one task per worker.)"""
-    from .. import torchenv  # its thread default first, then ours
+    from .. import torchenv
+    torchenv.setup()   # a worker process: set up as every stage process is, then the head's threads
     with torchenv.torch_threads(threads):
         return calibrate_shard(*a)
