@@ -24,9 +24,7 @@ Schema (every key but ``builder`` and ``input_shape`` has a default)::
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +66,22 @@ YOLO_PREPROCESS = {"resize": [320, 320], "crop": 320, "mean": [0.0, 0.0, 0.0], "
 PREPROCESS_PRESETS = {"imagenet": IMAGENET_PREPROCESS, "yolo": YOLO_PREPROCESS}
 
 
+def choice(default, allowed: tuple, text: str = ""):
+    """A field whose value must be one of ``allowed`` (``text``: how the error lists them)."""
+    return field(default=default, metadata={"choices": allowed, "text": text})
+
+
+def interval(default, low: float, high: float, meaning: str, low_open: bool = False):
+    """A number field in ``[low, high]`` (``(low, high]`` with ``low_open``); None passes
+    when the default is None. ``meaning``: what the number is, for the error."""
+    return field(default=default, metadata={"interval": (low, high, low_open), "meaning": meaning})
+
+
+def at_least(default: int, low: int, meaning: str):
+    """An integer field (a bool is refused) of at least ``low``."""
+    return field(default=default, metadata={"at_least": low, "meaning": meaning})
+
+
 @dataclass(frozen=True)
 class WeightsSpec:
     """Where a model's checkpoint comes from (torch hub conventions).
@@ -102,14 +116,10 @@ class WeightsSpec:
     optional: bool = False
     pretrained: bool = True
     reestimate_batchnorm: bool = False
-    batchnorm_batch: int = 8
+    batchnorm_batch: int = at_least(8, 0, "0 = all images in one pass")
     logit_std: float | None = None
-    format: str = "state_dict"
+    format: str = choice("state_dict", ("state_dict", "ultralytics"))
     sha256: str | None = None
-
-
-#: what a checkpoint file may be (WeightsSpec.format)
-WEIGHT_FILE_FORMATS = ("state_dict", "ultralytics")
 
 
 @dataclass(frozen=True)
@@ -176,19 +186,21 @@ class CalibrationSpec:
     """
 
     set: str = "imagenet20"
-    num_images: int = 0
-    order: str = "sorted"
+    num_images: int = at_least(0, 0, "0 = all")
+    order: str = choice("sorted", ORDERS)
     seed: int = 0
-    observer: str = "percentile"
-    batch_size: int = 1
-    source: str = "images"
-    percentile: float = 99.99
+    observer: str = choice("percentile", OBSERVERS)
+    batch_size: int = at_least(1, 1, "images per forward pass")
+    source: str = choice("images", CALIB_SOURCES)
+    percentile: float = interval(99.99, 0, 100, "percent of |x| kept", low_open=True)
     bias_correction: bool = False
-    shards: int = 1
+    shards: int = at_least(1, 1, "1 = one process")
     equalize: bool = False
-    equalize_alpha: float = 0.5
-    range_search: bool | str = dataclasses.field(default=False, metadata={"types": (bool, str)})
-    adaround_iterations: int = 0
+    equalize_alpha: float = interval(0.5, 0, 1, "0: weights only, 1: activations only")
+    range_search: bool | str = field(default=False, metadata={
+        "types": (bool, str), "choices": (False, True, "readers", "output"),
+        "text": "false, true (= 'readers') or one of 'readers', 'output'"})
+    adaround_iterations: int = at_least(0, 0, "0 = round to nearest")
     exact_requantize: bool = True
 
 
@@ -217,14 +229,15 @@ class QuantizerSpec:
     costs more than its MACs on the MMA, docs/estimate.md). One budget only.
     """
 
-    implementation: str = "c7x"
+    implementation: str = choice("c7x", QUANTIZER_IMPLS)
     symmetric_activations: bool = True
-    weight_dtype: str | None = None
+    weight_dtype: str | None = choice(None, (None, *DTYPES))
     fuse_activations: bool = True
     int16_layers: tuple[str, ...] = ()
-    mixed_precision: str = "off"
-    int16_macs: float = 0.10
-    int16_cycles: float | None = None
+    mixed_precision: str = choice("off", MIXED_PRECISION)
+    int16_macs: float = interval(0.10, 0, 1, "the share of MACs allowed in int16", low_open=True)
+    int16_cycles: float | None = interval(None, 0, 1, "the share of estimated cycles allowed in int16",
+                                          low_open=True)
 
     @property
     def mixed(self) -> bool:
@@ -244,8 +257,8 @@ class CodegenSpec:
     place: the plan before staging, for comparison and debugging)."""
 
     mmalib: bool = True
-    weights_format: str = "bin"
-    memory: str = "staged"
+    weights_format: str = choice("bin", WEIGHT_FORMATS)
+    memory: str = choice("staged", MEMORY_PLANS)
 
 
 @dataclass(frozen=True)
@@ -294,321 +307,6 @@ class ModelSpec:
     task: str = "classification"
     #: one line for people (``doit list`` shows it on the model's export task); tracks nothing
     description: str = ""
-
-
-@dataclass(frozen=True)
-class InvalidModel:
-    """A model entry that failed validation; its tasks fail with ``error``."""
-
-    name: str
-    source: Path
-    error: ConfigError
-
-
-def load_models(models_dir: str | Path) -> list[ModelSpec | InvalidModel]:
-    """Read every ``*.toml`` under ``models_dir``, sorted by name.
-
-    Invalid entries come back as :class:`InvalidModel` (so one broken file does
-    not stop the other models from building). Raises :class:`ConfigError` only
-    when ``models_dir`` itself is missing.
-    """
-    models_dir = Path(models_dir)
-    if not models_dir.is_dir():
-        raise ConfigError(f"models folder {models_dir} not found: create it and add one .toml file per model")
-    raw: dict[str, tuple[Path, dict | ConfigError]] = {}
-    for path in sorted(models_dir.glob("*.toml")):
-        try:
-            check_model_name(path.stem, path)
-        except ConfigError as e:
-            raw[path.stem] = (path, e)
-            continue
-        try:
-            raw[path.stem] = (path, tomllib.loads(path.read_text()))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raw[path.stem] = (path, ConfigError(f"{path}: not valid TOML ({e}); fix the syntax"))
-    out: list[ModelSpec | InvalidModel] = []
-    for name, (path, data) in raw.items():
-        try:
-            if isinstance(data, ConfigError):
-                raise data
-            out.append(parse_model(name, path, _resolve_extends(name, raw)))
-        except ConfigError as e:
-            out.append(InvalidModel(name, path, e))
-        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a value of the wrong kind
-            out.append(InvalidModel(name, path, ConfigError(
-                f"{path} (model {name!r}): invalid value ({type(e).__name__}: {e}); check the types "
-                f"against docs/guide.md, 'Model entries'")))
-    return out
-
-
-def _resolve_extends(name: str, raw: dict, seen: tuple = ()) -> dict:
-    path, data = raw[name]
-    if isinstance(data, ConfigError):
-        raise data
-    base_name = data.get("extends")
-    if base_name is None:
-        return data
-    if not isinstance(base_name, str):
-        raise ConfigError(f"{path}: 'extends' must be the name of another model entry (a string)")
-    if base_name in seen or base_name == name:
-        raise ConfigError(f"{path}: 'extends' forms a cycle through {base_name!r}")
-    if base_name not in raw:
-        raise ConfigError(f"{path}: extends unknown model {base_name!r}; "
-                          f"known: {', '.join(sorted(raw))}")
-    base = _resolve_extends(base_name, raw, seen + (name,))
-    return _deep_merge({k: v for k, v in base.items() if k not in ("extends", _NOT_INHERITED)},
-                       {k: v for k, v in data.items() if k != "extends"})
-
-
-# Tables an extending entry replaces as a whole: a new checkpoint must not
-# inherit the base's file name, hash prefix or registry package.
-_REPLACED_TABLES = {"weights"}
-# A table a variant never inherits: the base's board log was printed by the base's build.
-_NOT_INHERITED = "profile"
-
-
-def _deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        mergeable = isinstance(v, dict) and isinstance(out.get(k), dict) and k not in _REPLACED_TABLES
-        out[k] = _deep_merge(out[k], v) if mergeable else v
-    return out
-
-
-_TOP_KEYS = {"builder", "builder_kwargs", "input_shape", "dtype", "preprocess", "weights",
-             "calibration", "quantizer", "codegen", "evaluation", "profile", "description", "extends",
-             "default_run", "task", "target"}
-
-
-def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
-    """Validate one entry's TOML table; raise :class:`ConfigError` naming the file."""
-    def fail(msg: str):
-        raise ConfigError(f"{path} (model {name!r}): {msg}")
-
-    unknown = set(data) - _TOP_KEYS  # ("extends" is resolved before parsing)
-    if unknown:
-        fail(f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
-    builder = data.get("builder")
-    if not isinstance(builder, str) or not re.fullmatch(r"[\w.]+:\w+", builder):
-        fail(f"'builder' must be 'module:callable' (e.g. 'torchvision.models:mobilenet_v2'), got {builder!r}")
-    shape = data.get("input_shape")
-    if (not isinstance(shape, list) or len(shape) != 4
-            or not all(isinstance(s, int) and s > 0 for s in shape)):
-        fail(f"'input_shape' must be [N, C, H, W] positive integers, got {shape!r}")
-    if shape[0] != 1:
-        fail(f"'input_shape' batch must be 1 (the C7x entry point runs one image), got {shape[0]}")
-    dtype = data.get("dtype", "int8")
-    if dtype not in DTYPES:
-        fail(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    default_run = data.get("default_run", True)
-    if not isinstance(default_run, bool):
-        fail(f"'default_run' must be true or false, got {default_run!r}")
-    task = data.get("task", "classification")
-    _check_choice(fail, "task", task, TASKS)
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        fail(f"'description' must be a string, got {description!r}")
-    kwargs = data.get("builder_kwargs", {})
-    if not isinstance(kwargs, dict):
-        fail(f"'builder_kwargs' must be a table, e.g. {{ num_classes = 10 }}, got {kwargs!r}")
-
-    weights = _section(fail, data, "weights", WeightsSpec)
-    calibration = _section(fail, data, "calibration", CalibrationSpec)
-    quantizer = _quantizer(fail, data, dtype)
-    codegen = _section(fail, data, "codegen", CodegenSpec)
-    profile = _section(fail, data, "profile", ProfileSpec)
-    if profile.board_log is not None and (not isinstance(profile.board_log, str) or not profile.board_log.strip()):
-        fail(f"profile.board_log must be the path of a text file (relative to the project), "
-             f"got {profile.board_log!r}")
-    _check_choice(fail, "calibration.observer", calibration.observer, OBSERVERS)
-    _check_choice(fail, "calibration.order", calibration.order, ORDERS)
-    _check_choice(fail, "calibration.source", calibration.source, CALIB_SOURCES)
-    _check_choice(fail, "quantizer.implementation", quantizer.implementation, QUANTIZER_IMPLS)
-    _check_choice(fail, "codegen.weights_format", codegen.weights_format, WEIGHT_FORMATS)
-    _check_choice(fail, "codegen.memory", codegen.memory, MEMORY_PLANS)
-    if quantizer.weight_dtype not in (None,) + DTYPES:
-        fail(f"quantizer.weight_dtype {quantizer.weight_dtype!r} is not supported; use int8 or int16")
-    if quantizer.weight_dtype == "int16" and dtype == "int8" and not quantizer.mixed:
-        fail("quantizer.weight_dtype = 'int16' sets the weights of int16 layers: it needs dtype = 'int16' "
-             "or int16 layers (quantizer.int16_layers or mixed_precision = \"auto\")")
-    if quantizer.weight_dtype == "int8":  # the default, spelled out: same model, same tasks
-        quantizer = dataclasses.replace(quantizer, weight_dtype=None)
-    if calibration.num_images < 0 or calibration.batch_size < 1:
-        fail("calibration.num_images must be >= 0 (0 = all) and calibration.batch_size >= 1")
-    if weights.reestimate_batchnorm and (weights.pretrained or calibration.source != "images"):
-        fail("weights.reestimate_batchnorm needs 'pretrained = false' and calibration images "
-             "(it replaces a random init's BatchNorm statistics with those of the calibration set)")
-    if weights.batchnorm_batch < 0:
-        fail(f"weights.batchnorm_batch must be >= 0 (0 = all images in one pass), got {weights.batchnorm_batch}")
-    if weights.logit_std is not None:
-        if isinstance(weights.logit_std, bool) or not isinstance(weights.logit_std, (int, float)) \
-                or not weights.logit_std > 0:
-            fail(f"weights.logit_std must be a positive number, got {weights.logit_std!r}")
-        if weights.pretrained or calibration.source != "images":
-            fail("weights.logit_std needs 'pretrained = false' and calibration images "
-                 "(it scales a random init's classifier on the calibration set)")
-        weights = dataclasses.replace(weights, logit_std=float(weights.logit_std))
-    _check_choice(fail, "weights.format", weights.format, WEIGHT_FILE_FORMATS)
-    if weights.format == "ultralytics" and not (isinstance(weights.sha256, str)
-                                                and re.fullmatch(r"[0-9a-f]{64}", weights.sha256)):
-        fail("weights.format = 'ultralytics' needs weights.sha256, the 64 hex digits of the one checkpoint "
-             "trusted to be unpickled")
-    if weights.pretrained and not (weights.file or weights.path):
-        fail("[weights] needs 'file' (torchvision checkpoint name) or 'path', "
-             "or 'pretrained = false' for a randomly initialised model")
-
-    if isinstance(calibration.shards, bool) or calibration.shards < 1:
-        fail(f"calibration.shards must be an integer >= 1 (1 = one process), got {calibration.shards!r}")
-    if calibration.shards > 1 and calibration.observer == "moving_average":
-        fail("calibration.shards > 1 cannot be used with observer 'moving_average': its running average "
-             "depends on the order of all batches; set shards = 1 or use observer 'minmax'")
-    if not (0 < calibration.percentile <= 100):
-        fail(f"calibration.percentile must be in (0, 100] (percent of |x| kept), got {calibration.percentile!r}")
-    if calibration.shards > 1 and calibration.equalize:
-        fail("calibration.shards > 1 cannot be used with equalize = true: the shard workers observe the "
-             "model before equalization; set shards = 1")
-    if isinstance(calibration.adaround_iterations, bool) or calibration.adaround_iterations < 0:
-        fail(f"calibration.adaround_iterations must be an integer >= 0 (0 = round to nearest), "
-             f"got {calibration.adaround_iterations!r}")
-    if calibration.range_search not in (False, True, "readers", "output"):
-        fail(f"calibration.range_search must be false, true (= 'readers') or one of 'readers', 'output', "
-             f"got {calibration.range_search!r}")
-    if calibration.range_search and calibration.observer != "percentile":
-        fail(f"calibration.range_search chooses among percentiles: it needs observer = 'percentile', "
-             f"got {calibration.observer!r}")
-    if not (0.0 <= calibration.equalize_alpha <= 1.0):
-        fail(f"calibration.equalize_alpha must be in [0, 1] (0: weights only, 1: activations only), "
-             f"got {calibration.equalize_alpha!r}")
-
-    evaluation = data.get("evaluation", {})
-    if not isinstance(evaluation, dict) or set(evaluation) - {"set", "folds"}:
-        fail("[evaluation] accepts only 'set' and 'folds'")
-    evaluation_set = evaluation.get("set", calibration.set)
-    if not isinstance(evaluation_set, str):
-        fail(f"evaluation.set must be a folder name under calib_data/, got {evaluation_set!r}")
-    folds = evaluation.get("folds", 2)
-    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
-        fail(f"evaluation.folds must be an integer >= 2 (k of the k-fold held-out estimate), got {folds!r}")
-    preprocess = _preprocess(fail, data.get("preprocess", "imagenet"))
-    if shape[1] != 3 or shape[2] != preprocess.crop or shape[3] != preprocess.crop:
-        fail(f"input_shape {shape} does not match the preprocessing, which gives RGB images of "
-             f"[1, 3, {preprocess.crop}, {preprocess.crop}]: set input_shape or preprocess.crop to agree")
-    target = _target(fail, data.get("target", {}))
-    return ModelSpec(
-        name=name, source=path, builder=builder, input_shape=tuple(shape), dtype=dtype,
-        builder_kwargs=dict(kwargs), weights=weights, preprocess=preprocess,
-        calibration=calibration, quantizer=quantizer, codegen=codegen, evaluation_set=evaluation_set,
-        evaluation_folds=folds, profile=profile, default_run=default_run, task=task, target=target,
-        description=description,
-    )
-
-
-def _target(fail, table) -> TargetSpec:
-    """[target]: ``name`` plus figure overrides. Only the form is checked here; the
-    names against the target files by :func:`pipeline.target.check_target_spec`
-    when the project loads (an unknown name lists the known targets)."""
-    if not isinstance(table, dict):
-        fail("[target] must be a table, e.g. { name = \"am67a\" }")
-    table = dict(table)
-    name = table.pop("name", "am67a")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
-        fail(f"target.name must be a target name such as \"am67a\", got {name!r}")
-    bad = [k for k, v in table.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
-    if bad:
-        fail(f"target.{bad[0]} must be a number (a figure of the target table), got {table[bad[0]]!r}")
-    return TargetSpec(name=name, figures=table)
-
-
-def _quantizer(fail, data: dict, dtype: str) -> QuantizerSpec:
-    """[quantizer] with the mixed-precision keys checked (one line per mistake)."""
-    table = dict(data.get("quantizer", {})) if isinstance(data.get("quantizer", {}), dict) else None
-    if table is None:
-        fail("[quantizer] must be a table")
-    patterns = table.pop("int16_layers", [])
-    if (not isinstance(patterns, list) or not all(isinstance(p, str) and p.strip() for p in patterns)):
-        fail(f"quantizer.int16_layers must be a list of module-path patterns such as "
-             f"[\"features.1.*\"], got {patterns!r}")
-    q = _section(fail, {"quantizer": table}, "quantizer", QuantizerSpec)
-    q = dataclasses.replace(q, int16_layers=tuple(patterns))
-    _check_choice(fail, "quantizer.mixed_precision", q.mixed_precision, MIXED_PRECISION)
-    if not (0 < q.int16_macs <= 1):
-        fail(f"quantizer.int16_macs must be in (0, 1] (the share of MACs allowed in int16), got {q.int16_macs!r}")
-    if "int16_macs" in table and q.mixed_precision != "auto":
-        fail("quantizer.int16_macs is the budget of mixed_precision = \"auto\"; set that too, or drop it")
-    if q.int16_cycles is not None:
-        if isinstance(q.int16_cycles, bool) or not isinstance(q.int16_cycles, (int, float)) \
-                or not (0 < q.int16_cycles <= 1):
-            fail(f"quantizer.int16_cycles must be in (0, 1] (the share of estimated cycles allowed in int16), "
-                 f"got {q.int16_cycles!r}")
-        if q.mixed_precision != "auto":
-            fail("quantizer.int16_cycles is a budget of mixed_precision = \"auto\"; set that too, or drop it")
-        if "int16_macs" in table:
-            fail("set one budget: quantizer.int16_macs (share of MACs) or quantizer.int16_cycles "
-                 "(share of estimated cycles), not both")
-    if q.mixed and dtype != "int8":
-        fail(f"mixed precision (int16_layers / mixed_precision) needs dtype = \"int8\"; "
-             f"dtype = {dtype!r} already makes every layer {dtype}")
-    return q
-
-
-def _section(fail, data: dict, key: str, cls):
-    table = data.get(key, {})
-    if not isinstance(table, dict):
-        fail(f"[{key}] must be a table")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(table) - set(fields)
-    if unknown:
-        fail(f"unknown key(s) {sorted(unknown)} in [{key}]; allowed: {sorted(fields)}")
-    for k, v in table.items():
-        default = fields[k].default
-        if isinstance(default, float) and isinstance(v, int) and not isinstance(v, bool):
-            table = {**table, k: float(v)}  # `percentile = 99` means 99.0
-            continue
-        types = fields[k].metadata.get("types", (type(default),))
-        if default is not None and not isinstance(v, types):
-            fail(f"{key}.{k} must be {' or '.join(t.__name__ for t in types)}, got {v!r}")
-    return cls(**table)
-
-
-def _check_choice(fail, key: str, value, allowed):
-    if value not in allowed:
-        fail(f"{key} {value!r} is not supported; use one of {', '.join(allowed)}")
-
-
-def _preprocess(fail, value) -> PreprocessSpec:
-    if isinstance(value, str) and value in PREPROCESS_PRESETS:
-        value = PREPROCESS_PRESETS[value]
-    if not isinstance(value, dict):
-        fail(f"preprocess must be one of {', '.join(map(repr, PREPROCESS_PRESETS))} or a table "
-             f"{{resize, crop, mean, std}}, got {value!r}")
-    unknown = set(value) - {"resize", "crop", "mean", "std"}
-    if unknown:
-        fail(f"unknown key(s) {sorted(unknown)} in preprocess")
-    merged = {**IMAGENET_PREPROCESS, **value}
-    if not _pixels(merged["crop"]):
-        fail(f"preprocess.crop must be a positive number of pixels, got {merged['crop']!r}")
-    resize = merged["resize"]
-    if isinstance(resize, list) and len(resize) == 2 and all(_pixels(v) for v in resize):
-        resize = (resize[0], resize[1])
-        if merged["crop"] > min(resize):
-            fail(f"preprocess.crop ({merged['crop']}) cannot exceed the resized size {list(resize)}")
-    elif not _pixels(resize):
-        fail(f"preprocess.resize must be a positive number of pixels (shorter side) or [H, W], got {resize!r}")
-    elif merged["crop"] > resize:
-        fail(f"preprocess.crop ({merged['crop']}) cannot exceed preprocess.resize ({resize})")
-    for key in ("mean", "std"):
-        v = merged[key]
-        if not (isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) for x in v)):
-            fail(f"preprocess.{key} needs 3 numbers (R, G, B), got {v!r}")
-    if any(x <= 0 for x in merged["std"]):
-        fail(f"preprocess.std must be positive, got {merged['std']}")
-    return PreprocessSpec(resize=resize, crop=int(merged["crop"]),
-                          mean=tuple(float(v) for v in merged["mean"]),
-                          std=tuple(float(v) for v in merged["std"]))
-
-
-def _pixels(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def list_images(folder: str | Path, strict: bool = False) -> list[Path]:

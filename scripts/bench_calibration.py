@@ -72,7 +72,7 @@ def bench_sharded_calibration(n_images: int = 200, shards: int = 2, observer: st
     shards (local processes); print and return {"seconds_1", "seconds_sharded", "speedup",
     "identical", "max_rel_scale_diff"}. ``observer``: default the entry's (percentile)."""
     import torch
-    from pipeline.config import load_models
+    from pipeline.entries import load_models
     from pipeline.stages.calibrate import calibrate_model
     from pipeline.stages.export import export_model
     from pipeline.stages.prepare import prepare_model

@@ -48,7 +48,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pipeline import torchenv  # noqa: E402,F401
-from pipeline.config import ModelSpec, list_images, load_models  # noqa: E402
+from pipeline.config import ModelSpec, list_images  # noqa: E402
+from pipeline.entries import load_models  # noqa: E402
 from pipeline.data.images import label_of, load_images  # noqa: E402
 from pipeline.stages.calibrate import calibrate_model  # noqa: E402
 from pipeline.quant.program import load_converted  # noqa: E402

@@ -26,7 +26,8 @@ from tvm.ir import GenericConst
 
 from ..fsutil import write_json
 from .call_graph import call_records
-from .emit_c import Quant, check_preprocess, emit
+from .c_header import Quant, check_preprocess
+from .emit_c import emit
 from .levels import default_budget, memory_map
 from .lower import lower_module
 from .passes.fold_constants import fold_constant_subgraphs

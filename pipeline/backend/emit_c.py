@@ -21,7 +21,7 @@ Files written by :func:`emit` (``<m>`` is the C name of the model):
   ``<M>_ERR_WORKSPACE``), one static ``DLTensor`` per tensor, and one packed
   call per kernel in ``main``'s order. Compiled with ``-D<M>_PROFILE_LAYERS``
   it also times every call and defines ``<m>_print_layer_profile()``, which
-  prints TI's ``-profile-layers`` block (:func:`_profile_support`); without the
+  prints TI's ``-profile-layers`` block (:func:`.c_support.profile_support`); without the
   define the profiling text preprocesses to nothing.
 - ``tvm_kernels.c``: TVM's C codegen of every PrimFunc, post-processed
   (:mod:`.kernel_source`).
@@ -47,15 +47,15 @@ same input, byte-identical files.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tvm
 
 from ..config import MEMORY_PLANS
-from ..errors import UnsupportedOpError
 from . import tiling, weights_bin
+from .c_header import SECTIONS, arena_name, check_preprocess, dl_dtype, header, shape_init
+from .c_support import ALIGN_MACRO, call_support, profile_support, runtime_support, traffic_support
 from .interp import lowered_script
 from .kernel_source import KERNELS_HEADER, kernel_source
 from .levels import ALIGN, Budget, place
@@ -63,14 +63,11 @@ from .lower import is_offload
 from .memory_plan import LEVELS, Plan, Tensor, call_counts, plan_main
 from .tile_names import fused_name, tiled_name
 
-#: the named section of each memory level (c7x_memory.cmd maps them)
-SECTIONS = {"l2": ".l2sram", "msmc": ".msmc", "ddr": ".ddr"}
 
 SHIM_HEADER = Path(__file__).parent / "kernels" / "c7x_tvm_shim.h"
 MEMORY_HEADER = Path(__file__).parent / "kernels" / "c7x_memory.h"
 DATA_FILES = ("kernels/c7x_tvm_shim.h", "kernels/c7x_memory.h")  # copied into c/<build>/ (code_deps.py)
 
-_DL_CODE = {"int": "kDLInt", "uint": "kDLUInt", "float": "kDLFloat"}
 
 
 # ---------------------------------------------------------------------------
@@ -86,415 +83,8 @@ def c_name(model_name: str) -> str:
 
 
 # ---------------------------------------------------------------------------
-# model.h / model.c
+# model.c (model.h: c_header.py; the runtime support text: c_support.py)
 # ---------------------------------------------------------------------------
-
-def hex_literal(value: float, bits: int = 32) -> str:
-    """Exact C99 hexadecimal floating constant of a float32 (``f`` suffix) or
-    float64 value, e.g. 0.5 -> ``0x1p-1f``."""
-    v = float(np.float32(value)) if bits == 32 else float(value)
-    text = v.hex()  # [-]0x1.<13 hex digits>p<exp>
-    if "." in text:
-        mant, exp = text.split("p")
-        text = mant.rstrip("0").rstrip(".") + "p" + exp
-    return text + ("f" if bits == 32 else "")
-
-
-def _dl_dtype(dtype: str) -> str:
-    kind = re.match(r"[a-z]+", dtype).group(0)
-    if kind not in _DL_CODE:
-        raise UnsupportedOpError(f"tensor of dtype {dtype} in the lowered main")
-    return f"{{{_DL_CODE[kind]}, {int(dtype[len(kind):])}, 1}}"
-
-
-def _shape_init(shape) -> str:
-    return "{" + ", ".join(str(d) for d in shape) + "}" if shape else "{0}"
-
-
-@dataclass
-class Quant:
-    """Quantization of the model input (its first quantize) or output (its
-    last dequantize): ``dtype`` of the integers, ``scale``, ``zero_point``."""
-
-    dtype: str
-    scale: float
-    zero_point: int
-
-
-def c_float(value: float) -> str:
-    """Shortest decimal C literal of a float32 (``0.485f``) that reads back
-    as exactly ``float32(value)``."""
-    return np.format_float_positional(np.float32(value), unique=True, trim="0") + "f"
-
-
-PREPROCESS_KEYS = ("resize", "crop", "mean", "std")
-
-
-def check_preprocess(pre: dict) -> dict:
-    """Validate ``{"resize": int, "crop": int, "mean": [3 numbers], "std": [3
-    numbers]}`` (the model's preprocessing, ``PreprocessSpec`` fields); returns
-    it normalized (ints, float tuples). Raises ValueError naming the bad key."""
-    if set(pre) != set(PREPROCESS_KEYS):
-        raise ValueError(f"preprocess needs exactly the keys {list(PREPROCESS_KEYS)}, got {sorted(pre)}")
-    out = {}
-    for key in ("resize", "crop"):
-        v = pre[key]
-        if key == "resize" and isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_pixels, v)):
-            out[key] = (int(v[0]), int(v[1]))  # exact [H, W] (the "yolo" preset)
-            continue
-        if not _pixels(v):
-            raise ValueError(f"preprocess[{key!r}] must be a positive int"
-                             + (" or [H, W]" if key == "resize" else "") + f", got {v!r}")
-        out[key] = int(v)
-    for key in ("mean", "std"):
-        v = list(pre[key])
-        if len(v) != 3 or not all(isinstance(x, (int, float, np.floating, np.integer)) for x in v):
-            raise ValueError(f"preprocess[{key!r}] must be 3 numbers (R, G, B), got {pre[key]!r}")
-        out[key] = tuple(float(x) for x in v)
-    return out
-
-
-def _pixels(v) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v > 0
-
-
-def _preprocess_lines(M: str, pre: dict | None) -> list[str]:
-    if pre is None:
-        return []
-    pre = check_preprocess(pre)
-    exact = isinstance(pre["resize"], tuple)
-    resize = (f"#define {M}_PREPROCESS_RESIZE_HW {{{pre['resize'][0]}, {pre['resize'][1]}}} "
-              f"/* resized to exactly H, W pixels (aspect not kept) */" if exact else
-              f"#define {M}_PREPROCESS_RESIZE {pre['resize']} /* shorter side, pixels */")
-    how = "resized to H x W" if exact else "shorter side resized"
-    return [f"/* input preprocessing (as calibrated): RGB in [0,1], {how} with bilinear "
-            "antialiasing (torchvision), center crop, normalize, NCHW float32 */",
-            "/* normalize: (x - MEAN[c]) / STD[c] per channel c = R, G, B */",
-            resize,
-            f"#define {M}_PREPROCESS_CROP {pre['crop']} /* center crop, pixels */",
-            f"#define {M}_PREPROCESS_MEAN {{{', '.join(c_float(v) for v in pre['mean'])}}} /* R, G, B */",
-            f"#define {M}_PREPROCESS_STD {{{', '.join(c_float(v) for v in pre['std'])}}} /* R, G, B */", ""]
-
-
-def header(m: str, plan: Plan, sizes: dict, crc: int, quant: dict[str, Quant | None],
-           c_array: bool, preprocess: dict | None = None) -> str:
-    """Text of model.h (see the module docstring). ``preprocess``: see
-    :func:`check_preprocess`; None leaves the PREPROCESS macros out."""
-    M = m.upper()
-    lines = [f"/* model.h: static C entry of model {m}; generated by doit-c7x, do not edit. */",
-             f"#ifndef {M}_MODEL_H", f"#define {M}_MODEL_H", "", "#include <stddef.h>", "#include <stdint.h>", ""]
-    lines += _preprocess_lines(M, preprocess)
-    roles = (("INPUT", plan.input),) + ((("OUTPUT", plan.output),) if len(plan.outputs) < 2 else ())
-    for role, t in roles:
-        n = int(np.prod(t.shape))
-        lines += [f"/* {role.lower()}: float32, NCHW for images */",
-                  f"#define {M}_{role}_NDIM {len(t.shape)}",
-                  f"#define {M}_{role}_SHAPE {_shape_init(t.shape)}",
-                  f"#define {M}_{role}_SIZE {n} /* float32 elements */"]
-        q = quant.get(role.lower())
-        if q is not None:
-            lines += [f"/* quantized as {q.dtype}: q = clamp(round(x * (1 / scale)) + zero_point), as torch */",
-                      f"#define {M}_{role}_QDTYPE \"{q.dtype}\"",
-                      f"#define {M}_{role}_SCALE {hex_literal(q.scale)} /* {np.float32(q.scale)} */",
-                      f"#define {M}_{role}_ZERO_POINT {q.zero_point}"]
-        lines.append("")
-    if len(plan.outputs) > 1:
-        lines += _outputs_lines(M, plan)
-    lines += ["/* memory, bytes */",
-              f"#define {M}_ARENA_BYTES {sizes['arena']}u /* static activation arena"
-              + (", all levels */" if plan.levels is not None else " */")]
-    if plan.levels is not None:
-        lv = plan.levels
-        lines += [f"#define {M}_ARENA_{lvl.upper()}_BYTES {lv.arena[lvl]}u /* activations in {SECTIONS[lvl]} */"
-                  for lvl in LEVELS if lv.arena[lvl]]
-        if lv.slot_bytes:
-            lines.append(f"#define {M}_WEIGHT_SLOT_BYTES {lv.slot_bytes}u /* one of two L2 weight slots */")
-    lines += [
-              f"#define {M}_WORKSPACE_BYTES {sizes['workspace']}u /* static kernel scratch (LIFO) */",
-              f"#define {M}_WEIGHTS_BYTES {sizes['weights']}u /* weights.bin, 64-byte aligned */",
-              f"#define {M}_WEIGHTS_COUNT {len(plan.weights)}u",
-              f"#define {M}_WEIGHTS_CRC32 0x{crc:08x}u", "",
-              "/* return codes of the functions below */",
-              f"#define {M}_OK 0",
-              f"#define {M}_ERR_NULL (-1)      /* a NULL pointer argument */",
-              f"#define {M}_ERR_WEIGHTS (-2)   /* weights blob: bad magic/version/count/size/CRC or another build's */",
-              f"#define {M}_ERR_ALIGN (-3)     /* weights not 64-byte aligned */",
-              f"#define {M}_ERR_WORKSPACE (-4) /* a kernel asked for more scratch than the static workspace */",
-              f"#define {M}_ERR_KERNEL_BASE (-1000) /* -1000 - k: kernel call k (0-based, model.c order) failed */",
-              "",
-              "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
-              "/* One inference. weights: the weights.bin blob (64-byte aligned); input:",
-              f" * {M}_INPUT_SIZE floats; output: {M}_OUTPUT_SIZE floats. Not reentrant (static arena). */",
-              f"int {m}_run(const uint8_t* weights, const float* input, float* output);", "",
-              "/* Full check of a weights blob of nbytes bytes (header, size, CRC-32): 0 or an error. */",
-              f"int {m}_check_weights(const uint8_t* weights, size_t nbytes);", ""]
-    if c_array:
-        lines += ["/* weights.bin as a C array (weights_data.c) */",
-                  f"extern const uint8_t {m}_weights[{M}_WEIGHTS_BYTES];", ""]
-    lines += ["#ifdef __cplusplus", "}", "#endif", f"#endif /* {M}_MODEL_H */", ""]
-    return "\n".join(lines)
-
-
-def _outputs_lines(M: str, plan: Plan) -> list[str]:
-    """model.h macros of a model with several outputs: all packed back to back
-    in ``output`` in the model's return order (``<M>_OUTPUT<i>_OFFSET``)."""
-    total = sum(plan.output_size(i) for i in range(len(plan.outputs)))
-    lines = [f"/* {len(plan.outputs)} outputs, float32, packed back to back in output[] in the model's "
-             f"return order: output i is output[{M}_OUTPUT<i>_OFFSET ...] */",
-             f"#define {M}_OUTPUT_COUNT {len(plan.outputs)}",
-             f"#define {M}_OUTPUT_SIZE {total} /* float32 elements, all outputs */"]
-    for i, (t, off) in enumerate(zip(plan.outputs, plan.output_offsets)):
-        lines += [f"#define {M}_OUTPUT{i}_NDIM {len(t.shape)}",
-                  f"#define {M}_OUTPUT{i}_SHAPE {_shape_init(t.shape)}",
-                  f"#define {M}_OUTPUT{i}_SIZE {plan.output_size(i)} /* float32 elements */",
-                  f"#define {M}_OUTPUT{i}_OFFSET {off} /* float32 elements into output */"]
-    return lines + [""]
-
-
-_ALIGN_MACRO = """/* 64-byte alignment (MMALIB / DMA). GCC and TI's cl7x take the GCC attribute. */
-#if defined(__GNUC__) || defined(__TI_COMPILER_VERSION__)
-#define C7X_ALIGNED(n) __attribute__((aligned(n)))
-#else
-#define C7X_ALIGNED(n)
-#endif
-"""
-
-
-def _runtime_support(m: str, M: str, ws_section: str = "") -> str:
-    """Workspace allocator and weights checks (C text). ``ws_section``: the
-    workspace's ``C7X_SECTION(...)`` attribute text (staged plan), or ""."""
-    return f"""
-/* ---- static LIFO workspace: TVMBackendAllocWorkspace without malloc ---- */
-#ifndef {M}_WORKSPACE_LIMIT /* tests may shrink it to provoke {M}_ERR_WORKSPACE */
-#define {M}_WORKSPACE_LIMIT {M}_WORKSPACE_BYTES
-#endif
-static uint8_t {m}_workspace[{M}_WORKSPACE_LIMIT] C7X_ALIGNED(64){ws_section};
-static size_t {m}_ws_top;
-static int {m}_ws_overflow;
-
-void* {m}_TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes,
-                               int dtype_code_hint, int dtype_bits_hint) {{
-  uint64_t need = (nbytes + 63u) & ~(uint64_t)63u;
-  void* p;
-  (void)device_type; (void)device_id; (void)dtype_code_hint; (void)dtype_bits_hint;
-  if (nbytes > (uint64_t){M}_WORKSPACE_LIMIT || need > (uint64_t)({M}_WORKSPACE_LIMIT - {m}_ws_top)) {{
-    {m}_ws_overflow = 1;
-    return NULL;
-  }}
-  p = {m}_workspace + {m}_ws_top;
-  {m}_ws_top += (size_t)need;
-  return p;
-}}
-
-int {m}_TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) {{
-  size_t off;
-  (void)device_type; (void)device_id;
-  if (ptr == NULL) return -1;
-  off = (size_t)((uint8_t*)ptr - {m}_workspace);
-  if (off >= {m}_ws_top) return -1; /* not ours, or freed out of LIFO order */
-  {m}_ws_top = off;
-  return 0;
-}}
-
-/* ---- weights blob checks (format: pipeline/backend/weights_bin.py) ---- */
-static uint32_t {m}_rd32(const uint8_t* p) {{
-  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}}
-
-static int {m}_header_ok(const uint8_t* w) {{
-  static const uint8_t magic[8] = {{'C', '7', 'X', 'W', 'G', 'T', 0, 1}};
-  return memcmp(w, magic, 8) == 0 && {m}_rd32(w + 8) == {weights_bin.VERSION}u &&
-         {m}_rd32(w + 12) == {M}_WEIGHTS_COUNT && {m}_rd32(w + 16) == {M}_WEIGHTS_BYTES &&
-         {m}_rd32(w + 20) == 0u && {m}_rd32(w + 24) == {M}_WEIGHTS_CRC32;
-}}
-
-/* CRC-32 (zlib: reflected 0xEDB88320, init and final xor 0xFFFFFFFF), bitwise. */
-static uint32_t {m}_crc32(const uint8_t* p, size_t n) {{
-  uint32_t c = 0xFFFFFFFFu;
-  size_t i;
-  int k;
-  for (i = 0; i < n; ++i) {{
-    c ^= p[i];
-    for (k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-  }}
-  return c ^ 0xFFFFFFFFu;
-}}
-
-int {m}_check_weights(const uint8_t* weights, size_t nbytes) {{
-  if (weights == NULL) return {M}_ERR_NULL;
-  if (nbytes != (size_t){M}_WEIGHTS_BYTES || !{m}_header_ok(weights)) return {M}_ERR_WEIGHTS;
-  if ({m}_crc32(weights + {weights_bin.HEADER_SIZE}, nbytes - {weights_bin.HEADER_SIZE}) != {M}_WEIGHTS_CRC32) return {M}_ERR_WEIGHTS;
-  return {M}_OK;
-}}
-"""
-
-
-def _call_support(m: str, M: str, max_args: int) -> str:
-    """Kernel call helper and failure code (C text; only when main calls kernels)."""
-    return f"""
-/* ---- kernel calls: TVM packed-function convention, DLTensor pointers ---- */
-static int32_t {m}_call(C7xTvmPackedFunc f, DLTensor* const* t, int32_t n) {{
-  TVMFFIAny args[{max_args}];
-  TVMFFIAny ret;
-  int32_t i;
-  for (i = 0; i < n; ++i) {{
-    args[i].type_index = kTVMFFIDLTensorPtr;
-    args[i].zero_padding = 0;
-    args[i].v_ptr = t[i];
-  }}
-  ret.type_index = 0;
-  ret.zero_padding = 0;
-  ret.v_ptr = NULL;
-  return f(NULL, args, n, &ret);
-}}
-
-static int {m}_fail(int k) {{
-  return {m}_ws_overflow ? {M}_ERR_WORKSPACE : {M}_ERR_KERNEL_BASE - k;
-}}
-"""
-
-
-def _profile_support(m: str, M: str, symbols: list[str]) -> str:
-    """Per-layer profile, TI's ``-profile-layers`` (C text, all inside
-    ``#ifdef <M>_PROFILE_LAYERS``; ``symbols``: the C symbol of each call).
-
-    One timer macro, ``<M>_PROFILE_NOW()`` (uint64_t): the C7x's 64-bit
-    time-stamp counter ``__TSC`` (``c7x.h``, +1 per CPU cycle) under TI's
-    C7000 compiler (``__C7000__``), else ``clock_gettime(CLOCK_MONOTONIC)`` in
-    nanoseconds. Per run, as TI's runtime: ``<m>_run`` restarts the count, so
-    ``<m>_print_layer_profile()`` prints the block of the last run; the block
-    keeps TI's words ("cycles") on the host too, so one parser
-    (:mod:`.profile_block`) reads both."""
-    n = len(symbols)
-    names = ",\n".join(f'  "{s}"' for s in symbols)
-    table = (f"""#define {M}_PROFILE_CALLS {n}
-static const char* const {m}_profile_names[{M}_PROFILE_CALLS] = {{
-{names}}};
-static uint64_t {m}_profile_ticks[{M}_PROFILE_CALLS];
-static uint64_t {m}_profile_start;
-""" if n else "")
-    loop = (f"""  for (i = 0; i < {m}_profile_count; ++i) {{
-    printf("[%3d] %-40s %" PRIu64 " cycles\\n", i, {m}_profile_names[i], {m}_profile_ticks[i]);
-    total += {m}_profile_ticks[i];
-  }}
-""" if n else "")
-    decl = "  int i;\n" if n else ""
-    return f"""#ifdef {M}_PROFILE_LAYERS
-/* ---- per-layer profile: TI's -profile-layers, switched on with -D{M}_PROFILE_LAYERS ----
- * {m}_run times each of its {n} kernel calls and restarts the count on every run (one
- * block per inference, as TI's runtime); {m}_print_layer_profile() prints the last run's
- * block to stdout in the format of TI's TVMPrintLayerProfile (declare it yourself:
- * void {m}_print_layer_profile(void);). The timer is {M}_PROFILE_NOW(): the C7x's 64-bit
- * time-stamp counter __TSC (c7x.h, +1 per CPU cycle) under TI's C7000 compiler, else
- * clock_gettime(CLOCK_MONOTONIC) in nanoseconds. The block says "cycles" either way (one
- * parser reads both): on a host the numbers are NANOSECONDS of the host build, not DSP
- * cycles. Define {M}_PROFILE_NOW() yourself for another uint64_t counter. */
-#include <inttypes.h>
-#include <stdio.h>
-#ifndef {M}_PROFILE_NOW
-#if defined(__C7000__)
-#include <c7x.h>
-#define {M}_PROFILE_NOW() ((uint64_t)__TSC)
-#else
-#include <time.h>
-static uint64_t {m}_profile_clock(void) {{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}}
-#define {M}_PROFILE_NOW() {m}_profile_clock()
-#endif
-#endif
-{table}static int {m}_profile_count;
-#define {M}_PROFILE_RESET() ({m}_profile_count = 0)
-#define {M}_PROFILE_START() ({m}_profile_start = {M}_PROFILE_NOW())
-#define {M}_PROFILE_STOP(k) \\
-  do {{ {m}_profile_ticks[k] = {M}_PROFILE_NOW() - {m}_profile_start; {m}_profile_count = (k) + 1; }} while (0)
-
-void {m}_print_layer_profile(void);
-void {m}_print_layer_profile(void) {{
-  uint64_t total = 0;
-{decl}  printf("\\n===== TVM Layer Profile =====\\n");
-{loop}  printf("-----------------------------\\n");
-  printf("Total: %" PRIu64 " cycles (%d layers)\\n", total, {m}_profile_count);
-  printf("=============================\\n");
-}}
-#else
-/* Profiling off (no -D{M}_PROFILE_LAYERS): the {M}_PROFILE_* hooks in {m}_run expand to
- * nothing, so the object code is that of model.c without any profiling text. */
-#define {M}_PROFILE_RESET()
-#define {M}_PROFILE_START()
-#define {M}_PROFILE_STOP(k)
-#endif"""
-
-
-def _traffic_support(m: str, M: str, plan: Plan) -> str:
-    """Instrumented traffic count (C text, inside ``#ifdef <M>_COUNT_TRAFFIC``): the bytes
-    every kernel call's tensors occupy, by the level their address is in, and the bytes
-    copied DDR -> L2 by DMA. What the plan says (manifest ``memory``) must equal it."""
-    on_chip = {"l2": [], "msmc": []}
-    if plan.levels is not None:
-        for lvl in on_chip:
-            if plan.levels.arena[lvl]:
-                on_chip[lvl].append(_arena_name(m, lvl))
-        if plan.levels.slot_bytes:
-            on_chip["l2"].append(f"{m}_wslot")
-    tests = [(i, " || ".join(f"{m}_in(p, {a}, sizeof {a})" for a in arrays))
-             for i, arrays in ((0, on_chip["l2"]), (1, on_chip["msmc"])) if arrays]
-    body = "".join(f"  if ({cond}) return {i};\n" for i, cond in tests)
-    helper = (f"""static int {m}_in(const void* p, const void* lo, size_t n) {{
-  uintptr_t a = (uintptr_t)p, b = (uintptr_t)lo;
-  return a >= b && a - b < n;
-}}
-""" if tests else "")
-    unused = "" if tests else "  (void)p;\n"
-    count = (f"""{helper}static int {m}_level(const void* p) {{
-{unused}{body}  return 2;
-}}
-static uint64_t {m}_bytes(const DLTensor* t) {{
-  uint64_t bytes = ((uint64_t)t->dtype.bits * t->dtype.lanes + 7u) / 8u;
-  int d;
-  for (d = 0; d < t->ndim; ++d) bytes *= (uint64_t)t->shape[d];
-  return bytes;
-}}
-static void {m}_count(DLTensor* const* t, int n) {{
-  int i;
-  for (i = 0; i < n; ++i) {m}_traffic[{m}_level(t[i]->data)] += {m}_bytes(t[i]);
-}}
-""" if plan.calls else "")
-    if plan.levels is not None and plan.levels.tiled:
-        count += f"""/* a tiled call (t[0]: the L2 slots, t[s]: the tensor it streams from DDR, its weights or
- * its input): the kernel reads t[s] from the slots, where the DMA (counted by c7x_dma_copy)
- * put it tile by tile */
-static void {m}_count_tiled(DLTensor* const* t, int n, int s) {{
-  int i;
-  for (i = 1; i < n; ++i) {m}_traffic[{m}_level(i == s ? t[0]->data : t[i]->data)] += {m}_bytes(t[i]);
-}}
-"""
-    return f"""#ifdef {M}_COUNT_TRAFFIC
-/* ---- traffic count, switched on with -D{M}_COUNT_TRAFFIC ----
- * Bytes per inference: [0] L2, [1] MSMC, [2] DDR, read or written by the kernel calls (each
- * tensor argument counted whole, at the level its address is in), and [3] copied DDR -> L2
- * by DMA (c7x_dma_copy counts into c7x_dma_bytes). {m}_print_traffic() prints the last
- * run's counts as one line to stdout. */
-#include <inttypes.h>
-#include <stdio.h>
-static uint64_t {m}_traffic[4];
-uint64_t c7x_dma_bytes;
-{count}void {m}_print_traffic(void);
-void {m}_print_traffic(void) {{
-  printf("c7x-traffic l2=%" PRIu64 " msmc=%" PRIu64 " ddr=%" PRIu64 " dma=%" PRIu64 "\\n",
-         {m}_traffic[0], {m}_traffic[1], {m}_traffic[2], c7x_dma_bytes);
-}}
-#define {M}_TRAFFIC_RESET() (memset({m}_traffic, 0, sizeof {m}_traffic), c7x_dma_bytes = 0)
-#define {M}_TRAFFIC_COUNT(a, n) {m}_count(a, n)
-#define {M}_TRAFFIC_COUNT_TILED(a, n, s) {m}_count_tiled(a, n, s)
-#else
-#define {M}_TRAFFIC_RESET()
-#define {M}_TRAFFIC_COUNT(a, n)
-#define {M}_TRAFFIC_COUNT_TILED(a, n, s)
-#endif
-#define {M}_DMA(dst, src, n) c7x_dma_copy(dst, src, n)"""
 
 
 def _arena_decls(m: str, M: str, plan: Plan, tensors: list[Tensor]) -> list[str]:
@@ -510,7 +100,7 @@ def _arena_decls(m: str, M: str, plan: Plan, tensors: list[Tensor]) -> list[str]
                "(pipeline/backend/levels.py) */"]
     for lvl in LEVELS:
         if lv.arena[lvl]:
-            out.append(f"static uint8_t {_arena_name(m, lvl)}[{M}_ARENA_{lvl.upper()}_BYTES] "
+            out.append(f"static uint8_t {arena_name(m, lvl)}[{M}_ARENA_{lvl.upper()}_BYTES] "
                        f"C7X_ALIGNED({ALIGN}) C7X_SECTION(\"{SECTIONS[lvl]}\");")
     if lv.slot_bytes:
         out += ["/* weights: two L2 slots, filled from weights.bin by DMA one call ahead (double-buffered) */",
@@ -523,15 +113,10 @@ def _tensor_decls(m: str, tensors: list[Tensor]) -> list[str]:
     """One static shape array and DLTensor per tensor (data set by <m>_run)."""
     out = ["/* ---- tensors ---- */"]
     for t in tensors:
-        out.append(f"static int64_t {m}_{t.name}_shape[{max(len(t.shape), 1)}] = {_shape_init(t.shape)};")
+        out.append(f"static int64_t {m}_{t.name}_shape[{max(len(t.shape), 1)}] = {shape_init(t.shape)};")
         out.append(f"static DLTensor {m}_{t.name} = {{NULL, {{kDLCPU, 0}}, {len(t.shape)}, "
-                   f"{_dl_dtype(t.dtype)}, {m}_{t.name}_shape, NULL, 0}};")
+                   f"{dl_dtype(t.dtype)}, {m}_{t.name}_shape, NULL, 0}};")
     return out
-
-
-def _arena_name(m: str, level: str | None) -> str:
-    """C name of the activation arena of ``level`` (None: the flat plan's one arena)."""
-    return f"{m}_arena" + (f"_{level}" if level else "")
 
 
 def _dma_lines(m: str, M: str, plan: Plan, k: int, entries: list, indent: str = "  ") -> list[str]:
@@ -555,7 +140,7 @@ def _run_function(m: str, plan: Plan, tensors: list[Tensor], entries: list, pref
     staged = plan.levels is not None
     offsets = {"input": lambda t: "(void*)input",
                "output": lambda t: f"(void*)(output + {t.offset})" if t.offset else "(void*)output",
-               "arena": lambda t: f"(void*)({_arena_name(m, t.level if staged else None)} + {t.offset})",
+               "arena": lambda t: f"(void*)({arena_name(m, t.level if staged else None)} + {t.offset})",
                "weight": lambda t: (f"(void*)({m}_wslot[{t.staged[0]}] + {t.staged[1]})" if t.staged else
                                     f"(void*)(weights + {entries[t.offset].offset})"),
                "slot": lambda t: f"(void*){m}_wslot",
@@ -642,7 +227,7 @@ def model_source(m: str, plan: Plan, entries: list, prefix: str) -> str:
            "#endif",
            f"#define TVMBackendAllocWorkspace {m}_TVMBackendAllocWorkspace",
            f"#define TVMBackendFreeWorkspace {m}_TVMBackendFreeWorkspace",
-           '#include "c7x_tvm_shim.h"', '#include "c7x_memory.h"', "", _ALIGN_MACRO,
+           '#include "c7x_tvm_shim.h"', '#include "c7x_memory.h"', "", ALIGN_MACRO,
            "/* kernels (tvm_kernels.c) */"]
     out += [f"int32_t __tvm_ffi_{prefix}{k}(void* self, void* args, int32_t num_args, void* result);"
             for k in kernels]
@@ -652,11 +237,11 @@ def model_source(m: str, plan: Plan, entries: list, prefix: str) -> str:
     tensors = [t for t in plan.tensors if id(t) in used]
     out += _arena_decls(m, M, plan, tensors)
     ws_level = plan.levels.workspace_level if plan.levels is not None else None
-    out.append(_runtime_support(m, M, f' C7X_SECTION("{SECTIONS[ws_level]}")' if ws_level else ""))
+    out.append(runtime_support(m, M, f' C7X_SECTION("{SECTIONS[ws_level]}")' if ws_level else ""))
     if plan.calls:
-        out.append(_call_support(m, M, max_args))
-    out.append(_traffic_support(m, M, plan))
-    out.append(_profile_support(m, M, [f"__tvm_ffi_{prefix}{name}" for name, _ in plan.calls]))
+        out.append(call_support(m, M, max_args))
+    out.append(traffic_support(m, M, plan))
+    out.append(profile_support(m, M, [f"__tvm_ffi_{prefix}{name}" for name, _ in plan.calls]))
     out += _tensor_decls(m, tensors)
     out += _run_function(m, plan, tensors, entries, prefix)
     return "\n".join(out)
@@ -667,7 +252,7 @@ def weights_array_source(m: str, blob: bytes) -> str:
     M = m.upper()
     rows = [", ".join(f"0x{b:02x}" for b in blob[i:i + 16]) for i in range(0, len(blob), 16)]
     return "\n".join([f"/* weights_data.c: weights.bin of model {m} as a C array; generated, do not edit. */",
-                      "#include <stdint.h>", '#include "model.h"', "", _ALIGN_MACRO,
+                      "#include <stdint.h>", '#include "model.h"', "", ALIGN_MACRO,
                       f"const uint8_t {m}_weights[{M}_WEIGHTS_BYTES] C7X_ALIGNED(64) = {{",
                       ",\n".join(rows), "};", ""])
 

@@ -42,7 +42,8 @@ from ..config import ModelSpec, list_images
 from ..data.images import label_of, load_images, select_images
 from ..errors import CalibrationDataError
 from ..fsutil import write_json
-from .registry import BY_NAME, StageContext
+from .context import StageContext
+from .registry import BY_NAME
 
 
 def folds_of(images: list[Path], k: int) -> list[list[Path]]:

@@ -22,12 +22,14 @@ from pathlib import Path
 from doit.tools import config_changed
 
 from .. import runcache, stamps
-from ..config import InvalidModel, ModelSpec, load_models
+from ..config import ModelSpec
+from ..entries import InvalidModel, load_models
 from ..errors import ConfigError, WeightsNotFoundError
 from ..fsutil import sweep_leftovers
 from ..layout import Layout, variants
 from ..target import check_target_spec
-from ..stages.registry import PKG, STAGES, Stage, StageContext
+from ..stages.context import StageContext
+from ..stages.registry import PKG, STAGES, Stage
 from ..weights import missing_weights_message, resolve_weights
 from . import lock
 from .actions import fail_config, run_cache_command, run_stage, run_summary

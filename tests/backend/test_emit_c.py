@@ -25,7 +25,7 @@ from qflow import ConvReluPool, InvertedResidual, ResidualBlock, quantize, rando
 
 from pipeline.backend import weights_bin
 from pipeline.backend.compile import compile_model
-from pipeline.backend.emit_c import hex_literal
+from pipeline.backend.c_header import hex_literal
 from pipeline.backend.host import KERNELS_DIR
 from pipeline.backend.kernel_source import kernel_names
 from pipeline.backend.memory_plan import plan_main

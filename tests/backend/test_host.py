@@ -204,12 +204,13 @@ def test_host_build_and_profile_track_the_cpu_they_build_for(tmp_path, monkeypat
     (and profile's times are of the CPU they were measured on)."""
     from pipeline import toolchain
     from pipeline.backend.host import CFLAGS
-    from pipeline.config import load_models
+    from pipeline.entries import load_models
     from pipeline.layout import Layout
     from pipeline.stages import registry
+    from pipeline.stages.context import StageContext
     assert "-march=native" in CFLAGS
     spec = next(s for s in load_models(registry.PKG.parent / "models") if s.name == "mobilenet_v2")
-    ctx = registry.StageContext(spec=spec, layout=Layout(tmp_path, spec.name), root=registry.PKG.parent,
+    ctx = StageContext(spec=spec, layout=Layout(tmp_path, spec.name), root=registry.PKG.parent,
                                 calib_root=tmp_path, weights=None)
     for name in ("host_build", "profile"):
         stage = next(s for s in registry.STAGES if s.name == name)

@@ -258,7 +258,7 @@ MBV2_INT16 = {"conv2d", "conv2d_6", "conv2d_7", "conv2d_8", "add", "linear"}
 def test_mobilenet_v2_mixed_is_bit_exact_on_real_images(tmp_path):
     import torchvision
 
-    from pipeline.config import load_models
+    from pipeline.entries import load_models
     from pipeline.data.images import list_images, load_images
     from pipeline.weights import resolve_weights
 

@@ -113,7 +113,7 @@ def test_the_sweep_entry_takes_exports_route_and_tracks_the_images(tmp_path):
 
 
 def test_too_few_images_fail_export_in_one_line(tmp_path):
-    from pipeline.config import load_models
+    from pipeline.entries import load_models
     from pipeline.errors import CalibrationDataError
     from pipeline.stages.export import export_model
     sweep.make_project(tmp_path, "squeezenet1_1", n_images=2)

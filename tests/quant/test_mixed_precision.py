@@ -24,7 +24,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 from doitproj import write_jpeg
 from mixednets import TinyNet
-from pipeline.config import load_models
+from pipeline.entries import load_models
 from pipeline.errors import ConfigError
 from pipeline.frontend.provenance import tag_program
 from pipeline.quant import C7xMMAQuantizer, mixed

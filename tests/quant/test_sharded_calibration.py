@@ -191,7 +191,7 @@ BASE = 'builder = "torchvision.models:mobilenet_v2"\ninput_shape = [1, 3, 224, 2
      "on the order of all batches; set shards = 1 or use observer 'minmax'"),
 ])
 def test_config_rejects_bad_shards_in_one_line(tmp_path, line, needle):
-    from pipeline.config import InvalidModel, load_models
+    from pipeline.entries import InvalidModel, load_models
     (tmp_path / "m.toml").write_text(BASE + "[calibration]\n" + line + "\n")
     (entry,) = load_models(tmp_path)
     assert isinstance(entry, InvalidModel)
@@ -200,7 +200,7 @@ def test_config_rejects_bad_shards_in_one_line(tmp_path, line, needle):
 
 
 def test_config_accepts_shards(tmp_path):
-    from pipeline.config import load_models
+    from pipeline.entries import load_models
     (tmp_path / "m.toml").write_text(BASE + "[calibration]\nshards = 4\n")
     (spec,) = load_models(tmp_path)
     assert spec.calibration.shards == 4

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import load_models, parse_model
+from pipeline.entries import load_models, parse_model
 from pipeline.errors import ConfigError, PipelineError, WeightsNotFoundError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from doitproj import Project, write_jpeg
-from pipeline.config import PreprocessSpec, list_images, load_models
+from pipeline.config import PreprocessSpec, list_images
+from pipeline.entries import load_models
 from pipeline.errors import CalibrationDataError
 
 

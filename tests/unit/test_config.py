@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import InvalidModel, ModelSpec, load_models
+from pipeline.config import ModelSpec
+from pipeline.entries import InvalidModel, load_models
 
 REPO = Path(__file__).resolve().parents[2]
 

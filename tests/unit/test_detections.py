@@ -64,7 +64,7 @@ def test_reestimated_batchnorm_gives_normalised_activations():
 
 
 def test_builder_versions_track_ultralytics_for_the_yolo_builder():
-    from pipeline.stages.registry import builder_versions
+    from pipeline.stages.context import builder_versions
     import importlib.metadata
     assert builder_versions("pipeline.models.yolo:yolo26n") == {
         "ultralytics": importlib.metadata.version("ultralytics")}
@@ -74,7 +74,7 @@ def test_builder_versions_track_ultralytics_for_the_yolo_builder():
 
 
 def test_reestimate_batchnorm_needs_random_weights_and_images(tmp_path):
-    from pipeline.config import parse_model
+    from pipeline.entries import parse_model
     from pipeline.errors import ConfigError
     base = {"builder": "torchvision.models:resnet18", "input_shape": [1, 3, 224, 224]}
     spec = parse_model("r", tmp_path / "r.toml", {**base, "weights": {"pretrained": False,
@@ -90,7 +90,7 @@ def test_reestimate_batchnorm_needs_random_weights_and_images(tmp_path):
     assert spec.weights.logit_std == 2.0 and spec.weights.batchnorm_batch == 0
     for weights, needle in (({"pretrained": False, "logit_std": -1}, "logit_std must be a positive number"),
                             ({"file": "x.pth", "logit_std": 2.0}, "logit_std needs 'pretrained = false'"),
-                            ({"pretrained": False, "batchnorm_batch": -1}, "batchnorm_batch must be >= 0")):
+                            ({"pretrained": False, "batchnorm_batch": -1}, "batchnorm_batch must be an integer >= 0")):
         with pytest.raises(ConfigError, match=needle):
             parse_model("r", tmp_path / "r.toml", {**base, "weights": weights})
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_models
+from pipeline.entries import load_models
 from pipeline.layout import Layout
 from pipeline.stages import registry
-from pipeline.stages.registry import PKG, STAGES, StageContext
+from pipeline.stages.context import StageContext
+from pipeline.stages.registry import PKG, STAGES
 
 REPO = PKG.parent
 
@@ -75,7 +76,7 @@ def test_no_stage_dispatch_on_names():
 # module imports no other stage module (what two stages share lives in a library below them).
 LAYERS = [
     {"errors", "fsutil", "config", "stamps", "weights", "layout", "toolchain", "torchenv", "assets", "runcache",
-     "tvmscript_guard", "code_deps"},
+     "tvmscript_guard", "code_deps", "entries"},
     {"target", "data", "models"},          # the SoC description; images and outputs; builders
     {"frontend", "backend"},               # Relax import; offload passes, memory plan, static C
     {"perf", "visualize", "tools"},        # the performance model reads the backend's kernels and plan
@@ -91,8 +92,8 @@ def _layer_key(module: str) -> str | None:
     parts = module.split(".")
     if len(parts) < 2 or parts[0] != "pipeline":
         return None
-    if parts[1] == "stages" and (len(parts) == 2 or parts[2] == "registry"):
-        return "stages.registry"   # the package's __init__ and the records
+    if parts[1] == "stages" and (len(parts) == 2 or parts[2] in ("registry", "context")):
+        return "stages.registry"   # the package's __init__, the records and what they see of a model
     return parts[1]
 
 
@@ -184,3 +185,24 @@ def test_the_architecture_documents_stage_table_is_the_registrys():
     from pipeline.tasks.stage_table import markdown, replace_in
     doc = (REPO / "docs" / "architecture.md").read_text()
     assert markdown() in doc and replace_in(doc) == doc
+
+
+# The two long files by nature: the numpy twins of every kernel, and the page's script.
+LONG_FILES = {"backend/kernels/reference.py", "visualize/page.js"}
+
+
+def test_no_module_of_the_package_is_over_500_lines():
+    long = {str(p.relative_to(PKG)): n for p in sorted(PKG.rglob("*")) if p.suffix in (".py", ".js")
+            and (n := len(p.read_text().splitlines())) > 500}
+    assert set(long) <= LONG_FILES, long
+
+
+def test_every_stage_argument_is_named_once():
+    """A record names each keyword argument in exactly one of inputs / outputs / options."""
+    spec = next(s for s in load_models(REPO / "models") if s.name == "mobilenet_v2_mixed")
+    c = StageContext(spec=spec, layout=Layout(REPO / "artifacts", spec.name), root=REPO,
+                     calib_root=REPO / "calib_data", weights=None)
+    for stage in STAGES:
+        named = [list(f(c)) for f in (stage.inputs, stage.outputs, stage.options)]
+        flat = [k for names in named for k in names]
+        assert len(flat) == len(set(flat)), (stage.name, named)
