@@ -30,26 +30,45 @@ from __future__ import annotations
 
 import ast
 import functools
+import glob
+import os
 import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent  # the pipeline package folder
 
+# One pass over the text: a triple-quoted string is matched (and skipped) as a whole, so an
+# import-like line inside a docstring is no import; everything else is an import statement.
 _IMPORT = re.compile(
-    r"^[ \t]*(?:from[ \t]+(?P<base>\.+[\w.]*|pipeline(?:\.\w+)*)[ \t]+import[ \t]+(?P<names>\([^)]*\)|[^\n#]*)"
+    r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\''
+    r"|^[ \t]*(?:from[ \t]+(?P<base>\.+[\w.]*|pipeline(?:\.\w+)*)[ \t]+import[ \t]+(?P<names>\([^)]*\)|[^\n#]*)"
     r"|import[ \t]+(?P<abs>pipeline(?:\.\w+)*))", re.M)
-_TRIPLE_QUOTED = re.compile(r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'')
+_ALIAS = re.compile(r"\bas\s+\w+")
+_WORD = re.compile(r"\w+")
 _DATA = re.compile(r"^DATA_FILES[ \t]*(?::[^=]*)?=[ \t]*(\([^)]*\))", re.M)
 
 
 @functools.lru_cache(maxsize=1)
 def _modules() -> dict[str, Path]:
-    """Every module of the package: dotted name -> file (one walk of the folder)."""
+    """Every module of the package: dotted name -> file (one walk of the folder; plain
+    strings while walking: ``doit list`` runs this, and pathlib is slow)."""
     out = {}
-    for f in PKG.rglob("*.py"):
-        parts = ("pipeline",) + f.relative_to(PKG).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    root = str(PKG)
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        rel = os.path.relpath(folder, root)
+        parts = ("pipeline",) + (() if rel == "." else tuple(rel.split(os.sep)))
+        for name in names:
+            if name.endswith(".py"):
+                stem = name[:-3]
+                out[".".join(parts if stem == "__init__" else parts + (stem,))] = Path(folder, name)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _source(module: str) -> str:
+    """The text of ``module``'s file (read once per process)."""
+    return module_file(module).read_text()
 
 
 def module_file(module: str) -> Path | None:
@@ -69,7 +88,9 @@ def imports(module: str) -> frozenset[str]:
     if path is None:
         return frozenset()
     out = set()
-    for m in _IMPORT.finditer(_TRIPLE_QUOTED.sub("", path.read_text())):
+    for m in _IMPORT.finditer(_source(module)):
+        if m["abs"] is None and m["base"] is None:
+            continue   # a triple-quoted string
         if m["abs"]:
             out.add(m["abs"])
             continue
@@ -80,7 +101,7 @@ def imports(module: str) -> frozenset[str]:
             stem = pkg[:len(pkg) - level + 1]
             base = ".".join(stem + ([base.lstrip(".")] if base.lstrip(".") else []))
         out.add(base)
-        for name in re.findall(r"\w+", re.sub(r"\bas\s+\w+", "", m["names"])):
+        for name in _WORD.findall(_ALIAS.sub("", m["names"])):
             out.add(f"{base}.{name}")  # `from pkg import submodule`; non-modules are dropped below
     return frozenset(o for o in out if o.startswith("pipeline") and module_file(o) is not None)
 
@@ -94,12 +115,14 @@ def _parents(module: str) -> list[str]:
 def data_files(module: str) -> tuple[Path, ...]:
     """Files matching the module's ``DATA_FILES`` patterns (relative to its folder)."""
     path = module_file(module)
-    m = _DATA.search(path.read_text()) if path else None
+    text = _source(module) if path else ""
+    m = _DATA.search(text) if "DATA_FILES" in text else None
     if not m:
         return ()
     out = []
-    for pattern in ast.literal_eval(m.group(1)):
-        out += [p.resolve() for p in sorted(path.parent.glob(pattern)) if p.is_file()]
+    for pattern in ast.literal_eval(m.group(1)):   # the package folder is resolved: normpath suffices
+        out += [Path(os.path.normpath(p)) for p in sorted(glob.glob(os.path.join(path.parent, pattern)))
+                if os.path.isfile(p)]
     return tuple(out)
 
 
@@ -118,4 +141,4 @@ def closure(module: str) -> tuple[Path, ...]:
     files = {module_file(m) for m in seen} - {None}
     for m in seen:
         files.update(data_files(m))
-    return tuple(sorted(files))
+    return tuple(sorted(files, key=str))

@@ -16,6 +16,7 @@ neither torch nor tvm.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -120,8 +121,7 @@ class Stage:
     def sources(self) -> list[str]:
         """Absolute paths of the pipeline files the stage runs (sorted): derived
         from its module's imports, never listed by hand (:mod:`pipeline.code_deps`)."""
-        modules = [self.func.partition(":")[0]] + [BY_NAME[n].func.partition(":")[0] for n in self.runs]
-        return sorted({str(p) for m in modules for p in closure(m)})
+        return list(_sources(self.func, self.runs))
 
     def tracked(self, ctx: StageContext) -> dict:
         """Tracked parameters of one model: what doit's ``config_changed`` compares."""
@@ -390,6 +390,13 @@ STAGES: tuple[Stage, ...] = (
 )
 
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
+
+
+@functools.lru_cache(maxsize=None)
+def _sources(func: str, runs: tuple[str, ...]) -> tuple[str, ...]:
+    """:meth:`Stage.sources`, once per process (every model's task asks again)."""
+    modules = [func.partition(":")[0]] + [BY_NAME[n].func.partition(":")[0] for n in runs]
+    return tuple(sorted({str(p) for m in modules for p in closure(m)}))
 
 
 def get(name: str) -> Stage:
