@@ -57,9 +57,8 @@ def setup() -> None:
 def _memoize_export_type_hints() -> None:
     """Make ``torch.export.load`` about twice as fast: its deserializer rebuilds
     the schema dataclasses from JSON and calls ``typing.get_type_hints(cls,
-    globalns=vars(schema))`` once per node object (measured: 22,163 calls, 3.4
-    of the 6.8 s evaluate spent loading MobileNetV2's float.pt2 and
-    quantized.pt2). The hints of a class do not change, so torch's serialize
+    globalns=vars(schema))`` once per node object (the figures:
+    ``docs/measuring.md``, "Figures behind the code"). The hints of a class do not change, so torch's serialize
     module gets a copy of ``typing`` whose ``get_type_hints`` is memoized for
     exactly that call; every other name is ``typing``'s own. A torch without that
     module layout is left as it is (its loads are only slower)."""
@@ -100,8 +99,7 @@ def release_torchao_modules() -> None:
     and the BN folds ask for a module's device through functions that are
     ``functools.cache``'d on the module (:data:`_MODULE_CACHES`), so each
     prepared, converted or folded model stayed alive for the whole process,
-    weights included. Measured on vit_b_32 after convert: 8 GraphModules and
-    1.06 GiB of weight tensors held by those caches. They only memoize the
+    weights included (``docs/measuring.md``, "Figures behind the code"). They only memoize the
     device; emptying them changes no result. One that a torch/torchao version
     lacks is skipped."""
     import importlib
@@ -178,8 +176,8 @@ def save_tensors(obj, path) -> None:
 
 # Programs loaded in this process, by the sha256 of their file's bytes. A cold
 # build loads float.pt2 in prepare and again in evaluate, quantized.pt2 in
-# relax_import and again in evaluate: MobileNetV2 0.7 s per load, 0.04 s per
-# deep copy (measured). Files of at most half of PROGRAM_CACHE_BYTES stay, the
+# relax_import and again in evaluate; a load costs far more than a deep copy
+# (docs/measuring.md, "Figures behind the code"). Files of at most half of PROGRAM_CACHE_BYTES stay, the
 # most recent up to that total, so a large model's peak RSS does not grow by a
 # second copy of its weights.
 _PROGRAMS: "collections.OrderedDict[str, tuple[torch.export.ExportedProgram, int]]" = collections.OrderedDict()

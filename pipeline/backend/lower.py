@@ -26,9 +26,9 @@ Order (each step says why it is there):
    inlined into their consumer, a reduction (conv / matmul accumulator)
    computed inside its consumer's innermost loop, so the int32 accumulator
    and the float epilogue need no full-size scratch buffer. Same arithmetic,
-   in the same order. Measured on MobileNetV2 (scalar): workspace 9.8 MB ->
-   1.25 MB (what is left is the padded input of the largest depthwise conv),
-   host time 250 -> 237 ms/image, outputs unchanged.
+   in the same order: a much smaller workspace (what is left is the padded
+   input of the largest depthwise conv), outputs unchanged (docs/measuring.md,
+   "Figures behind the code").
 8. :func:`.tir_c.libm_calls` on every scalar PrimFunc: float intrinsics
    (abs, exp, tanh...) become calls of the libm function, so TVM's C and the
    interpreter's LLVM build compute them alike (and C codegen knows them all).
@@ -205,8 +205,8 @@ def hoist_reduction_init(sch: s_tir.Schedule, block) -> None:
 
     Why: TVM's default pipeline otherwise lowers the init to ``if (k == 0)
     acc = 0;`` inside the reduction loop (``LowerInitBlock``), and gcc 12 -O2
-    keeps that test in the MAC loop: MobileNetV2's largest scalar 1x1 conv ran
-    2.4x slower (18.7 vs 7.8 ms per call, measured). The same stores happen in
+    keeps that test in the MAC loop, which made scalar convs several times
+    slower (docs/measuring.md, "Figures behind the code"). The same stores happen in
     the same order, so results are unchanged. A block the primitive rejects at
     every loop (no loop carries a reduction variable) is left as it is.
     """

@@ -39,6 +39,24 @@ from . import rules, specs
 
 _PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
 
+#: aten op -> the name of the :class:`C7xMMAQuantizer` method that annotates it, filled by
+#: :func:`annotates` where each method is defined (torchao's ``OP_TO_ANNOTATOR`` pattern);
+#: the op sets themselves are :mod:`.rules`' tables.
+OP_TO_ANNOTATOR: dict = {}
+
+
+def annotates(*op_sets: frozenset):
+    """Register the decorated method as the annotator of every op in ``op_sets``.
+    Raises ValueError when an op already has an annotator."""
+    def register(method):
+        for ops in op_sets:
+            for op in ops:
+                if op in OP_TO_ANNOTATOR:
+                    raise ValueError(f"{op} has two annotators: {OP_TO_ANNOTATOR[op]} and {method.__name__}")
+                OP_TO_ANNOTATOR[op] = method.__name__
+        return method
+    return register
+
 
 class C7xMMAQuantizer(Quantizer):
     """PT2E quantizer for the TI C7x MMA: which ops get Q/DQ, with which specs.
@@ -113,16 +131,7 @@ class C7xMMAQuantizer(Quantizer):
         # int8 layers always take int8 weights; weight_dtype is the int16 layers'
         self._weight_specs = {"int8": specs.weight_spec("int8"), "int16": specs.weight_spec(self.weight_dtype)}
         self.weight_spec = self._weight_specs[self.dtype]
-        self._handlers = {}
-        for targets, handler in ((rules.WEIGHTED, self._annotate_weighted),
-                                 (rules.BINARY, self._annotate_binary),
-                                 (rules.ADDMM, self._annotate_addmm),
-                                 (rules.INDEPENDENT | rules.LAYER_NORM, self._annotate_independent),
-                                 (rules.TRANSPARENT, self._annotate_transparent),
-                                 (rules.SE_GATE, self._annotate_se_gate),
-                                 (rules.SOFTMAX, self._annotate_softmax),
-                                 (rules.MATMUL, self._annotate_matmul)):
-            self._handlers.update(dict.fromkeys(targets, handler))
+        self._handlers = {op: getattr(self, name) for op, name in OP_TO_ANNOTATOR.items()}
 
     def __repr__(self) -> str:
         return (f"C7xMMAQuantizer(dtype={self.dtype!r}, symmetric_activations="
@@ -171,12 +180,14 @@ class C7xMMAQuantizer(Quantizer):
             self._node_dtype[node] = "int16" if _layer_id(node) in self.int16_layers else self.dtype
         return self._node_dtype[node]
 
+    @annotates(rules.WEIGHTED)
     def _annotate_weighted(self, node: Node) -> None:
         # No float gating here (docs/reference.md, "Quantizer rules"): conv/linear
         # always take a tensor input.
         inputs = {node.args[0]: self._act(node), node.args[1]: self._weight_specs[self._dtype_of(node)]}
         self._set(node, inputs, self._output_spec(node))
 
+    @annotates(rules.BINARY)
     def _annotate_binary(self, node: Node) -> None:
         a, b = node.args[:2]
         if node.target != rules.aten.mm.default and rules.reaches_topk(node):
@@ -185,23 +196,27 @@ class C7xMMAQuantizer(Quantizer):
             act = self._act(node)
             self._set(node, {a: act, b: act}, self._output_spec(node))
 
+    @annotates(rules.ADDMM)
     def _annotate_addmm(self, node: Node) -> None:
         # args[0] (bias) stays float; the weight operand is per-tensor like an activation.
         _, mat1, mat2 = node.args[:3]
         act = self._act(node)
         self._set(node, {mat1: act, mat2: act}, act)
 
+    @annotates(rules.INDEPENDENT, rules.LAYER_NORM)
     def _annotate_independent(self, node: Node) -> None:
         src = node.args[0]
         if rules.is_float_tensor(src):
             act = self._act(node)
             self._set(node, {src: act}, act)
 
+    @annotates(rules.SE_GATE)
     def _annotate_se_gate(self, node: Node) -> None:
         # ours (rules.SE_GATE): only a squeeze-excitation gate; other sigmoids stay float
         if rules.is_se_gate(node):
             self._annotate_independent(node)
 
+    @annotates(rules.SOFTMAX)
     def _annotate_softmax(self, node: Node) -> None:
         # ours (rules.SOFTMAX): int8 in, fixed int8 out, for the c7x_int8_softmax kernel
         src = node.args[0]
@@ -209,6 +224,7 @@ class C7xMMAQuantizer(Quantizer):
                 and not rules.reaches_topk(node)):
             self._set(node, {src: self._act(node)}, specs.softmax_output_spec())
 
+    @annotates(rules.MATMUL)
     def _annotate_matmul(self, node: Node) -> None:
         # ours (rules.MATMUL): each operand shares its producer's observer when it is a view of an
         # observed tensor; the output observer goes after a chain of scalar multiplies
@@ -225,6 +241,7 @@ class C7xMMAQuantizer(Quantizer):
         self._node_dtype[last] = self._dtype_of(node)
         self._set(last, {}, self._act(node))
 
+    @annotates(rules.TRANSPARENT)
     def _annotate_transparent(self, node: Node) -> None:
         src = node.args[0]
         if not rules.is_float_tensor(src) or rules.reaches_topk(node):

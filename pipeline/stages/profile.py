@@ -41,8 +41,8 @@ from ..perf.measured import board_measurement, build_calls, measurement
 
 HOST_LABEL = "host x86 time of the reference kernels, not DSP cycles"
 #: Images profiled (the first of the sorted evaluation set): kernel times hardly
-#: depend on the pixels, and each MobileNetV2 image costs ~0.5 s over two builds,
-#: which kept the default run over its time budget with all 20.
+#: depend on the pixels, and profiling every image kept the default run over its
+#: time budget (docs/measuring.md, "Figures behind the code").
 PROFILE_IMAGES = 5
 
 

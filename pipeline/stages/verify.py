@@ -297,7 +297,7 @@ def _outputs_in_parallel(work: dict[str, "_Build"]) -> dict[str, tuple]:
     two callers with two threads each would oversubscribe 2 cores. The build
     with the largest ``lowered.py`` (the longest LLVM compile and reference
     runs: the scalar build) is started first, so its compile does not wait
-    for the others' (MobileNetV2: verify 4.4 -> 3.6 s, measured). The first
+    for the others' (docs/measuring.md, "Figures behind the code"). The first
     exception of any build is raised."""
     from concurrent.futures import ThreadPoolExecutor
 
