@@ -156,6 +156,34 @@ def host_command(codegen_dir: Path, exe: Path, rounding: str = "half_up",
             "-o", str(exe), *map(str, sources), "-lm"]
 
 
+def kernel_flags(cmd: list[str]) -> list[str]:
+    """The flags of :func:`host_command`'s ``cmd`` that reach the reference kernels: every
+    compiler option but the include folders, the link options and the macros, except
+    ``C7X_ROUNDING``, the one macro ``c7x_kernels_ref.c`` and ``c7x_kernels.h`` read (they
+    include nothing from the codegen folder: their own header is found beside them). So
+    one object serves every model (``tests/backend/test_host.py`` checks the executable
+    is the one the plain command makes)."""
+    out, skip = [], False
+    for f in cmd[1:cmd.index("-o")]:
+        if skip:
+            skip = False
+        elif f == "-I":
+            skip = True
+        elif not f.startswith(("-I", "-Wl,", "-D")) or f.startswith("-DC7X_ROUNDING="):
+            out.append(f)
+    return out
+
+
+def _with_kernel_object(cmd: list[str]) -> list[str]:
+    """``cmd`` (:func:`host_command`) with the reference kernels' source replaced by
+    their object compiled with the same compile flags (:func:`.kernels.hostlib.kernel_object`,
+    cached): the same executable, without recompiling the kernels for every build."""
+    from .kernels.hostlib import kernel_object
+    sources = {str(p) for p in _kernel_sources()}
+    obj = str(kernel_object(kernel_flags(cmd)))
+    return [obj if a in sources else a for a in cmd]
+
+
 def build_host(codegen_dir: Path, exe: Path, rounding: str = "half_up",
                extra_flags: tuple[str, ...] = ()) -> None:
     """Compile the model in ``codegen_dir`` into the host executable ``exe``.
@@ -165,7 +193,7 @@ def build_host(codegen_dir: Path, exe: Path, rounding: str = "half_up",
     use them, e.g. ``-DM_WORKSPACE_LIMIT=64``). Raises ToolchainError with one
     line (plus gcc's first error) when gcc is missing or fails.
     """
-    cmd = host_command(codegen_dir, exe, rounding, extra_flags)
+    cmd = _with_kernel_object(host_command(codegen_dir, exe, rounding, extra_flags))
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[:300])

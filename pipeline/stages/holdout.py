@@ -128,10 +128,17 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], trai
     return {"qdq": qdq.astype(np.float32), "c": c_out.reshape(qdq.shape), "outputs": len(qdq_outs)}
 
 
+#: a model whose float.pt2 is smaller than this runs its folds one after another in this
+#: process: a loky process first imports torch and tvm (seconds), more than such a model's
+#: fold costs (docs/measuring.md, "Figures behind the code")
+SIDE_BY_SIDE_BYTES = 1 << 20
+
+
 def _run_folds(jobs: list[tuple]):
     """Yield (fold index, :func:`run_fold` result) for every argument tuple in ``jobs``.
 
-    The folds are independent projects: with several cores they run side by side in
+    The folds are independent projects: with several cores (and a float.pt2 of at least
+    :data:`SIDE_BY_SIDE_BYTES`) they run side by side in
     joblib's loky processes, ``min(folds, cores)`` at a time, each with its share of
     this process's torch threads (on 2 cores: two folds of one thread each, where one
     fold of two threads leaves the second core idle through the single-threaded
@@ -142,7 +149,8 @@ def _run_folds(jobs: list[tuple]):
     in the slot the cluster gave the stage. A fold's exception is re-raised here."""
     from ..quant.shards import on_dask_worker
     n_jobs = min(len(jobs), os.cpu_count() or 1)
-    if n_jobs < 2 or on_dask_worker():
+    small = Path(jobs[0][1]).stat().st_size < SIDE_BY_SIDE_BYTES if jobs else True
+    if n_jobs < 2 or small or on_dask_worker():
         for f, a in enumerate(jobs):
             yield f, run_fold(*a)
         return

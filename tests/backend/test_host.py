@@ -219,3 +219,21 @@ def test_host_build_and_profile_track_the_cpu_they_build_for(tmp_path, monkeypat
         with monkeypatch.context() as m:
             m.setattr(registry, "host_cpu", lambda: "another-cpu-kind")
             assert stage.tracked(ctx)["host_cpu"] == "another-cpu-kind"
+
+
+@pytest.mark.parametrize("extra", [(), ("-DCRP_PROFILE_LAYERS",)])
+def test_the_cached_kernel_object_gives_the_executable_the_plain_command_gives(built, tmp_path, extra):
+    """build_host links the reference kernels compiled once (hostlib.kernel_object) instead of
+    compiling them into every executable: the file must be the one host_command's own
+    gcc line (the command build.json records for users) makes."""
+    import subprocess
+
+    from pipeline.backend.host import host_command, kernel_flags
+    _, _, out, _ = built("crp", "i8", True)
+    plain = host_command(out, tmp_path / "plain.exe", extra_flags=extra)
+    subprocess.run(plain, check=True, capture_output=True)
+    build_host(out, tmp_path / "cached.exe", extra_flags=extra)
+    assert (tmp_path / "plain.exe").read_bytes() == (tmp_path / "cached.exe").read_bytes()
+    flags = kernel_flags(plain)
+    assert "-DC7X_ROUNDING=C7X_ROUND_HALF_UP" in flags and "-O3" in flags
+    assert not any(f.startswith(("-I", "-Wl,", "-DC7X_MODEL")) or f == str(out) for f in flags)

@@ -80,6 +80,7 @@ def test_folds_side_by_side_give_what_one_process_gives(built, monkeypatch):
     threads; with the same thread count in one process every number is the same."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: the folds never run side by side")
+    monkeypatch.setattr(holdout, "SIDE_BY_SIDE_BYTES", 0)   # the tiny model's folds too
     with torchenv.torch_threads(2):
         side = _run(built)                       # two folds of one thread each
     monkeypatch.setattr(holdout.os, "cpu_count", lambda: 1)
@@ -119,3 +120,11 @@ def test_summary_leads_with_held_out_and_keeps_in_sample_second():
     assert lines[3].startswith("  in-sample") and "PyTorch Q/DQ 3/4" in lines[3]
     sep = model_lines("m", report, None, {}, None, {"method": "separate"})
     assert sep[1].startswith("  held-out       (evaluation images not used for calibration) top-1 float 3/4")
+
+
+def test_a_small_model_runs_its_folds_in_this_process(built, monkeypatch):
+    """A fold of a model under SIDE_BY_SIDE_BYTES costs less than a process's imports."""
+    import pipeline.torchenv as te
+    monkeypatch.setattr(te, "process_map", lambda *a, **k: pytest.fail("folds sent to processes"))
+    assert built.layout.float_pt2.stat().st_size < holdout.SIDE_BY_SIDE_BYTES
+    assert _run(built)["method"] == "k-fold"

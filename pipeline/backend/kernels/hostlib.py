@@ -192,6 +192,32 @@ def build_library(rounding: str = "half_up", cache_dir: str | os.PathLike | None
     return target
 
 
+def kernel_object(flags: list[str] | tuple[str, ...], cache_dir: str | os.PathLike | None = None) -> Path:
+    """``KERNEL_SOURCES`` compiled with ``gcc -c`` and ``flags`` into one object file,
+    and its path: what every host executable links (:func:`pipeline.backend.host.build_host`).
+
+    Compiling the reference kernels is most of a host build (about 3 s at -O3); the
+    object is named, like :func:`build_library`'s file, by a hash of the sources,
+    header, flags and compiler version, so it is compiled once per set of flags and
+    reused after. Linking it gives the executable one gcc command over the sources
+    gives (same flags, same link order). Written atomically. Raises ``ToolchainError``
+    when gcc is missing or fails (its stderr included)."""
+    if len(KERNEL_SOURCES) != 1:
+        raise ValueError("kernel_object compiles one source file")
+    cc = _compiler()
+    flags = list(flags)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = folder / f"c7x_kernels_ref-{_cache_key(cc, flags)}.o"
+    if target.exists():
+        return target
+    with atomic_path(target) as tmp:
+        cmd = [cc, *flags, "-c", "-o", str(tmp), str(KERNEL_SOURCES[0])]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise ToolchainError(f"building the host reference kernels failed:\n{' '.join(cmd)}\n{done.stderr}")
+    return target
+
+
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
