@@ -4,8 +4,7 @@ A stage's code dependencies are the import closure of its function's module
 inside the ``pipeline`` package, plus the data files those modules read
 (``DATA_FILES`` in each module). Editing any of them re-runs the stage; editing
 anything else does not. Computed from the source text without importing it
-(loading the task list imports neither torch nor tvm), in about 10 ms for the
-whole package:
+(loading the task list imports neither torch nor tvm):
 
 - **Imports** are found by a regular expression over each file: every
   ``from <.relative|pipeline.x> import a, b`` and ``import pipeline.x``
@@ -23,6 +22,13 @@ whole package:
   ``DATA_FILES = ("kernels/*.c", ...)``, glob patterns relative to its own
   folder (a literal tuple on one logical line, read with ``ast.literal_eval``).
   A test checks that every non-Python file of the package is declared.
+- **Kept between runs**: ``doit list`` and every ``doit`` compute the closures of
+  every stage; they are stored in the user's cache folder
+  (``$XDG_CACHE_HOME/doit-c7x/``, :func:`_store`) under a SHA-256 of the
+  package's file list and of every ``.py`` file's bytes, so any edit, added or
+  removed file makes them be computed again (a file that cannot be written or
+  read is ignored: the closures are then computed as before). It holds paths
+  only, nothing that runs.
 Stdlib only.
 """
 
@@ -31,6 +37,8 @@ from __future__ import annotations
 import ast
 import functools
 import glob
+import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -129,7 +137,18 @@ def data_files(module: str) -> tuple[Path, ...]:
 @functools.lru_cache(maxsize=None)
 def closure(module: str) -> tuple[Path, ...]:
     """Every source and data file ``module`` runs: its import closure inside
-    ``pipeline`` (with the packages' ``__init__.py``) and their data files, sorted."""
+    ``pipeline`` (with the packages' ``__init__.py``) and their data files, sorted
+    (kept between runs: :func:`_store`)."""
+    stored = _store()
+    if module in stored["closures"]:
+        return tuple(Path(p) for p in stored["closures"][module])
+    found = _closure(module)
+    stored["closures"][module] = [str(p) for p in found]
+    _save(stored)
+    return found
+
+
+def _closure(module: str) -> tuple[Path, ...]:
     seen: set[str] = set()
     todo = [module]
     while todo:
@@ -142,3 +161,49 @@ def closure(module: str) -> tuple[Path, ...]:
     for m in seen:
         files.update(data_files(m))
     return tuple(sorted(files, key=str))
+
+
+def _digest() -> str:
+    """SHA-256 of the package's file list and of every ``.py`` file's bytes."""
+    h = hashlib.sha256(str(PKG).encode())
+    for folder, dirs, names in sorted(os.walk(PKG)):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            h.update(b"\0" + os.path.relpath(path, PKG).encode() + b"\0")
+            if name.endswith(".py"):
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
+def _store_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "doit-c7x", f"code_deps-{hashlib.sha256(str(PKG).encode()).hexdigest()[:16]}.json")
+
+
+@functools.lru_cache(maxsize=1)
+def _store() -> dict:
+    """The closures computed for this exact package before (``{"digest", "closures"}``),
+    or an empty store when there are none, or they are of other sources or unreadable."""
+    digest = _digest()
+    try:
+        stored = json.loads(_store_path().read_text())
+        if stored.get("digest") == digest and isinstance(stored.get("closures"), dict) and all(
+                isinstance(v, list) and all(isinstance(p, str) for p in v) for v in stored["closures"].values()):
+            return stored
+    except (OSError, ValueError):
+        pass
+    return {"digest": digest, "closures": {}}
+
+
+def _save(stored: dict) -> None:
+    """Write the store atomically; a folder that cannot be written is ignored."""
+    path = _store_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored))
+        os.replace(tmp, path)
+    except OSError:
+        pass

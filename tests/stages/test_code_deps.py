@@ -61,7 +61,9 @@ def test_an_import_in_a_docstring_adds_no_dependency():
     assert "from pipeline.tasks import" in (PKG / "__init__.py").read_text()
     export = code_deps.closure("pipeline.stages.export")
     assert not [p for p in export if "tasks" in p.parts or p.suffix in (".c", ".h")]
-    assert PKG / "backend" / "kernels" / "c7x_kernels_ref.c" in code_deps.closure("pipeline.stages.codegen")
+    # codegen copies the kernels' header; the host builds compile their C
+    assert PKG / "backend" / "kernels" / "c7x_kernels.h" in code_deps.closure("pipeline.stages.codegen")
+    assert PKG / "backend" / "kernels" / "c7x_kernels_ref.c" in code_deps.closure("pipeline.stages.host_build")
 
 
 # what unpickling the arguments loads (the ModelSpec) before the stage runs
@@ -93,3 +95,27 @@ def test_holdout_depends_on_the_code_of_every_stage_its_folds_run():
     holdout = set(BY_NAME["holdout"].sources())
     for name in FOLD_STAGES:
         assert set(BY_NAME[name].sources()) <= holdout, name
+
+
+def test_closures_kept_between_runs_follow_every_edit(tmp_path, monkeypatch):
+    """The closures stored in the user's cache folder are used only for the exact sources
+    they were computed from; a broken store is ignored."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for f in (code_deps._store, code_deps.closure):
+        f.cache_clear()
+    first = code_deps.closure("pipeline.stages.estimate")
+    stored = json.loads(code_deps._store_path().read_text())
+    assert stored["closures"]["pipeline.stages.estimate"] == [str(p) for p in first]
+    # a store of other sources (another digest) is not used
+    stored["closures"]["pipeline.stages.estimate"] = ["/nowhere.py"]
+    stored["digest"] = "0" * 64
+    code_deps._store_path().write_text(json.dumps(stored))
+    for f in (code_deps._store, code_deps.closure):
+        f.cache_clear()
+    assert code_deps.closure("pipeline.stages.estimate") == first
+    code_deps._store_path().write_text("{not json")
+    for f in (code_deps._store, code_deps.closure):
+        f.cache_clear()
+    assert code_deps.closure("pipeline.stages.estimate") == first
+    for f in (code_deps._store, code_deps.closure):
+        f.cache_clear()

@@ -152,7 +152,7 @@ def test_scalar_build_agrees_with_qdq_and_an_injected_lsb_is_counted_exactly(bui
                 flat[0] = flat[0] + k if flat[0] <= np.iinfo(flat.dtype).max - k else flat[0] - k
         return got
 
-    monkeypatch.setattr(L, "_capture", shifted)
+    monkeypatch.setattr(L, "capture_calls", shifted)
     hit = by_id(run(ctx, tmp_path / "hit", builds=builds))
     got = hit["conv2d"]["c_vs_qdq_scalar"]
     assert k - base["max_lsb"] <= got["max_lsb"] <= k + base["max_lsb"]

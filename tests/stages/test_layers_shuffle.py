@@ -90,7 +90,7 @@ def test_an_injected_error_after_the_shuffles_still_shows(shuffled, tmp_path, mo
                 flat[0] = flat[0] + k if flat[0] <= np.iinfo(flat.dtype).max - k else flat[0] - k
         return got
 
-    monkeypatch.setattr(L, "_capture", planted)
+    monkeypatch.setattr(L, "capture_calls", planted)
     report = L.layers_model(**dict(get("layers").args(ctx), builds={"scalar": builds["scalar"]},
                                    out=tmp_path / "layers.json"))
     hit = {lay["id"]: lay for lay in report["layers"]}
