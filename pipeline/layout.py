@@ -93,7 +93,7 @@ class Layout:
     def codegen_files(self, spec: ModelSpec) -> list[Path]:
         """Every file codegen writes, over all variants of ``spec``."""
         extra = ("weights_data.c",) if spec.codegen.weights_format == "c_array" else ()
-        return [self.codegen_dir(v) / f for v in variants(spec) for f in CODEGEN_FILES + extra]
+        return [d / f for d in map(self.codegen_dir, variants(spec)) for f in CODEGEN_FILES + extra]
 
     def bundle_files(self, spec: ModelSpec) -> list[Path]:
         """Every file of the bundle folder: the deployed build's :data:`BUNDLED` codegen

@@ -9,6 +9,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.metadata
+import os
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,10 +67,20 @@ def files(value) -> list[Path]:
     return [f for v in value for f in files(v)]
 
 def field_value(spec: ModelSpec, path: str):
-    value = spec
-    for part in path.split("."):
-        value = getattr(value, part)
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    """The value of the model-entry field ``path`` ("calibration", "quantizer.weight_dtype"),
+    a dataclass as a dict (a tracked parameter). Read only: computed once per entry and
+    path, since every stage of every model asks (the entry is frozen)."""
+    key = (id(spec), path)
+    if key not in _FIELDS or _FIELDS[key][0] is not spec:
+        value = spec
+        for part in path.split("."):
+            value = getattr(value, part)
+        _FIELDS[key] = (spec, dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value)
+    return _FIELDS[key][1]
+
+
+_FIELDS: dict[tuple[int, str], tuple[ModelSpec, object]] = {}
+
 
 #: distributions a builder module of this package runs, beyond torch / torchvision
 #: (their version changes the network, so export re-runs when it changes)
@@ -95,11 +108,30 @@ def versions(*dists: str) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=None)
 def _version(dist: str) -> str:
-    # read once per process: every model's tasks ask again (75 metadata parses per task list)
+    # once per process (every model's tasks ask again); the version in a wheel's
+    # ``<name>-<version>.dist-info`` folder name, else the metadata (an egg, an odd layout)
+    name = re.sub(r"[-_.]+", "_", dist).lower()
+    for folder in _dist_infos():
+        stem = folder[:-len(".dist-info")]
+        found, _, version = stem.partition("-")
+        if re.sub(r"[-_.]+", "_", found).lower() == name and version:
+            return version
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "missing"
+
+
+@functools.lru_cache(maxsize=1)
+def _dist_infos() -> tuple[str, ...]:
+    """The ``*.dist-info`` folder names on ``sys.path``, in path order."""
+    out = []
+    for entry in sys.path:
+        try:
+            out += sorted(n for n in os.listdir(entry or ".") if n.endswith(".dist-info"))
+        except OSError:
+            continue
+    return tuple(out)
 
 def realistic(spec: ModelSpec) -> bool:
     """Export reads the calibration images: a random init made realistic on them."""
