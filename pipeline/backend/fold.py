@@ -43,14 +43,11 @@ min/max) and :func:`prescale_requant_params` picks ``(k, scale, shift)`` with
 i.e. the formula of ``docs/reference.md``, "int16 folding" and "Kernel math",
 with a multiplier ``k*scale`` of up to 15 bits instead of 7.
 Because not every integer below 2^15 is a product ``k*scale`` with
-``k <= 256, scale <= 127``, the realized precision is ~13-14 bits: relative
-error median 4.6e-5, 90th percentile 1.4e-4, 99th 4.0e-4, max 9.0e-4 over
-2000 log-uniform ``r`` in [1e-6, 10] (seed 0, measured; scale alone: median
-2.7e-3, max 7.6e-3). The accumulator never exceeds what full-range int16
+``k <= 256, scale <= 127``, the realized precision is about 13-14 bits
+(docs/measuring.md, "Figures behind the code"). The accumulator never exceeds what full-range int16
 weights (``weight_dtype="int16"``) give, so the i16 kernels' accumulators are
-as safe as in that mode. Measured on MobileNetV2 int16 (20 images): MMALIB
-build vs torch's Q/DQ model 3.5 LSB mean / 19 max (was 84 / 673; the scalar
-build 2.4 / 16, torch against itself 2.5 / 15). With ``weight_dtype="int16"``
+as safe as in that mode, and the MMALIB build is as close to torch's Q/DQ
+model as the scalar build (docs/measuring.md, "Figures behind the code"). With ``weight_dtype="int16"``
 the weights already use the full range and are not pre-scaled.
 """
 

@@ -62,9 +62,8 @@ def _contracts(target) -> bool:
     return float(d.numpy()[0]) != 0.0
 
 
-# LLVM's optimisation level for the reference build. Measured on MobileNetV2's
-# scalar build (68 PrimFuncs, 20 images, the budget of verify), compile + run:
-# -O1 3.1 + 20 x 0.23 s, -O2 4.7 + 20 x 0.17 s, -O3 6.2 + 20 x 0.15 s. Results
+# LLVM's optimisation level for the reference build: the least compile + run time
+# over verify's images (docs/measuring.md, "Figures behind the code"). Results
 # do not depend on it (IEEE, no contraction, no reassociation; tested).
 LLVM_OPT_LEVEL = 2
 

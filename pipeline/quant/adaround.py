@@ -196,8 +196,8 @@ def adaround(gm: GraphModule, images: list[torch.Tensor], iterations: int = 200)
                                              wobs.quant_max, x, x_q, iterations, k)))
     # The layers are independent (float inputs, their own input qparams): they run side by
     # side, one torch thread each, so the per-step small ops of one layer do not wait for a
-    # second thread to wake (OpenMP's passive wait, pipeline/torchenv.py; measured on
-    # MobileNetV2: 50 s with 2 threads per layer, 18 s with 2 layers of 1 thread).
+    # second thread to wake (OpenMP's passive wait, pipeline/torchenv.py; docs/measuring.md,
+    # "Figures behind the code").
     # Each layer's result does not depend on the scheduling.
     workers = max(1, torch.get_num_threads())
     with torch_threads(1), ThreadPoolExecutor(workers) as pool:

@@ -26,11 +26,8 @@ re-runs. Memory: every live tensor of the graph is held for all images at
 once (MobileNetV2: roughly 15 MB per 224x224 image), so this suits
 calibration sets of tens to a few hundred images.
 
-Measured (``scripts/calibration_study.py``, MobileNetV2 int8, imagenet20,
-5-fold held-out, mean |logit error|): it helps with min/max ranges (minmax
-0.672 -> 0.574, affine minmax 0.440 -> 0.386) and hurts with clipping
-observers (percentile 99.99 0.396 -> 0.604, entropy 0.491 -> 0.873,
-histogram 0.469 -> 0.591). With clipping, the error is concentrated on the
+Held out, it helps with min/max ranges and hurts with clipping observers
+(docs/measuring.md, "Figures behind the code"). With clipping, the error is concentrated on the
 few clipped positions; a per-channel mean shift moves every position, and
 in-sample the conv-output error grows from the last blocks on even though
 each layer's mean error is removed. Per-channel weights leave little weight

@@ -18,8 +18,7 @@ specs in :mod:`pipeline.quant.specs`) with two documented deviations:
   sees the post-activation range, which matters for ReLU6: the reference
   observes the conv output and lets relu share its scale, wasting int8 codes
   on values the clip removes.
-  Measured on MobileNetV2 int8 with the 20 real ImageNet images: reference
-  style 17/20 top-1, fused 18/20, float 18/20. With ``fuse_activations=False``
+  It scores higher on real images (docs/measuring.md, "Figures behind the code"). With ``fuse_activations=False``
   the reference table is followed exactly (producer output observed, the
   activation shares it). An activation that reaches ``topk`` is never fused
   (the detection-head rule keeps it float).
