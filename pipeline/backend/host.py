@@ -36,10 +36,9 @@ from ..errors import ToolchainError
 KERNELS_DIR = Path(__file__).parent / "kernels"
 HARNESS = KERNELS_DIR / "host_main.c"
 DATA_FILES = ("kernels/*.c", "kernels/*.h")  # compiled into every host build (code_deps.py)
-# -O3: gcc 12 vectorises the integer conv loops only there (MobileNetV2 int8
-# host 248 -> 65 ms per image); no -ffast-math, so float stays IEEE.
-# -march=native: this machine's vector width (AVX2 here: MobileNetV2 int8
-# MMALIB build 140 -> 83 ms per image, scalar build 552 -> 398); with
+# -O3: gcc 12 vectorises the integer conv loops only there; no -ffast-math, so
+# float stays IEEE. -march=native: this machine's vector width (both: docs/measuring.md,
+# "Figures behind the code"); with
 # -ffp-contract=off the FMA units are not used for a*b+c, so every result is
 # the one without it. The executable then runs only on a CPU like this one:
 # host_build tracks toolchain.host_cpu(), and a SIGILL says to rebuild.
@@ -202,7 +201,7 @@ def build_host(codegen_dir: Path, exe: Path, rounding: str = "half_up",
 
 def build_hosts(jobs: list[tuple[Path, Path, tuple[str, ...]]]) -> None:
     """:func:`build_host` of every (codegen_dir, exe, extra_flags), one gcc per
-    job at once (2 cores: MobileNetV2's two builds 6.8 -> 4.4 s), each exe written
+    job at once (docs/measuring.md, "Figures behind the code"), each exe written
     atomically and made executable. The first failure is raised after the others finish."""
     from concurrent.futures import ThreadPoolExecutor
 

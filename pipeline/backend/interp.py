@@ -75,7 +75,7 @@ def llvm_target() -> tvm.target.Target:
     TVM's LLVM codegen allows contraction: measured here, ``mcpu=skylake-avx512``
     emits ``vfmadd`` for a*b+c; the generic default does not (no FMA unit).
     Tries this machine's CPU without the ``fma`` feature first (its vector
-    units run MobileNetV2's scalar build 0.17 -> 0.10 s per image; IEEE
+    units run the scalar build faster: docs/measuring.md; IEEE
     results do not depend on the vector width, nothing is reassociated), then
     the generic default, then the default without ``fma``.
     Raises RuntimeError if all contract."""
@@ -135,7 +135,7 @@ def lowered_script(mod: tvm.IRModule, plan: Plan) -> str:
 
 
 # Parsing lowered.py back (TVMScript, pure Python) and building its scalar
-# PrimFuncs with LLVM cost MobileNetV2 1.5 s + 5 s per build, repeated by
+# PrimFuncs with LLVM cost seconds per build (docs/measuring.md), repeated by
 # verify, layers and holdout. Keyed by the sha256 of the file's text, so only
 # a byte-identical lowered.py reuses an entry (a hand edit is parsed afresh);
 # the few most recent stay, a codegen of the same process seeds them.
@@ -204,7 +204,7 @@ def _compiled_locked(path: Path) -> "_Compiled":
 def _build_scalar(funcs: dict) -> "tvm.runtime.Module":
     """TVM's LLVM build of the scalar PrimFuncs, without the packed API's argument
     asserts (``tirx.disable_assert``): they were half of the LLVM IR and of its
-    compile time (MobileNetV2 scalar build: 101k -> 50k lines, JIT 4.5 -> 2.1 s).
+    compile time (docs/measuring.md, "Figures behind the code").
     :meth:`Program._call` checks every argument's shape and dtype instead
     (:func:`_param_types`). The C build keeps its asserts."""
     with tvm.transform.PassContext(opt_level=3, config={"tirx.disable_assert": True}):

@@ -18,26 +18,20 @@ a one-line :class:`~pipeline.errors.ConfigError` naming the three closest paths.
 dtype, so a tensor is int16 only where its producer *and* its consumer are
 int16: a lone int16 layer between int8 neighbours gets an int8 input
 requantized up and hands an int16 output that is requantized down, and gains
-nothing. Measured on MobileNetV2 (20 calibration images, minmax, mean squared
-logit error vs float: all-int8 0.814, all-int16 0.075), one layer int16 in an
-int8 model changed the error by -0.06..+0.01, exactly 0 for most layers.
+nothing: one layer int16 in an int8 model barely changes the error, and not
+at all for most layers (docs/measuring.md, "Figures behind the code").
 So the unit of measurement is a tensor edge (producer -> consumer), and its
 gain is what it costs in int8 inside an otherwise int16 model (the "reverse"
-measure: error with that edge int8 minus the all-int16 error). The same greedy
-at the same budget (10 %) chose, by real simulated error of the choice:
-per-edge reverse 0.302, per-edge forward (that edge int16 in an int8 model,
-gains dominated by noise, many negative) 0.435, per-layer reverse 0.431 (its
-layers rarely neighbour each other). With ``min_gain`` below: 0.298 at 9.0 % of
-the MACs (8 layers; the real converted model: 0.304).
+measure: error with that edge int8 minus the all-int16 error). At the same
+budget the same greedy choice does best with it (per-edge forward gains are
+dominated by noise; per-layer choices rarely neighbour each other;
+docs/measuring.md, "Figures behind the code").
 
 **Weights.** With ``weight_dtype = "int16"`` an int16 layer's weights are int16
 too (the i16 kernels read int16 weights either way, so it costs no cycle), and
 each such weight is a candidate of its own: its ``layers`` are the one layer, its
 gain what int8 weights cost that layer in the all-int16 model. A lone int16
-layer then gains its weight error back. Measured on MobileNetV2 (20 images,
-the entry's method): all-int16 logit MSE 0.0378 with int8 weights, 0.00008
-with int16 weights; the chosen 10 % 0.0774 -> 0.0551; the held-out C build
-(2-fold) 0.222 -> 0.198 mean |logit error|.
+layer then gains its weight error back (docs/measuring.md, "Figures behind the code").
 
 **Choice** (:func:`choose`). Greedy by gain per added MAC: an edge needs the
 layers that make it int16 (:class:`TensorCandidate` ``layers``); its cost is

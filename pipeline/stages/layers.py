@@ -51,7 +51,7 @@ images taken together, so for one image it is exactly what
 similarity; ``max_abs`` = max |x - ref| in the tensor's units.
 
 Every evaluation image is used for both (one at a time; the Python
-reference costs about 0.15 s per MobileNetV2 image). The PyTorch models run
+reference's cost per image is in docs/measuring.md, "Figures behind the code"). The PyTorch models run
 with the stages' torch threads (``C7X_TORCH_THREADS``), as verify and
 evaluate run them, because PyTorch's Q/DQ values move with the thread count
 (``docs/numerics.md``); so at the model output ``c_vs_qdq.max_lsb`` is

@@ -137,7 +137,7 @@ class Project:
     def _cache(self, stage: Stage, ctx: StageContext, targets: list[Path]) -> dict | None:
         """The run-cache argument of ``run_stage`` (None: off, or an output outside
         the model's folder, which an entry could not hold)."""
-        base = str(ctx.layout.dir) + os.sep   # string prefixes: Path.parents costs 10 ms per task list
+        base = str(ctx.layout.dir) + os.sep   # string prefixes: Path.parents was slow here
         if self.cache_root is None or not all(str(t).startswith(base) for t in targets):
             return None
         return {"root": str(self.cache_root), "base": str(ctx.layout.dir), "shared": stage.shared,

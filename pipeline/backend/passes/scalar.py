@@ -40,8 +40,7 @@ activation between two kernels int8 instead of float32 (4x arena).
     clamp(round_half_even(x * float32(1.0 / scale)) + zp, qmin, qmax)
 
 TVM's default legalization divides by ``scale`` instead, which differs from
-torch on ~0.1 % of values that sit near a rounding midpoint (measured:
-327 373 of 4 M test values). ``tirx.round`` is ``nearbyintf`` (half-to-even
+torch on about 0.1 % of values, those near a rounding midpoint (docs/measuring.md). ``tirx.round`` is ``nearbyintf`` (half-to-even
 under the default rounding mode) in both the C and the LLVM code.
 """
 
