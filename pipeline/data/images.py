@@ -25,6 +25,11 @@ _LABEL = re.compile(r"_(\d+)\.[A-Za-z]+$")
 #: Largest image we decode, in pixels: Pillow's own decompression-bomb limit
 #: (``PIL.Image.MAX_IMAGE_PIXELS``, 89,478,485 = 0.25 GiB of 24-bit pixels).
 MAX_PIXELS = 89_478_485
+#: Largest ratio of an image's long side to its short side. The preprocessing scales the
+#: short side up or down to ``resize`` pixels, so memory grows with this ratio, not with
+#: the file: a 1,250-byte PNG of 1 x 300,000 pixels would become 256 x 76.8M pixels. At
+#: 32:1 (a very wide panorama) the resized RGB float tensor stays near 25 MB.
+MAX_ASPECT = 32
 #: Pillow modes torchvision's decoders turn into 8-bit RGB.
 _MODES = {"1", "L", "LA", "P", "PA", "RGB", "RGBA", "CMYK", "YCbCr"}
 
@@ -60,7 +65,8 @@ def check_header(path: Path, raw: bytes) -> None:
     """Refuse, before any pixel is decoded, what could take the process down or
     decode to something else than one 8-bit picture: not a JPEG or PNG (a GIF
     named ``.jpg``), more than :data:`MAX_PIXELS` pixels (a 74-byte PNG can
-    declare 60000x60000 and crash the decoder), several frames (animated PNG),
+    declare 60000x60000 and crash the decoder), sides in a ratio over
+    :data:`MAX_ASPECT` (resizing the short side would take the memory), several frames (animated PNG),
     16-bit or float samples.
 
     The format is told by its leading bytes, and the header is read by Pillow's
@@ -90,6 +96,9 @@ def check_header(path: Path, raw: bytes) -> None:
     if w * h > MAX_PIXELS or w <= 0 or h <= 0:
         raise CalibrationDataError(f"{path}: declares {w}x{h} pixels, too many pixels to decode safely "
                                    f"(over {MAX_PIXELS:,}); resize it or remove the file")
+    if max(w, h) > MAX_ASPECT * min(w, h):
+        raise CalibrationDataError(f"{path}: declares {w}x{h} pixels, sides in a ratio over {MAX_ASPECT}:1 that "
+                                   f"resizing would blow up in memory; crop it or remove the file")
     if kind == "PNG" and frames != 1:
         raise CalibrationDataError(f"{path}: an animated PNG ({frames} frames); save one frame or remove the file")
     if mode not in _MODES:

@@ -63,6 +63,9 @@ CASES = {
     "cut_10.png": (lambda d: png_bomb()[:20], "not a readable JPEG/PNG image"),
     "webp_11.jpg": (lambda d: _pil("WEBP"), "is a WEBP image"),
     "empty_9.jpg": (lambda d: b"", "empty file"),
+    # few pixels, but resizing its short side to the preprocessing's size would take gigabytes
+    "tall_12.png": (lambda d: png_bomb(1, 300000), "declares 1x300000 pixels, sides in a ratio over 32:1"),
+    "wide_13.jpg": (lambda d: jpeg_declaring(d / "src.jpg", 4000, 100), "sides in a ratio over 32:1"),
 }
 
 
