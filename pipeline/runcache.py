@@ -111,7 +111,8 @@ def load_secret(root: Path) -> bytes:
     random bytes as hex, mode 0600, when the file is missing).
 
     Raises :class:`CacheSecretError` (one line) when the file is unreadable,
-    empty, or inside ``root``: a secret that cache writers can read signs nothing."""
+    empty, inside ``root``, readable or writable by others, or hard-linked
+    elsewhere: a secret that cache writers can read signs nothing."""
     path = secret_path()
     root = Path(root).resolve()
     if path == root or root in path.parents:
@@ -132,7 +133,20 @@ def load_secret(root: Path) -> bytes:
     if len(value) < 16:
         raise CacheSecretError(f"the cache secret {path} holds fewer than 16 bytes; "
                                f"delete it to have a new one made, or copy your team's secret there")
+    _check_secret_file(path)
     return value
+
+
+def _check_secret_file(path: Path) -> None:
+    """Refuse a secret others can read or write (any group / other permission), or one
+    with several hard links (a link inside the cache folder would pass the path check)."""
+    st = os.stat(path)
+    if st.st_mode & 0o066:
+        raise CacheSecretError(f"the cache secret {path} can be read or written by others "
+                               f"(mode {st.st_mode & 0o777:o}); chmod 600 {path}")
+    if st.st_nlink > 1:
+        raise CacheSecretError(f"the cache secret {path} has {st.st_nlink} hard links (one inside a cache folder "
+                               f"would let its writers read it); keep a single copy of the file")
 
 
 def stage_key(stage: str, model: str | None, config_digest: str, dep_md5s: list[str],

@@ -142,6 +142,20 @@ def test_the_secret_is_made_once_outside_the_cache_and_refused_inside(tmp_path, 
         runcache.load_secret(tmp_path / "cache")
 
 
+def test_a_secret_others_can_read_or_that_is_hard_linked_is_refused(tmp_path, monkeypatch):
+    secret = tmp_path / "keys" / "secret"
+    monkeypatch.setenv(runcache.SECRET_ENV, str(secret))
+    runcache.load_secret(tmp_path / "cache")
+    secret.chmod(0o644)
+    with pytest.raises(runcache.CacheSecretError, match=r"read or written by others \(mode 644\); chmod 600"):
+        runcache.load_secret(tmp_path / "cache")
+    secret.chmod(0o600)
+    (tmp_path / "cache").mkdir()
+    os.link(secret, tmp_path / "cache" / "planted")   # a hard link into the cache: the path check passes
+    with pytest.raises(runcache.CacheSecretError, match="2 hard links"):
+        runcache.load_secret(tmp_path / "cache")
+
+
 def test_restore_of_an_entry_with_other_files_is_a_miss(tmp_path):
     rc = RunCache(tmp_path / "cache", SECRET)
     outs = _outputs(tmp_path / "m1", "one")
