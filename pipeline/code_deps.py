@@ -29,7 +29,7 @@ anything else does not. Computed from the source text without importing it
   removed file makes them be computed again (a file that cannot be written or
   read is ignored: the closures are then computed as before). It holds paths
   only, nothing that runs.
-Stdlib only.
+Stdlib only (and the atomic write of :mod:`pipeline.fsutil`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ import json
 import os
 import re
 from pathlib import Path
+
+from .fsutil import write_text
 
 PKG = Path(__file__).resolve().parent  # the pipeline package folder
 
@@ -199,11 +201,7 @@ def _store() -> dict:
 
 def _save(stored: dict) -> None:
     """Write the store atomically; a folder that cannot be written is ignored."""
-    path = _store_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(stored))
-        os.replace(tmp, path)
+        write_text(_store_path(), json.dumps(stored))
     except OSError:
         pass

@@ -32,7 +32,7 @@ from .context import (StageContext, batchnorm_inputs, board_log, board_log_deps,
                       manifests, memory_budget, mixed, mmalib_files, realistic, selection, task_param, versions)
 
 PKG = Path(__file__).resolve().parent.parent
-_TORCHENV = PKG / "torchenv.py"
+_TORCHENV = str(PKG / "torchenv.py")
 
 
 Paths = Callable[[StageContext], list[Path]]
@@ -113,7 +113,7 @@ class Stage:
         code uses torch (:mod:`pipeline.torchenv` in its sources) gets the process set
         up first (:func:`pipeline.torchenv.setup`), before its module imports torch."""
         module, _, attr = self.func.partition(":")
-        if any(Path(p) == _TORCHENV for p in self.sources()):
+        if _TORCHENV in self.sources():
             from .. import torchenv
             torchenv.setup()
         return getattr(importlib.import_module(module), attr)
