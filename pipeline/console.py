@@ -19,20 +19,22 @@ from .stages.summary import render, restored_lines
 
 
 class C7xReporter(ConsoleReporter):
-    """ConsoleReporter + summary. ``payload`` (set by :meth:`Project.doit_config`)
-    is what :func:`pipeline.stages.summary.render` needs."""
+    """ConsoleReporter + summary. ``payloads`` (set by :meth:`Project.doit_config`): what
+    :func:`pipeline.stages.summary.render` needs for the ``summary`` task and each group task;
+    the first of them selected on the command line (or by default) is printed at the end."""
 
     desc = "console output with the doit-c7x summary"
-    payload: dict = {}
+    payloads: dict[str, dict] = {}   # task name ("summary" or a group's) -> its summary payload
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
-        self.show_summary = False
+        self.payload: dict = {}
         self.failed: dict[str, str] = {}
         self.restored: list[str] = []  # tasks whose outputs came from the run-cache
 
     def initialize(self, tasks, selected_tasks):
-        self.show_summary = "summary" in (selected_tasks or [])
+        shown = [t for t in (selected_tasks or []) if t in self.payloads]
+        self.payload = self.payloads[shown[0]] if shown else {}
 
     def add_success(self, task):
         super().add_success(task)
@@ -55,7 +57,7 @@ class C7xReporter(ConsoleReporter):
         self.failures, failures = [], self.failures  # printed below as one line per model instead
         super().complete_run()
         self.failures = failures
-        if self.show_summary and self.payload:
+        if self.payload:
             self.write(render(self.payload, self.failed, self.restored) + "\n")
             return
         for model, why in self.failed.items():

@@ -99,7 +99,7 @@ def _deep_merge(base: dict, over: dict) -> dict:
 
 _TOP_KEYS = {"builder", "builder_kwargs", "input_shape", "dtype", "preprocess", "weights",
              "calibration", "quantizer", "codegen", "evaluation", "profile", "description", "extends",
-             "default_run", "task", "target"}
+             "default_run", "task", "target", "group"}
 
 def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
     """Validate one entry's TOML table; raise :class:`ConfigError` naming the file."""
@@ -126,6 +126,9 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         fail(f"'default_run' must be true or false, got {default_run!r}")
     task = data.get("task", "classification")
     _check_choice(fail, "task", task, TASKS)
+    group = data.get("group")
+    if group is not None and not (isinstance(group, str) and re.fullmatch(r"[a-z][a-z0-9_]*", group)):
+        fail(f"'group' must be a lower-case task name such as \"zoo\" (letters, digits, '_'), got {group!r}")
     description = data.get("description", "")
     if not isinstance(description, str):
         fail(f"'description' must be a string, got {description!r}")
@@ -161,6 +164,11 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
                                                 and re.fullmatch(r"[0-9a-f]{64}", weights.sha256)):
         fail("weights.format = 'ultralytics' needs weights.sha256, the 64 hex digits of the one checkpoint "
              "trusted to be unpickled")
+    if weights.sha256 is not None and not (isinstance(weights.sha256, str)
+                                           and re.fullmatch(r"[0-9a-f]{64}", weights.sha256)):
+        fail(f"weights.sha256 must be 64 lower-case hex digits (sha256sum's output), got {weights.sha256!r}")
+    if weights.strip_prefix is not None and not (isinstance(weights.strip_prefix, str) and weights.strip_prefix):
+        fail(f"weights.strip_prefix must be a non-empty string such as \"module.\", got {weights.strip_prefix!r}")
     if weights.pretrained and not (weights.file or weights.path):
         fail("[weights] needs 'file' (torchvision checkpoint name) or 'path', "
              "or 'pretrained = false' for a randomly initialised model")
@@ -193,7 +201,7 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         name=name, source=path, builder=builder, input_shape=tuple(shape), dtype=dtype,
         builder_kwargs=dict(kwargs), weights=weights, preprocess=preprocess,
         calibration=calibration, quantizer=quantizer, codegen=codegen, evaluation_set=evaluation_set,
-        evaluation_folds=folds, profile=profile, default_run=default_run, task=task, target=target,
+        evaluation_folds=folds, profile=profile, default_run=default_run, group=group, task=task, target=target,
         description=description,
     )
 

@@ -260,6 +260,14 @@ class C7xMMAQuantizer(Quantizer):
             return
         self._set(node, {src: self._act(node)}, self._shared_with(src))
 
+    @annotates(rules.PAD)
+    def _annotate_pad(self, node: Node) -> None:
+        """A zero pad shares its input's qparams (:func:`rules.is_zero_pad`): the padded tensor
+        stays on the input's grid, and the backend folds a pad that feeds a conv into the conv's
+        padding (TF "same" padding, :mod:`pipeline.backend.passes.movement`). Other pads: none."""
+        if rules.is_zero_pad(node):
+            self._annotate_transparent(node)
+
     @staticmethod
     def _observed(node: Node) -> bool:
         ann = node.meta.get(Q_ANNOTATION_KEY)

@@ -434,6 +434,19 @@ def einsum_as_matmul(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+def is_zero_pad(node: Node) -> bool:
+    """True for a constant pad with the value 0 (``constant_pad_nd(x, widths[, 0])``,
+    ``pad(x, widths, "constant"[, 0 / None])``): its output holds only input values and 0,
+    which every PT2E grid represents exactly, so it can share the input's qparams."""
+    if node.target == aten.constant_pad_nd.default:
+        return float(node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)) == 0.0
+    if node.target == aten.pad.default:
+        mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+        value = node.args[3] if len(node.args) > 3 else node.kwargs.get("value")
+        return mode == "constant" and (value is None or float(value) == 0.0)
+    return False
+
+
 def drop_empty_pads(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Remove each pad whose widths are all 0 (in place, also returned): an identity that would
     otherwise break the integer chain. Swin pads each stage to a multiple of its window, which

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import numpy as np
 
 import torch
 
@@ -15,7 +16,7 @@ from ..config import ModelSpec, list_images
 from ..data.images import label_of, load_images
 from ..errors import CalibrationDataError
 from ..fsutil import write_json
-from ..data import torch_outputs
+from ..data import fidelity, torch_outputs
 from ..data.torch_outputs import outputs_note
 
 
@@ -31,14 +32,15 @@ def output_errors(float_outs: list[torch.Tensor], quant_outs: list[torch.Tensor]
 
 def compare_logits(float_logits: torch.Tensor, quant_logits: torch.Tensor,
                    labels: list[int | None]) -> dict:
-    """Top-1 counts of both models, their top-1 agreement and the logit error.
+    """Decision counts of both models (top-1, or a single logit's sign), their agreement and the
+    logit error, absolute and relative to float's spread (:mod:`pipeline.data.fidelity`).
 
     ``labels`` may hold None for unlabeled images (counted in agreement only).
     """
-    f1 = float_logits.argmax(1)
-    q1 = quant_logits.argmax(1)
-    lab = [(i, y) for i, y in enumerate(labels) if y is not None]
-    err = (float_logits - quant_logits).abs()
+    f, q = float_logits.numpy(), quant_logits.numpy()
+    f1, q1 = fidelity.decisions(f), fidelity.decisions(q)
+    lab = fidelity.labeled(labels, f.shape[1])
+    err = np.abs(f.astype(np.float64) - q)
     return {
         "images": len(labels),
         "labeled": len(lab),
@@ -46,6 +48,7 @@ def compare_logits(float_logits: torch.Tensor, quant_logits: torch.Tensor,
         "quant_top1": sum(int(q1[i]) == y for i, y in lab),
         "top1_agreement": int((f1 == q1).sum()),
         "mean_abs_logit_error": round(float(err.mean()), 6),
+        "relative_logit_error": fidelity.relative_error(float(err.mean()), f),
         "max_abs_logit_error": round(float(err.max()), 6),
     }
 
@@ -63,9 +66,10 @@ def report_notes(calib: dict, export: dict, eval_images: list[str], labels: list
         notes.append(f"{shared} of the {len(eval_images)} evaluation images were also calibration images: "
                      f"their numbers (in-sample) measure quantization fidelity, not held-out accuracy; "
                      f"holdout.json has the k-fold estimate")
-    outside = sum(1 for y in labels if y is not None and y >= classes)
+    outside = sum(1 for y in labels if y is not None) - len(fidelity.labeled(labels, classes))
     if outside:
-        notes.append(f"{outside} labels are outside the model's {classes} classes: top-1 is not meaningful")
+        notes.append(f"{outside} labels are outside the model's {max(classes, 2)} classes: those images count "
+                     f"for agreement with float only")
     return notes
 
 
@@ -98,6 +102,10 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
         from ..data import detections
         result = {"images": len(paths), "detections_qdq_vs_float":
                   detections.compare_all(float_logits.numpy(), quant_out.numpy())}
+        labels, classes = [None] * len(paths), 0
+    elif spec.task == "embedding":  # [N, D] vectors: cosine to float's, no labels
+        result = {"images": len(paths), **fidelity.embedding_scores(
+            quant_out.numpy(), float_logits.numpy(), [p.name for p in paths])}
         labels, classes = [None] * len(paths), 0
     else:
         result, classes = compare_logits(float_logits, quant_out, labels), float_logits.shape[1]

@@ -43,6 +43,7 @@ def build_model(spec: ModelSpec, weights: Path | None, root: Path) -> tuple[torc
     digest = None
     if weights is not None:
         digest = check_weights_hash(spec, weights)
+        _check_pinned(spec, weights, digest)
         if spec.weights.format == "ultralytics":
             _load_ultralytics(spec, model, weights, digest)
         else:
@@ -94,11 +95,26 @@ def _load_checkpoint(spec: ModelSpec, model: torch.nn.Module, weights: Path) -> 
     if not isinstance(state, dict):
         raise WeightsNotFoundError(f"model {spec.name!r}: {weights} holds a {type(state).__name__}, "
                                    f"not a state_dict; {hint}")
+    prefix = spec.weights.strip_prefix
+    if prefix:
+        state = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
     mismatch = first_mismatch(model.state_dict(), state)
     if mismatch:
         raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "
                                    f"{spec.builder}: {mismatch}; use a checkpoint of this architecture")
     model.load_state_dict(state)
+
+
+def _check_pinned(spec: ModelSpec, weights: Path, digest: str) -> None:
+    """Refuse (one line) a checkpoint whose sha256 is not the entry's pinned ``weights.sha256``,
+    before a byte of it is unpickled."""
+    if spec.weights.sha256 is None or digest == spec.weights.sha256:
+        return
+    own = (f"{CONVERT_HINT.format(file=weights)}, then set weights.path and format = \"state_dict\""
+           if spec.weights.format == "ultralytics" else "set weights.path and remove weights.sha256")
+    raise WeightsNotFoundError(
+        f"model {spec.name!r}: {weights} has sha256 {digest[:16]}..., not the pinned "
+        f"{spec.weights.sha256[:16]}... of {spec.source}; it is not loaded. For a checkpoint of your own: {own}")
 
 
 def _load_ultralytics(spec: ModelSpec, model: torch.nn.Module, weights: Path, digest: str) -> None:
@@ -109,11 +125,6 @@ def _load_ultralytics(spec: ModelSpec, model: torch.nn.Module, weights: Path, di
     from ..errors import PipelineError
     from ..tools.yolo_state_dict import load_checkpoint
 
-    if digest != spec.weights.sha256:
-        raise WeightsNotFoundError(
-            f"model {spec.name!r}: {weights} has sha256 {digest[:16]}..., not the pinned "
-            f"{spec.weights.sha256[:16]}... of {spec.source}; it is not unpickled. For a checkpoint of your "
-            f"own: {CONVERT_HINT.format(file=weights)}, then set weights.path and format = \"state_dict\"")
     try:
         state = load_checkpoint(weights)
     except PipelineError as e:

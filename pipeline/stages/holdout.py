@@ -39,6 +39,7 @@ import torch
 
 from .. import torchenv
 from ..config import ModelSpec, list_images
+from ..data import fidelity
 from ..data.images import label_of, load_images, select_images
 from ..errors import CalibrationDataError
 from ..fsutil import write_json
@@ -159,12 +160,11 @@ def _run_folds(jobs: list[tuple]):
 
 
 def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
-    """Top-1 against labels and the float model, and mean |logit - float logit| (logit units)."""
-    top1 = logits.argmax(1)
-    lab = [(i, y) for i, y in enumerate(labels) if y is not None]
-    return {"top1": sum(int(top1[i]) == y for i, y in lab),
-            "top1_agreement_with_float": int((top1 == float_logits.argmax(1)).sum()),
-            "mean_abs_logit_error_vs_float": round(float(np.abs(logits - float_logits).mean()), 6)}
+    """Decision against labels and the float model, mean |logit - float logit| (logit units) and
+    relative to float's spread (:func:`pipeline.data.fidelity.classifier_scores`)."""
+    got = fidelity.classifier_scores(logits, float_logits, labels)
+    return {k: got[k] for k in ("top1", "top1_agreement_with_float", "mean_abs_logit_error_vs_float",
+                                "relative_logit_error_vs_float")}
 
 
 def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepared_table: Path,
@@ -227,6 +227,8 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     variant = variants(spec)[0]  # the deployed build, the one run_fold compiles
     if spec.task == "detection":
         record.update(detection_scores(variant, eval_images, float_logits, qdq, c_out))
+    elif spec.task == "embedding":
+        record.update(embedding_scores(variant, eval_images, float_logits, qdq, c_out))
     else:
         record.update(classification_scores(variant, eval_images, float_logits, qdq, c_out))
     record["seconds"] = round(time.perf_counter() - t0, 1)
@@ -246,17 +248,30 @@ def detection_scores(variant: str, eval_images: list[Path], float_out: np.ndarra
             "per_image": detections.per_image([p.name for p in eval_images], matched)}
 
 
+def embedding_scores(variant: str, eval_images: list[Path], float_out: np.ndarray, qdq: np.ndarray,
+                     c_out: np.ndarray) -> dict:
+    """Held-out cosine of each image's ``[D]`` output vector to float's, for the Q/DQ model and the
+    C build ``variant`` (:func:`pipeline.data.fidelity.embedding_scores`), per image too."""
+    names = [p.name for p in eval_images]
+    q, c = fidelity.cosines(qdq, float_out), fidelity.cosines(c_out, float_out)
+    return {"qdq": fidelity.embedding_scores(qdq, float_out, names),
+            "c": {"variant": variant, **fidelity.embedding_scores(c_out, float_out, names)},
+            "per_image": [{"image": n, "qdq_cosine": round(float(q[i]), 6), "c_cosine": round(float(c[i]), 6)}
+                          for i, n in enumerate(names)]}
+
+
 def classification_scores(variant: str, eval_images: list[Path], float_logits: np.ndarray,
                           qdq: np.ndarray, c_out: np.ndarray) -> dict:
     """Held-out top-1 of float, the Q/DQ model and the C build ``variant`` ([N, K] logits), per image too."""
     labels = [label_of(p) for p in eval_images]
-    lab = [(i, y) for i, y in enumerate(labels) if y is not None]
+    lab = fidelity.labeled(labels, float_logits.shape[1])
+    float_decision = fidelity.decisions(float_logits)
     return {
         "labeled": len(lab),
-        "float_top1": sum(int(float_logits[i].argmax()) == y for i, y in lab),
+        "float_top1": sum(int(float_decision[i]) == y for i, y in lab),
         "qdq": scores(qdq, float_logits, labels),
         "c": {"variant": variant, **scores(c_out, float_logits, labels)},
-        "per_image": [{"image": p.name, "label": labels[i], "float": int(float_logits[i].argmax()),
-                       "qdq": int(qdq[i].argmax()), "c": int(c_out[i].argmax())}
-                      for i, p in enumerate(eval_images)],
+        "per_image": [{"image": p.name, "label": labels[i], "float": int(f), "qdq": int(q), "c": int(c)}
+                      for i, (p, f, q, c) in enumerate(zip(eval_images, *map(fidelity.decisions,
+                                                                             (float_logits, qdq, c_out))))],
     }

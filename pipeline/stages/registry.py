@@ -162,7 +162,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="export", doc="torch.export the float model (float.pt2)",
         func="pipeline.stages.export:export_model",
-        params=("builder", "builder_kwargs", "input_shape", "weights.pretrained"),
+        params=("builder", "builder_kwargs", "input_shape", "weights.pretrained", "weights.strip_prefix"),
         versions=("torch", "torchvision"),
         extra=lambda c: {**builder_versions(c.spec.builder), **batchnorm_inputs(c)},
         inputs=lambda c: {"weights": c.weights},

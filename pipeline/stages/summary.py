@@ -101,13 +101,35 @@ def _holdout_lines(h: dict) -> list[str]:
     """The k-fold held-out numbers (``holdout.json``): the headline accuracy."""
     n, k = h["labeled"], h["folds"]
     c = h["c"]
+    top1 = (f"top-1 float {h['float_top1']}/{n} | PyTorch Q/DQ {h['qdq']['top1']}/{n} | C {c['variant']} "
+            f"{c['top1']}/{n}" if n else "no image labeled with one of the model's classes")
     return [f"  held-out       {k}-fold on {h['evaluation_set']} (calibrate on {k - 1} of {k} parts, evaluate "
-            f"on the part left out, rotate): top-1 float {h['float_top1']}/{n} | PyTorch Q/DQ "
-            f"{h['qdq']['top1']}/{n} | C {c['variant']} {c['top1']}/{n}",
+            f"on the part left out, rotate): {top1}",
             f"  vs float       (held-out top-1 agreement, mean |logit error|) Q/DQ "
             f"{h['qdq']['top1_agreement_with_float']}/{h['images']}, {h['qdq']['mean_abs_logit_error_vs_float']:.3f}"
-            f" | C {c['variant']} {c['top1_agreement_with_float']}/{h['images']}, "
-            f"{c['mean_abs_logit_error_vs_float']:.3f}"]
+            f"{_share(h['qdq'])} | C {c['variant']} {c['top1_agreement_with_float']}/{h['images']}, "
+            f"{c['mean_abs_logit_error_vs_float']:.3f}{_share(c)}"]
+
+
+def _share(scores: dict) -> str:
+    """`` (12% of float's spread)``: a logit error relative to the float logits' standard deviation."""
+    rel = scores.get("relative_logit_error_vs_float")
+    return "" if rel is None else f" ({rel:.0%} of float's spread)"
+
+
+def _embedding_lines(report: dict, builds: dict, holdout: dict | None) -> list[str]:
+    """An embedding's fidelity: cosine of each image's vector to float's, held out first."""
+    def cos(d: dict) -> str:
+        return f"mean {d['cosine_mean']:.4f}, worst {d['cosine_min']:.4f}"
+    lines = []
+    if holdout and holdout.get("method") == "k-fold":
+        c = holdout["c"]
+        lines.append(f"  held-out       {holdout['folds']}-fold on {holdout['evaluation_set']}, cosine to float: "
+                     f"Q/DQ {cos(holdout['qdq'])} | C {c['variant']} {cos(c)} ({c['worst_image']})")
+    lead = "  in-sample      " if holdout and holdout.get("method") == "k-fold" else "  cosine         "
+    lines.append(lead + "cosine to float: Q/DQ " + cos(report)
+                 + "".join(f" | C {v} {cos(r['accuracy'])}" for v, r in builds.items()))
+    return lines
 
 
 def _accuracy_lines(report: dict, builds: dict, holdout: dict | None) -> list[str]:
@@ -116,9 +138,10 @@ def _accuracy_lines(report: dict, builds: dict, holdout: dict | None) -> list[st
     n = report["labeled"]
     acc = [f"float {report['float_top1']}/{n}", f"PyTorch Q/DQ {report['quant_top1']}/{n}"]
     acc += [f"C {v} {r['accuracy']['top1']}/{n}" for v, r in builds.items()]
-    err = [f"Q/DQ {report['top1_agreement']}/{report['images']}, {report['mean_abs_logit_error']:.3f}"]
+    err = [f"Q/DQ {report['top1_agreement']}/{report['images']}, {report['mean_abs_logit_error']:.3f}"
+           + _share({"relative_logit_error_vs_float": report.get("relative_logit_error")})]
     err += [f"C {v} {r['accuracy']['top1_agreement_with_float']}/{r['images']}, "
-            f"{r['accuracy']['mean_abs_logit_error_vs_float']:.3f}" for v, r in builds.items()]
+            f"{r['accuracy']['mean_abs_logit_error_vs_float']:.3f}{_share(r['accuracy'])}" for v, r in builds.items()]
     if holdout and holdout.get("method") == "k-fold":
         return _holdout_lines(holdout) + [
             "  in-sample      (deployed build, calibrated on these images: fidelity, not accuracy) top-1 "
@@ -285,8 +308,9 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
     ``siblings``: dtype -> MMALIB manifest summary of the same network's int8/int16 builds;
     ``estimate``: ``estimate.json``; ``calibration``: ``calibration.json``."""
     detecting = "detections_qdq_vs_float" in report
+    embedding = "cosine_mean" in report
     images = (f"{report['images']} images, detection" if detecting
-              else f"{report['labeled']} labeled images")
+              else f"{report['images']} images, embedding" if embedding else f"{report['labeled']} labeled images")
     if mixed:  # weight_dtype is then the int16 layers' weights; int8 layers always have int8 ones
         what = ("int8 activations and weights (both int16 in the int16 layers)" if report["weight_dtype"] == "int16"
                 else "int8 activations (int16 in the int16 layers), int8 weights")
@@ -296,7 +320,8 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
     for note in report.get("notes", []):
         lines.append(f"  note           {note}")
     builds = {r["variant"]: r for r in (verify or {}).get("variants", [])}
-    lines += (_detection_lines if detecting else _accuracy_lines)(report, builds, holdout)
+    lines += (_detection_lines if detecting else _embedding_lines if embedding else _accuracy_lines)(
+        report, builds, holdout)
     if mixed:
         lines.append(_mixed_line(mixed, manifests, siblings or {}))
     if "mmalib" in manifests:
@@ -412,7 +437,8 @@ def _estimate_summary(e: dict | None) -> dict | None:
 
 
 def summarize(payload: dict) -> dict:
-    """The summary task: write ``artifacts/summary.json`` (the reporter prints)."""
+    """The summary task: write ``artifacts/summary.json`` (a group's: ``<group>_summary.json``,
+    ``payload["summary_file"]``); the reporter prints."""
     data = collect(payload)
     out = {name: {"report": d["report"], "verify": d["verify"],
                   "codegen": {k: v["summary"] for k, v in d["manifests"].items()},
@@ -422,5 +448,6 @@ def summarize(payload: dict) -> dict:
                   "holdout": d["holdout"], "mixed_precision": mixed_summary(d["mixed"]),
                   "estimate": _estimate_summary(d["estimate"])}
            for name, d in data.items()}
-    write_json(Path(payload["artifacts"]) / "summary.json", {"models": out, "skipped": payload["skipped"]})
+    write_json(Path(payload["artifacts"]) / payload.get("summary_file", "summary.json"),
+               {"models": out, "skipped": payload["skipped"]})
     return out

@@ -59,7 +59,7 @@ import torch
 
 from .. import torchenv
 from ..config import ModelSpec, list_images
-from ..data import detections
+from ..data import detections, fidelity
 from ..data.images import label_of, load_images
 from ..errors import CalibrationDataError, PipelineError
 from ..fsutil import write_json
@@ -91,17 +91,17 @@ def lsb_stats(a: np.ndarray, b: np.ndarray, lsb: float | None) -> dict:
            "mean_abs": round(float(e.mean()), 6), "elements_off": int((d > (0.5 if lsb else 0)).sum()),
            "elements": int(d.size)}
     if a.ndim == 2:  # [N, K] logits; a detection output [N, D, 6] has no top-1
-        out["top1_agreement"] = int((a.argmax(1) == b.argmax(1)).sum())
+        out["top1_agreement"] = int((fidelity.decisions(a) == fidelity.decisions(b)).sum())
     return out
 
 
 def accuracy(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
-    """Top-1 against the labels and the float model, and mean |logit - float logit|."""
-    top1 = logits.argmax(1)
-    lab = [(i, y) for i, y in enumerate(labels) if y is not None]
-    return {"top1": sum(int(top1[i]) == y for i, y in lab), "labeled": len(lab),
-            "top1_agreement_with_float": int((top1 == float_logits.argmax(1)).sum()),
-            "mean_abs_logit_error_vs_float": round(float(np.abs(logits - float_logits).mean()), 6)}
+    """Decision (top-1, or a single logit's sign) against the labels and the float model, mean
+    |logit - float logit| absolute and relative (:func:`pipeline.data.fidelity.classifier_scores`),
+    and the mean and worst cosine of each image's output to float's (what an embedding is judged by)."""
+    cos = fidelity.cosines(logits, float_logits)
+    return {**fidelity.classifier_scores(logits, float_logits, labels),
+            "cosine_mean": round(float(cos.mean()), 6), "cosine_min": round(float(cos.min()), 6)}
 
 
 def verify_variant(variant: str, host: np.ndarray, ref: np.ndarray, intermediates: dict,
@@ -202,7 +202,14 @@ def summary_line(r: dict, noise: dict) -> str:
             f"{pt['top1_agreement']}/{n} (PyTorch vs itself: max {noise['max_lsb']:g}, mean "
             f"{noise['mean_lsb']:g}); top-1 {acc['top1']}/{acc['labeled']}, agrees with float "
             f"{acc['top1_agreement_with_float']}/{n}, mean |logit error| vs float "
-            f"{acc['mean_abs_logit_error_vs_float']:.4f}")
+            f"{acc['mean_abs_logit_error_vs_float']:.4f}{_relative(acc)}, cosine to float mean "
+            f"{acc['cosine_mean']:.4f}, worst {acc['cosine_min']:.4f}")
+
+
+def _relative(acc: dict) -> str:
+    """`` (0.12 of float's spread)``: the logit error relative to float's logit standard deviation."""
+    rel = acc.get("relative_logit_error_vs_float")
+    return "" if rel is None else f" ({rel:.2f} of float's spread)"
 
 
 def _matched(d: dict) -> str:

@@ -153,20 +153,35 @@ class Project:
             elif stage.applies(self.context(entry)):
                 yield self.task(stage, entry)
 
-    def summary_task(self) -> dict:
-        """Write ``summary.json`` once any model's numbers changed (the reporter prints)."""
+    def summary_task(self, specs: list[ModelSpec] | None = None, group: str | None = None) -> dict:
+        """Write ``summary.json`` (a group's: ``<group>_summary.json`` after building its
+        models) once any model's numbers changed (the reporter prints)."""
+        specs = self.built() if specs is None else specs
         deps = []
-        for spec in self.built():
+        for spec in specs:
             L = Layout(self.artifacts, spec.name)
             deps += [L.report, L.verify, L.layers_json, L.holdout, L.estimate, L.calibration_json]
             deps += [L.codegen_dir(v) / "manifest.json" for v in variants(spec)]
             deps += [L.mixed_precision] if spec.quantizer.mixed else []
-        payload = self.summary_payload()
-        return {"actions": [(run_summary, [payload])],
+        payload = self.summary_payload(specs, group)
+        task = {"actions": [(run_summary, [payload])],
                 "file_dep": [str(d) for d in deps] + [str(PKG / "stages" / "summary.py")],
-                "targets": [str(self.artifacts / "summary.json")],
+                "targets": [str(self.artifacts / payload["summary_file"])],
                 "uptodate": [config_changed({"models": payload["models"], "skipped": sorted(self.skipped)})],
                 "clean": True, "doc": "accuracy, offload and verify numbers of every model (summary.json)"}
+        if group:
+            task["task_dep"] = [f"{stage.name}:{spec.name}" for spec in specs for stage in STAGES
+                                if stage.in_default_run() and stage.applies(self.context(spec))]
+            task["doc"] = f"build every model of group {group!r} and print their summary ({group}_summary.json)"
+        return task
+
+    def groups(self) -> dict[str, list[ModelSpec]]:
+        """Group name -> the valid, not skipped models whose entry names it (``group = "zoo"``)."""
+        out: dict[str, list[ModelSpec]] = {}
+        for spec in self.valid():
+            if spec.group and spec.name not in self.skipped:
+                out.setdefault(spec.group, []).append(spec)
+        return out
 
     def cache_task(self) -> dict:
         """``doit cache``: the run-cache's size; ``doit cache --max-size 5G`` prunes it."""
@@ -176,16 +191,18 @@ class Project:
                             "help": "prune to this size first, least recently used first (e.g. 5G)"}],
                 "doc": "run-cache size (--max-size 5G: prune it, least recently used first)"}
 
-    def summary_payload(self) -> dict:
-        """What the summary task and the reporter read (plain data)."""
-        built = self.built()
+    def summary_payload(self, specs: list[ModelSpec] | None = None, group: str | None = None) -> dict:
+        """What the summary task and the reporter read (plain data) for ``specs`` (default: the
+        default run's models) or a ``group``'s."""
+        built = self.built() if specs is None else specs
         return {"models": [s.name for s in built], "artifacts": str(self.artifacts),
-                "skipped": self.skipped, "variants": {s.name: variants(s) for s in built},
+                "summary_file": f"{group}_summary.json" if group else "summary.json",
+                "skipped": {} if group else self.skipped, "variants": {s.name: variants(s) for s in built},
                 # same network (for the mixed-precision memory comparison) and its kind
                 "networks": {s.name: repr((s.builder, sorted(s.builder_kwargs.items()), s.weights.file,
                                            s.weights.path, s.input_shape)) for s in built},
                 "kinds": {s.name: "mixed" if s.quantizer.mixed else s.dtype for s in built},
-                "invalid": {e.name: str(e.error) for e in self.entries if isinstance(e, InvalidModel)}}
+                "invalid": {} if group else {e.name: str(e.error) for e in self.entries if isinstance(e, InvalidModel)}}
 
     def default_tasks(self) -> list[str]:
         """What a bare ``doit`` builds: every default stage of every built model, the
@@ -200,7 +217,9 @@ class Project:
             lock.acquire(self.artifacts)
             sweep_leftovers(self.artifacts)  # what killed runs left; no other run is writing now
         from ..console import C7xReporter
-        reporter = type("C7xReporter", (C7xReporter,), {"payload": self.summary_payload()})
+        payloads = {"summary": self.summary_payload(),
+                    **{g: self.summary_payload(specs, g) for g, specs in self.groups().items()}}
+        reporter = type("C7xReporter", (C7xReporter,), {"payloads": payloads})
         return {"default_tasks": self.default_tasks(), "continue": True, "reporter": reporter,
                 "dep_file": str(self.artifacts / ".doit.db"), "action_string_formatting": "new"}
 
@@ -213,6 +232,10 @@ class Project:
         ns["task_summary"].__doc__ = "accuracy / offload / verify numbers of every model"
         ns["task_cache"] = lambda: self.cache_task()
         ns["task_cache"].__doc__ = "run-cache size; --max-size prunes it"
+        for group, specs in self.groups().items():
+            if f"task_{group}" not in ns:   # a group named like a stage or command would shadow it
+                ns[f"task_{group}"] = (lambda sp, g: lambda: self.summary_task(sp, g))(specs, group)
+                ns[f"task_{group}"].__doc__ = f"build every model of group {group!r}, print their summary"
         return ns
 
 

@@ -319,3 +319,28 @@ def test_prescaled_requantization_is_the_direct_formula_exactly():
     approx = np.abs(total * (k * s / 2.0**sh)[:, None] - total * r)
     assert np.all((np.abs(out - total * r) <= 0.5 + approx + 1e-9)[unsat])
     assert unsat.mean() > 0.5 and np.abs(out[unsat]).max() > 5000   # a real int16 range
+
+
+def test_a_bias_beyond_int32_is_clipped_only_where_the_channel_saturates_either_way():
+    """EfficientNet-Lite0's stem: BatchNorm folded into near-zero weights leaves a bias of billions
+    of accumulator steps; the output is the int8 minimum whatever the input, before and after."""
+    from pipeline.backend.kernels.reference import requantize
+    w = np.array([[1, -2, 3], [1, -2, 3]], np.int8)
+    scale, shift = np.array([64, 64], np.uint8), np.array([20, 20], np.uint8)   # rescale 2^-14
+    folded = np.array([-6.3e9, 5.0e9])
+    out = fold.saturating_bias(folded, w, scale, shift)
+    assert out[0] == -(2**31) + 6 * 128 and out[1] == 2**31 - 1 - 6 * 128
+    accs = np.array([[-6 * 128, 0, 6 * 128]] * 2, np.int64)   # [C, pixels]: both reachable extremes
+    clipped = requantize(accs, out.astype(np.int64), scale, shift, "int8")
+    exact = requantize(accs, folded.astype(np.int64), scale, shift, "int8")
+    np.testing.assert_array_equal(clipped, exact)
+    assert clipped[0].tolist() == [-128] * 3 and clipped[1].tolist() == [127] * 3
+
+
+def test_a_bias_beyond_int32_that_the_input_could_still_move_is_declined():
+    w = np.array([[100] * 64], np.int8)                                  # reach 64 * 100 * 128
+    scale, shift = np.array([1], np.uint8), np.array([31], np.uint8)     # rescale 2^-31: nothing saturates
+    assert fold.saturating_bias(np.array([-3.0e9]), w, scale, shift)[0] == -3.0e9
+    with pytest.raises(Declined, match="outside the int32 range"):
+        fold.fold_bias_i8(np.array([-3.0e9]), d_s=1.0, d_zp=0, w=w, w_s=np.ones(1, np.float32),
+                          o_s=1.0, o_zp=0, requant=(scale, shift))

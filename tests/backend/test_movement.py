@@ -20,6 +20,7 @@ from c_check import compile_and_compare, inputs
 from qflow import quantize
 
 from pipeline.backend.passes.log import OffloadLog
+from pipeline.models.efficientnet_lite import SameConv2d
 from pipeline.backend.passes.movement import integer_slices_and_pads, pad_widths, slice_indices
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the host kernels")
@@ -81,7 +82,15 @@ class PaddedBlock(nn.Module):
         return self.block(self.pre(x))
 
 
-CASES = {"patch_merging": (lambda: Merge(False), (1, 8, 8, 32)),
+def _same_padded():
+    """TF "same" padded convs (EfficientNet-Lite's): an asymmetric pad of the float input before a
+    stride-2 conv, one of an int8 tensor before a stride-2 depthwise 5 x 5, then a symmetric one."""
+    return nn.Sequential(SameConv2d(3, 8, 3, 2, 16), nn.ReLU6(), SameConv2d(8, 8, 5, 2, 8, groups=8),
+                         nn.ReLU6(), SameConv2d(8, 4, 3, 1, 4))
+
+
+CASES = {"same_padded_convs": (_same_padded, (1, 3, 16, 16)),
+         "patch_merging": (lambda: Merge(False), (1, 8, 8, 32)),
          "patch_merging_v2": (lambda: Merge(True), (1, 8, 8, 32)),
          "padded_v2_block": (PaddedBlock, (1, 6, 6, 32))}
 
@@ -112,8 +121,13 @@ def test_the_rewrite_changes_no_value(flow):
     log = OffloadLog()
     rewritten = integer_slices_and_pads(f.mod, log)
     done = {d.op for d in log.decisions if d.status == "simplified"}
-    assert done == ({"strided_slice", "pad"} if name == "padded_v2_block" else {"strided_slice"})
-    assert "relax.nn.pad" not in _ops(rewritten) and "relax.take" in _ops(rewritten)
+    expect = {"padded_v2_block": {"strided_slice", "pad"}, "same_padded_convs": {"pad"}}
+    assert done == expect.get(name, {"strided_slice"})
+    assert "relax.nn.pad" not in _ops(rewritten)
+    assert ("relax.take" in _ops(rewritten)) == (name != "same_padded_convs")
+    if name == "same_padded_convs":   # both asymmetric pads went into their conv's padding
+        notes = [d.note for d in log.decisions if d.status == "simplified"]
+        assert any("[0, 0, 1, 1]" in n for n in notes) and any("[1, 1, 2, 2]" in n for n in notes), notes
     x = inputs(shape, n=1)
     np.testing.assert_array_equal(_run(rewritten, x).view(np.uint32), _run(f.mod, x).view(np.uint32))
 
@@ -125,7 +139,9 @@ def test_merging_and_padding_run_on_kernels_bit_exact_with_no_scalar_call(flow, 
     assert summary["calls_by_backend"].get("tvm", 0) == 0
     calls = json.loads((tmp_path / "c" / "manifest.json").read_text())["calls"]
     kernels = [c["kernel"] for c in calls]
-    if name == "padded_v2_block":   # 6 -> 8 along H, then W: one two-segment concat each
+    if name == "same_padded_convs":  # the pads are inside the conv calls: no copy, no concat
+        assert not [k for k in kernels if "concat" in k or "requantize" in k], kernels
+    elif name == "padded_v2_block":   # 6 -> 8 along H, then W: one two-segment concat each
         assert kernels.count("c7x_concat2_i8") == 2
     else:                           # four strided quarters, two takes each, joined along C
         assert kernels.count("c7x_concat4_i8") == 1 and kernels.count("c7x_take_i8") == 8

@@ -21,4 +21,4 @@ def test_random_calibration_and_random_weights_are_not_for_deployment():
 
 def test_labels_beyond_the_model_classes_are_flagged():
     notes = report_notes(CAL, EXP, ["x_990.jpg", "y_3.jpg", "z.jpg"], [990, 3, None], classes=10)
-    assert notes == ["1 labels are outside the model's 10 classes: top-1 is not meaningful"]
+    assert notes == ["1 labels are outside the model's 10 classes: those images count for agreement with float only"]

@@ -13,7 +13,16 @@ the layer passes (``docs/reference.md``, "Slices and pads")::
     pad(dq(x), widths, 0.0)              (axes a, b, ...)
         ->  concat_b(..., dq(q(concat_a(..., dq(x), ...), s, zp)), ...)
 
-The first holds because dequantize is element-wise, so selecting elements before or after it is
+A zero pad whose quantized result feeds a conv is folded into the conv's padding instead (first):
+
+    conv2d(dq(q(pad(y, widths on H and W, 0.0), s, zp)), W, padding=p)
+        ->  conv2d(dq(q(y, s, zp)), W, padding=p + widths)
+
+exact because ``q(0) = zp`` and the conv kernels pad with the input zero point; TensorFlow's
+asymmetric "same" padding (EfficientNet-Lite) then runs inside the conv call, also when ``y`` is
+the float model input.
+
+The first of the two holds because dequantize is element-wise, so selecting elements before or after it is
 the same; the takes then run on ``c7x_take_i8`` / ``_i16`` (:mod:`.take`). The second is the
 definition of a zero pad; the concat pass (:mod:`.concat`) quantizes each float zero block at
 compile time with its output's parameters (``q(0) = zp`` exactly) and copies the rest, so the
@@ -33,7 +42,8 @@ import tvm
 from tvm import relax
 
 from ...config import DTYPES
-from .graph import QDQ, Graph, const, const_array, dequantize_of, prim_number, static_shape, var_name
+from .graph import (QDQ, Graph, const, const_array, dequantize_of, prim_number, quantize_of, static_shape,
+                    var_name)
 from .log import OffloadLog
 from .rewrite import Simplify, run_pass, with_data
 
@@ -152,6 +162,47 @@ def _pad_planner(graph: Graph, binding):
                     f"zero pad of {len(padded)} axis(es): a concat with zero blocks per axis", build)
 
 
+def conv_pad_fold(graph: Graph, data) -> tuple[object, list[int]] | None:
+    """``(y, [top, left, bottom, right])`` when a conv's ``data`` is ``dq(q(pad(y)))``: a per-tensor
+    quantize of a constant zero pad of only the height and width axes of an NCHW tensor ``y``
+    (TensorFlow's "same" padding, exported as ``F.pad`` before an unpadded conv); else None."""
+    dq, dq_call = dequantize_of(graph, data), graph.call(data, "relax.dequantize")
+    q = quantize_of(graph, dq.data) if dq is not None else None
+    if q is None or not (dq.scalar and q.scalar) or (float(q.scale), int(q.zp)) != (float(dq.scale), int(dq.zp)):
+        return None   # the zero border must read back as 0.0: one (scale, zero point) for both
+    pad = graph.call(q.data, "relax.nn.pad")
+    shape = static_shape(pad.args[0]) if pad is not None else None
+    padded = pad_widths(pad, len(shape)) if shape is not None and len(shape) == 4 else None
+    if not padded or any(axis < 2 for axis, _, _ in padded) or dq_call is None:
+        return None
+    w = {axis: (before, after) for axis, before, after in padded}
+    (top, bottom), (left, right) = w.get(2, (0, 0)), w.get(3, (0, 0))
+    return pad.args[0], [top, left, bottom, right]
+
+
+def _conv_pad_planner(graph: Graph, binding):
+    conv = graph.call(binding.value, "relax.nn.conv2d")
+    fold = conv_pad_fold(graph, conv.args[0]) if conv is not None else None
+    if fold is None:
+        return None
+    y, extra = fold
+    dq_call = graph.call(conv.args[0], "relax.dequantize")
+    q_call = graph.call(dq_call.args[0], "relax.quantize")
+    name = var_name(binding.var)
+
+    def build(ctx):
+        q = ctx.emit(with_data(q_call, ctx.remap(y)), f"{name}_q")
+        x = ctx.emit(with_data(dq_call, q), f"{name}_dq")
+        a = conv.attrs
+        padding = [int(p) + e for p, e in zip(a.padding, extra)]
+        return relax.op.nn.conv2d(x, ctx.remap(conv.args[1]), strides=a.strides, padding=padding,
+                                  dilation=a.dilation, groups=a.groups, data_layout=a.data_layout,
+                                  kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=a.out_dtype)
+
+    return Simplify(name, "pad", str(q_call.attrs.out_dtype),
+                    f"zero pad {extra} (top, left, bottom, right) folded into the conv's padding", build)
+
+
 def integer_slices_and_pads(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
     """Rewrite ``strided_slice(dq(x))`` and the zero ``pad(dq(x))`` of int8 / int16 ``x`` into
     takes on ``x`` and concats with zero blocks (module docstring); values unchanged."""
@@ -160,4 +211,5 @@ def integer_slices_and_pads(mod: tvm.IRModule, log: OffloadLog | None = None) ->
         if new is mod:
             break
         mod = new
+    mod = run_pass(mod, log, "pad", _conv_pad_planner)   # before the concat rewrite sees those pads
     return run_pass(mod, log, "pad", _pad_planner)

@@ -196,7 +196,7 @@ def _fold_i8(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded:
     """int8 (``docs/reference.md``, "Folding"):
     ``bias_i32 = round(b/(d_s w_s)) - d_zp sum W + round(o_zp o_s/(d_s w_s))``."""
     scale, shift = fold.requant_params(data.s, weights.scale, out.s)
-    b = fold.fold_bias_i8(bias, data.s, data.z, weights.q, weights.scale, out.s, out.z)
+    b = fold.fold_bias_i8(bias, data.s, data.z, weights.q, weights.scale, out.s, out.z, requant=(scale, shift))
     return Folded(weights.q, b, scale, shift)
 
 
