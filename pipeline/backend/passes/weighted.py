@@ -192,11 +192,12 @@ PRESCALE_NOTE = ("int8 weights widened to int16 and pre-scaled per output channe
                  "(bias scaled by k too): requant multiplier k*scale/2^shift instead of scale/2^shift")
 
 
-def _fold_i8(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded:
+def _fold_i8(weights: Weights, bias, data: QDQ, out: QDQ, act_range: tuple[int, int] | None = None) -> Folded:
     """int8 (``docs/reference.md``, "Folding"):
     ``bias_i32 = round(b/(d_s w_s)) - d_zp sum W + round(o_zp o_s/(d_s w_s))``."""
     scale, shift = fold.requant_params(data.s, weights.scale, out.s)
-    b = fold.fold_bias_i8(bias, data.s, data.z, weights.q, weights.scale, out.s, out.z, requant=(scale, shift))
+    b = fold.fold_bias_i8(bias, data.s, data.z, weights.q, weights.scale, out.s, out.z,
+                          requant=(scale, shift, act_range or fold.dtype_range("int8")))
     return Folded(weights.q, b, scale, shift)
 
 
@@ -216,7 +217,8 @@ def _fold_i16_prescaled(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded:
     return Folded(fold.prescale_weights(weights.q, k), b, scale, shift, PRESCALE_NOTE)
 
 
-def fold_weighted(weights: Weights, bias: np.ndarray | None, data: QDQ, out: QDQ, dtype: str) -> Folded:
+def fold_weighted(weights: Weights, bias: np.ndarray | None, data: QDQ, out: QDQ, dtype: str,
+                  act_range: tuple[int, int] | None = None) -> Folded:
     """Fold a matched layer into kernel constants; raises :class:`Declined` if it cannot be.
 
     int8: :func:`_fold_i8` (``docs/reference.md``, "Folding"). int16 with int16 weights:
@@ -224,10 +226,12 @@ def fold_weighted(weights: Weights, bias: np.ndarray | None, data: QDQ, out: QDQ
     :func:`_fold_i16_prescaled`: widened to int16 (deviation (d): exact,
     doubles the weight memory) and pre-scaled per channel for a ~14-bit
     requantization multiplier (:mod:`pipeline.backend.fold`, "pre-scaling").
-    Scale/shift never silently fall back to 1/0 (deviation (a)).
+    Scale/shift never silently fall back to 1/0 (deviation (a)). ``act_range``: the kernel's
+    saturation range (:func:`.rewrite.act_scalars`), which decides whether an int8 bias beyond
+    int32 may be clipped (:func:`pipeline.backend.fold.saturating_bias`).
     """
     if dtype == "int8":
-        return _fold_i8(weights, bias, data, out)
+        return _fold_i8(weights, bias, data, out, act_range)
     if weights.q.dtype == np.int8:
         return _fold_i16_prescaled(weights, bias, data, out)
     return _fold_i16_full(weights, bias, data, out)
