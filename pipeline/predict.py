@@ -109,7 +109,7 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
 
     from .backend.host import run_host_timed
     from .data import detections
-    from .data.images import load_image, make_transform
+    from .data.images import decode_rgb, input_to_original, load_image, make_transform
 
     transform = make_transform(spec.preprocess)
     images = [load_image(p, transform) for p in paths]
@@ -124,10 +124,14 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
              "(x86 time of the reference kernels, not C7x cycles)"]
     for i, (path, img, out) in enumerate(zip(paths, images, run.outputs)):
         lines.append(f"{path}:")
-        if detecting:
+        if detecting:   # boxes in the photo's own pixels, drawn on the photo at its own size
+            original = decode_rgb(path)
+            out = np.array(out, copy=True)
+            out[:, :4] = input_to_original(out[:, :4], spec.preprocess, tuple(original.shape[1:]))
             rows = detections.select(out)
             lines += [f"  {names[int(r[5])] if int(r[5]) < len(names) else int(r[5])} {r[4]:.2f} "
-                      f"box [{r[0]:.0f}, {r[1]:.0f}, {r[2]:.0f}, {r[3]:.0f}]" for r in rows] or ["  no detection"]
+                      f"box [{r[0]:.0f}, {r[1]:.0f}, {r[2]:.0f}, {r[3]:.0f}] (x1, y1, x2, y2 in pixels of "
+                      f"the {original.shape[2]}x{original.shape[1]} image)" for r in rows] or ["  no detection"]
         elif float_out is not None:
             lines.append("  " + _embedding_line(out, float_out[i]))
         elif len(out) == 1:   # a binary classifier's one logit
@@ -143,7 +147,7 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
             shown = _unnormalized(img, spec.preprocess)
             target = save / f"{path.stem}.jpg"
             if detecting:
-                detections.draw(shown, out, target, names=names)
+                detections.draw(original.float() / 255, out, target, names=names)
             else:
                 _draw_label(shown, f"{names[idx[0]]} {scores[0]:.2f}", target)
             lines.append(f"  saved {target}")

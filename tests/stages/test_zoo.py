@@ -108,3 +108,20 @@ def test_embedding_builder_is_resnet50_with_a_tanh_projection():
     x = torch.randn(1, 3, 64, 64)
     out = model(x)
     assert out.shape == (1, 16) and torch.equal(out, torch.tanh(model.pre(x)))
+
+
+def test_dinov2_keeps_the_trained_grid_when_the_input_matches_and_resizes_otherwise():
+    from pipeline.models.dinov2 import TRAINED_GRID, dinov2_vits14, resize_positions
+    pos = torch.randn(1, 1 + TRAINED_GRID ** 2, 8)
+    assert torch.equal(resize_positions(pos, TRAINED_GRID), pos)
+    small = resize_positions(pos, 4)
+    assert small.shape == (1, 17, 8) and torch.equal(small[:, 0], pos[:, 0])
+    model = dinov2_vits14(image_size=56)
+    assert model(torch.zeros(1, 3, 56, 56)).shape == (1, 384)
+    state = model.state_dict()
+    assert "embeddings.position_resized" not in state and state["embeddings.position_embeddings"].shape[1] == 1370
+    state["embeddings.position_embeddings"] = torch.zeros_like(state["embeddings.position_embeddings"])
+    model.load_state_dict(state)   # the resized buffer follows the loaded weights
+    assert torch.count_nonzero(model.embeddings.position_resized) == 0
+    with pytest.raises(ValueError, match="multiple of the patch size"):
+        dinov2_vits14(image_size=100)

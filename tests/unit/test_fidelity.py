@@ -42,3 +42,14 @@ def test_cosines_and_embedding_scores_name_the_worst_image():
 
 def test_cosine_of_a_zero_vector_against_a_nonzero_one_is_zero():
     assert fidelity.cosines(np.zeros((1, 3)), np.ones((1, 3))).tolist() == [0.0]
+
+
+def test_boxes_go_back_to_the_photos_pixels_through_a_stretch_or_a_crop():
+    from pipeline.config import PreprocessSpec
+    from pipeline.data.images import input_to_original
+    stretch = PreprocessSpec(resize=(320, 320), crop=320)
+    got = input_to_original(np.array([[0.0, -3.0, 320.0, 160.0]]), stretch, (300, 400))
+    assert got.tolist() == [[0.0, 0.0, 400.0, 150.0]] and not np.signbit(got).any()   # clamped, no -0
+    crop = PreprocessSpec(resize=256, crop=224)   # 300 x 400 -> 256 x 341, cut 16 rows and 58 columns
+    got = input_to_original(np.array([0.0, 0.0, 224.0, 224.0]), crop, (300, 400))
+    np.testing.assert_allclose(got, [58 * 400 / 341, 16 * 300 / 256, 282 * 400 / 341, 240 * 300 / 256])

@@ -199,8 +199,9 @@ def _conv_pad_planner(graph: Graph, binding):
                                   dilation=a.dilation, groups=a.groups, data_layout=a.data_layout,
                                   kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype=a.out_dtype)
 
-    return Simplify(name, "pad", str(q_call.attrs.out_dtype),
-                    f"zero pad {extra} (top, left, bottom, right) folded into the conv's padding", build)
+    # logged on the pad's binding: the manifest's pad layer then says where it went
+    return Simplify(var_name(q_call.args[0]), "pad", str(q_call.attrs.out_dtype),
+                    f"zero pad {extra} (top, left, bottom, right) folded into the padding of conv {name}", build)
 
 
 def integer_slices_and_pads(mod: tvm.IRModule, log: OffloadLog | None = None) -> tvm.IRModule:
