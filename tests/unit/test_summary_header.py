@@ -22,3 +22,28 @@ MIXED = {"int16_layer_count": 2, "layer_count": 9, "int16_macs": 5, "total_macs"
 def test_header_names_the_dtypes(dtype, weight_dtype, mixed, want):
     lines = model_lines("m", {**REPORT, "dtype": dtype, "weight_dtype": weight_dtype}, None, {}, mixed=mixed)
     assert lines[0] == want
+
+
+def test_an_embedding_is_summarised_by_cosine_held_out_first():
+    report = {"images": 20, "evaluation_set": "s", "dtype": "int8", "weight_dtype": "int8",
+              "cosine_mean": 0.72, "cosine_min": 0.2, "worst_image": "a.jpg", "mean_abs_error_vs_float": 1.2}
+    holdout = {"method": "k-fold", "folds": 2, "evaluation_set": "s",
+               "qdq": {"cosine_mean": 0.68, "cosine_min": -0.01},
+               "c": {"variant": "mmalib", "cosine_mean": 0.71, "cosine_min": 0.23, "worst_image": "b.jpg"}}
+    lines = model_lines("e", report, None, {}, holdout=holdout)
+    assert lines[0] == "e: int8 activations, int8 weights; 20 images, embedding (s)"
+    assert lines[1] == ("  held-out       2-fold on s, cosine to float: Q/DQ mean 0.6800, worst -0.0100 | "
+                        "C mmalib mean 0.7100, worst 0.2300 (b.jpg)")
+    assert lines[2].startswith("  in-sample      cosine to float: Q/DQ mean 0.7200, worst 0.2000")
+
+
+def test_a_classifier_without_a_label_among_its_classes_shows_no_top1():
+    report = {**REPORT, "labeled": 0, "dtype": "int8", "weight_dtype": "int8", "relative_logit_error": 0.36}
+    holdout = {"method": "k-fold", "folds": 2, "evaluation_set": "s", "labeled": 0, "images": 3, "float_top1": 0,
+               "qdq": {"top1": 0, "top1_agreement_with_float": 3, "mean_abs_logit_error_vs_float": 0.5,
+                       "relative_logit_error_vs_float": 0.42},
+               "c": {"variant": "mmalib", "top1": 0, "top1_agreement_with_float": 3,
+                     "mean_abs_logit_error_vs_float": 0.6, "relative_logit_error_vs_float": 0.44}}
+    text = "\n".join(model_lines("b", report, None, {}, holdout=holdout))
+    assert "no image labeled with one of the model's classes" in text and "top-1 float 0/0" not in text
+    assert "0.500 (42% of float's spread)" in text and "C mmalib 3/3, 0.600 (44% of float's spread)" in text
