@@ -160,8 +160,7 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
             fail("weights.logit_std needs 'pretrained = false' and calibration images "
                  "(it scales a random init's classifier on the calibration set)")
         weights = dataclasses.replace(weights, logit_std=float(weights.logit_std))
-    if weights.format == "ultralytics" and not (isinstance(weights.sha256, str)
-                                                and re.fullmatch(r"[0-9a-f]{64}", weights.sha256)):
+    if weights.format == "ultralytics" and weights.sha256 is None:
         fail("weights.format = 'ultralytics' needs weights.sha256, the 64 hex digits of the one checkpoint "
              "trusted to be unpickled")
     if weights.sha256 is not None and not (isinstance(weights.sha256, str)

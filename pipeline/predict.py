@@ -158,7 +158,8 @@ def _embedding_line(vec, float_vec) -> str:
     """``768-d vector, norm 12.345, cosine to the float model 0.9987``."""
     from .data.fidelity import cosines
     cos = float(cosines(vec[None], float_vec[None])[0])
-    return f"{vec.size}-d vector, norm {float((vec.astype('float64') ** 2).sum()) ** 0.5:.3f}, cosine to the float model {cos:.4f}"
+    import numpy as np
+    return f"{vec.size}-d vector, norm {np.linalg.norm(vec.astype(np.float64)):.3f}, cosine to the float model {cos:.4f}"
 
 
 def _unnormalized(img, pre):

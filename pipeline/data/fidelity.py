@@ -58,11 +58,12 @@ def cosines(out: np.ndarray, float_out: np.ndarray) -> np.ndarray:
     return cos
 
 
-def embedding_scores(out: np.ndarray, float_out: np.ndarray, names: list[str]) -> dict:
-    """Cosine of each image's output vector to float's (:func:`cosines`): ``cosine_mean``,
+def embedding_scores(out: np.ndarray, float_out: np.ndarray, names: list[str],
+                     cos: np.ndarray | None = None) -> dict:
+    """Cosine of each image's output vector to float's (``cos``, else :func:`cosines`): ``cosine_mean``,
     ``cosine_min`` and the image it belongs to (``worst_image``), and the mean |error| in
     output units."""
-    cos = cosines(out, float_out)
+    cos = cosines(out, float_out) if cos is None else cos
     worst = int(cos.argmin())
     return {"cosine_mean": round(float(cos.mean()), 6), "cosine_min": round(float(cos[worst]), 6),
             "worst_image": names[worst],

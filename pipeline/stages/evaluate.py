@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-import numpy as np
 
+import numpy as np
 import torch
 
 from ..config import ModelSpec, list_images
@@ -38,18 +38,17 @@ def compare_logits(float_logits: torch.Tensor, quant_logits: torch.Tensor,
     ``labels`` may hold None for unlabeled images (counted in agreement only).
     """
     f, q = float_logits.numpy(), quant_logits.numpy()
-    f1, q1 = fidelity.decisions(f), fidelity.decisions(q)
-    lab = fidelity.labeled(labels, f.shape[1])
-    err = np.abs(f.astype(np.float64) - q)
+    got = fidelity.classifier_scores(q, f, labels)
+    f1 = fidelity.decisions(f)
     return {
         "images": len(labels),
-        "labeled": len(lab),
-        "float_top1": sum(int(f1[i]) == y for i, y in lab),
-        "quant_top1": sum(int(q1[i]) == y for i, y in lab),
-        "top1_agreement": int((f1 == q1).sum()),
-        "mean_abs_logit_error": round(float(err.mean()), 6),
-        "relative_logit_error": fidelity.relative_error(float(err.mean()), f),
-        "max_abs_logit_error": round(float(err.max()), 6),
+        "labeled": got["labeled"],
+        "float_top1": sum(int(f1[i]) == y for i, y in fidelity.labeled(labels, f.shape[1])),
+        "quant_top1": got["top1"],
+        "top1_agreement": got["top1_agreement_with_float"],
+        "mean_abs_logit_error": got["mean_abs_logit_error_vs_float"],
+        "relative_logit_error": got["relative_logit_error_vs_float"],
+        "max_abs_logit_error": round(float(np.abs(f.astype(np.float64) - q).max()), 6),
     }
 
 

@@ -254,8 +254,8 @@ def embedding_scores(variant: str, eval_images: list[Path], float_out: np.ndarra
     C build ``variant`` (:func:`pipeline.data.fidelity.embedding_scores`), per image too."""
     names = [p.name for p in eval_images]
     q, c = fidelity.cosines(qdq, float_out), fidelity.cosines(c_out, float_out)
-    return {"qdq": fidelity.embedding_scores(qdq, float_out, names),
-            "c": {"variant": variant, **fidelity.embedding_scores(c_out, float_out, names)},
+    return {"qdq": fidelity.embedding_scores(qdq, float_out, names, q),
+            "c": {"variant": variant, **fidelity.embedding_scores(c_out, float_out, names, c)},
             "per_image": [{"image": n, "qdq_cosine": round(float(q[i]), 6), "c_cosine": round(float(c[i]), 6)}
                           for i, n in enumerate(names)]}
 
@@ -265,13 +265,12 @@ def classification_scores(variant: str, eval_images: list[Path], float_logits: n
     """Held-out top-1 of float, the Q/DQ model and the C build ``variant`` ([N, K] logits), per image too."""
     labels = [label_of(p) for p in eval_images]
     lab = fidelity.labeled(labels, float_logits.shape[1])
-    float_decision = fidelity.decisions(float_logits)
+    f, q, c = (fidelity.decisions(a) for a in (float_logits, qdq, c_out))
     return {
         "labeled": len(lab),
-        "float_top1": sum(int(float_decision[i]) == y for i, y in lab),
+        "float_top1": sum(int(f[i]) == y for i, y in lab),
         "qdq": scores(qdq, float_logits, labels),
         "c": {"variant": variant, **scores(c_out, float_logits, labels)},
-        "per_image": [{"image": p.name, "label": labels[i], "float": int(f), "qdq": int(q), "c": int(c)}
-                      for i, (p, f, q, c) in enumerate(zip(eval_images, *map(fidelity.decisions,
-                                                                             (float_logits, qdq, c_out))))],
+        "per_image": [{"image": p.name, "label": labels[i], "float": int(f[i]), "qdq": int(q[i]), "c": int(c[i])}
+                      for i, p in enumerate(eval_images)],
     }

@@ -171,8 +171,7 @@ class Project:
                 "uptodate": [config_changed({"models": payload["models"], "skipped": sorted(payload["skipped"])})],
                 "clean": True, "doc": "accuracy, offload and verify numbers of every model (summary.json)"}
         if group:
-            task["task_dep"] = [f"{stage.name}:{spec.name}" for spec in specs for stage in STAGES
-                                if stage.in_default_run() and stage.applies(self.context(spec))]
+            task["task_dep"] = self.default_stage_tasks(specs)
             task["doc"] = f"build every model of group {group!r} and print their summary ({group}_summary.json)"
         return task
 
@@ -209,12 +208,15 @@ class Project:
                 "kinds": {s.name: "mixed" if s.quantizer.mixed else s.dtype for s in built},
                 "invalid": {} if group else {e.name: str(e.error) for e in self.entries if isinstance(e, InvalidModel)}}
 
+    def default_stage_tasks(self, specs: list[ModelSpec]) -> list[str]:
+        """``stage:model`` of every stage the default run builds, for each of ``specs``."""
+        return [f"{stage.name}:{spec.name}" for spec in specs for stage in STAGES
+                if stage.in_default_run() and stage.applies(self.context(spec))]
+
     def default_tasks(self) -> list[str]:
         """What a bare ``doit`` builds: every default stage of every built model, the
         summary, and the export of each invalid entry (so its error is shown)."""
-        out = [f"{stage.name}:{spec.name}" for spec in self.built() for stage in STAGES
-               if stage.in_default_run() and stage.applies(self.context(spec))]
-        return out + ["summary"] + [f"export:{e.name}" for e in self.entries if isinstance(e, InvalidModel)]
+        return self.default_stage_tasks(self.built()) + ["summary"] + [f"export:{e.name}" for e in self.entries if isinstance(e, InvalidModel)]
 
     def doit_config(self) -> dict:
         self.artifacts.mkdir(parents=True, exist_ok=True)  # doit keeps its state DB there

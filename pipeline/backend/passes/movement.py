@@ -162,8 +162,9 @@ def _pad_planner(graph: Graph, binding):
                     f"zero pad of {len(padded)} axis(es): a concat with zero blocks per axis", build)
 
 
-def conv_pad_fold(graph: Graph, data) -> tuple[object, list[int]] | None:
-    """``(y, [top, left, bottom, right])`` when a conv's ``data`` is ``dq(q(pad(y)))``: a per-tensor
+def conv_pad_fold(graph: Graph, data) -> tuple | None:
+    """``(y, [top, left, bottom, right], q_call, dq_call)`` when a conv's ``data`` is
+    ``dq(q(pad(y)))``: a per-tensor
     quantize of a constant zero pad of only the height and width axes of an NCHW tensor ``y``
     (TensorFlow's "same" padding, exported as ``F.pad`` before an unpadded conv); else None."""
     dq, dq_call = dequantize_of(graph, data), graph.call(data, "relax.dequantize")
@@ -177,7 +178,7 @@ def conv_pad_fold(graph: Graph, data) -> tuple[object, list[int]] | None:
         return None
     w = {axis: (before, after) for axis, before, after in padded}
     (top, bottom), (left, right) = w.get(2, (0, 0)), w.get(3, (0, 0))
-    return pad.args[0], [top, left, bottom, right]
+    return pad.args[0], [top, left, bottom, right], graph.call(dq.data, "relax.quantize"), dq_call
 
 
 def _conv_pad_planner(graph: Graph, binding):
@@ -185,9 +186,7 @@ def _conv_pad_planner(graph: Graph, binding):
     fold = conv_pad_fold(graph, conv.args[0]) if conv is not None else None
     if fold is None:
         return None
-    y, extra = fold
-    dq_call = graph.call(conv.args[0], "relax.dequantize")
-    q_call = graph.call(dq_call.args[0], "relax.quantize")
+    y, extra, q_call, dq_call = fold
     name = var_name(binding.var)
 
     def build(ctx):
