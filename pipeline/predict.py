@@ -147,7 +147,8 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
             shown = _unnormalized(img, spec.preprocess)
             target = save / f"{path.stem}.jpg"
             if detecting:
-                detections.draw(original.float() / 255, out, target, names=names)
+                detections.draw(original.float() / 255, out, target, names=names,
+                                font=str(FONT) if FONT.is_file() else None)
             else:
                 _draw_label(shown, f"{names[idx[0]]} {scores[0]:.2f}", target)
             lines.append(f"  saved {target}")

@@ -170,14 +170,16 @@ def per_image(names: list[str], matched: dict[str, dict]) -> list[dict]:
 
 
 def draw(image: torch.Tensor, det: np.ndarray, out: Path, conf: float = CONF,
-         fallback_top: int = 10, names: list[str] | None = None) -> int:
+         fallback_top: int = 10, names: list[str] | None = None, font: str | None = None) -> int:
     """Draw one image's detections on it and write a JPEG (atomically).
 
     ``image``: float32 ``[3, H, W]`` RGB in [0, 1] (the preprocessed input, so
     boxes in input pixels land where they belong). Draws the rows with score
     >= ``conf``, or the first ``fallback_top`` rows when none is that
     confident (a random-weight model), labelled ``class:score`` (``name score``
-    with ``names``, the class names by index). Returns how many boxes it drew.
+    with ``names``, the class names by index). ``font``: a TrueType file for the labels, sized
+    to the image (a photo at its own size); else PIL's small bitmap font. Returns how many boxes
+    it drew.
     """
     from torchvision.io import encode_jpeg
     from torchvision.utils import draw_bounding_boxes
@@ -195,7 +197,10 @@ def draw(image: torch.Tensor, det: np.ndarray, out: Path, conf: float = CONF,
     labels = [f"{names[int(c)]} {s:.2f}" if names and 0 <= int(c) < len(names) else f"{int(c)}:{s:.2f}"
               for s, c in rows[:, 4:6]]
     img = (image.clamp(0, 1) * 255).round().to(torch.uint8)
-    drawn = draw_bounding_boxes(img, boxes, labels=labels, colors="red", width=2) if len(rows) else img
+    size = max(14, min(h, w) // 30)   # readable on a 320-pixel input and on a 4000-pixel photo
+    style = {"font": font, "font_size": size} if font else {}
+    drawn = (draw_bounding_boxes(img, boxes, labels=labels, colors="red", width=max(2, size // 7), **style)
+             if len(rows) else img)
     with atomic_path(out) as tmp:
         Path(tmp).write_bytes(encode_jpeg(drawn, quality=90).numpy().tobytes())
     return len(rows)
