@@ -14,7 +14,8 @@ Schema (every key but ``builder`` and ``input_shape`` has a default)::
     default_run = true                             # false: built only when named (doit verify:<model>)
     group = "zoo"                                  # optional: `doit zoo` builds every model of the group
     task = "classification"                        # or "detection": [1, D, 6] output (x1 y1 x2 y2 score class),
-                                                   # or "embedding": [1, D] vector compared by cosine
+                                                   # or "embedding": [1, D] vector compared by cosine,
+                                                   # or "segmentation": detections + [1, D, Hm, Wm] masks
     [weights]      see WeightsSpec
     [calibration]  see CalibrationSpec
     [quantizer]    see QuantizerSpec
@@ -55,7 +56,10 @@ def check_model_name(name: str, source: Path | str) -> None:
 # verify and evaluate compare IoU-matched detections instead of top-1, verify draws them.
 # "embedding": the output is a [1, D] vector (a backbone's features, an image-similarity embedding);
 # holdout and evaluate compare it to float's by cosine similarity instead of top-1.
-TASKS = ("classification", "detection", "embedding")
+# "segmentation": output 0 as for "detection" (ranked candidates, NMS on the host), output 1 the
+# [1, D, Hm, Wm] mask logits of each candidate (pipeline/data/segmentation.py); holdout and evaluate
+# also give the mask IoU of each matched instance.
+TASKS = ("classification", "detection", "embedding", "segmentation")
 
 # torchvision's ImageNet classification transform (its weights' `transforms()`).
 IMAGENET_PREPROCESS = {
@@ -67,7 +71,10 @@ IMAGENET_PREPROCESS = {
 # Ultralytics' detection input (the user's YOLO26 example): plain resize to
 # 320x320 (no aspect-preserving letterbox), RGB / 255, NCHW, no mean/std.
 YOLO_PREPROCESS = {"resize": [320, 320], "crop": 320, "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]}
-PREPROCESS_PRESETS = {"imagenet": IMAGENET_PREPROCESS, "yolo": YOLO_PREPROCESS}
+# Ultralytics' own predictor input: the photo scaled to fit 320x320 with its aspect kept and
+# padded with gray 114 (``ultralytics.data.augment.LetterBox``), RGB / 255.
+LETTERBOX_PREPROCESS = {**YOLO_PREPROCESS, "letterbox": True}
+PREPROCESS_PRESETS = {"imagenet": IMAGENET_PREPROCESS, "yolo": YOLO_PREPROCESS, "letterbox": LETTERBOX_PREPROCESS}
 
 
 def choice(default, allowed: tuple, text: str = ""):
@@ -140,13 +147,17 @@ class PreprocessSpec:
     ``resize``/``crop`` are pixels: ``resize`` an int scales the shorter side
     to it (aspect kept, torchvision's ``Resize(int)``), a pair ``(H, W)``
     scales to exactly that size (``Resize([H, W])``, the "yolo" preset);
-    ``mean``/``std`` apply to RGB in [0, 1].
+    ``mean``/``std`` apply to RGB in [0, 1]. ``letterbox`` (with a pair
+    ``resize`` equal to ``crop``, the "letterbox" preset): scale so the whole
+    image fits ``(H, W)`` with its aspect kept, then pad the rest evenly with
+    gray 114, as ultralytics' ``LetterBox`` does for its detectors.
     """
 
     resize: int | tuple[int, int] = 256
     crop: int = 224
     mean: tuple[float, ...] = tuple(IMAGENET_PREPROCESS["mean"])
     std: tuple[float, ...] = tuple(IMAGENET_PREPROCESS["std"])
+    letterbox: bool = False
 
 
 @dataclass(frozen=True)
@@ -320,6 +331,11 @@ class ModelSpec:
     task: str = "classification"
     #: one line for people (``doit list`` shows it on the model's export task); tracks nothing
     description: str = ""
+
+    @property
+    def detects(self) -> bool:
+        """True when output 0 is ``[1, D, 6]`` detections (task "detection" or "segmentation")."""
+        return self.task in ("detection", "segmentation")
 
 
 def list_images(folder: str | Path, strict: bool = False) -> list[Path]:

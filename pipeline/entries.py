@@ -285,7 +285,7 @@ def _preprocess(fail, value) -> PreprocessSpec:
     if not isinstance(value, dict):
         fail(f"preprocess must be one of {', '.join(map(repr, PREPROCESS_PRESETS))} or a table "
              f"{{resize, crop, mean, std}}, got {value!r}")
-    unknown = set(value) - {"resize", "crop", "mean", "std"}
+    unknown = set(value) - {"resize", "crop", "mean", "std", "letterbox"}
     if unknown:
         fail(f"unknown key(s) {sorted(unknown)} in preprocess")
     merged = {**IMAGENET_PREPROCESS, **value}
@@ -306,9 +306,15 @@ def _preprocess(fail, value) -> PreprocessSpec:
             fail(f"preprocess.{key} needs 3 numbers (R, G, B), got {v!r}")
     if any(x <= 0 for x in merged["std"]):
         fail(f"preprocess.std must be positive, got {merged['std']}")
+    letterbox = merged.get("letterbox", False)
+    if not isinstance(letterbox, bool):
+        fail(f"preprocess.letterbox must be true or false, got {letterbox!r}")
+    if letterbox and not (isinstance(resize, tuple) and resize[0] == resize[1] == merged["crop"]):
+        fail(f"preprocess.letterbox needs resize = [S, S] and crop = S (the padded square), "
+             f"got resize {resize!r}, crop {merged['crop']!r}")
     return PreprocessSpec(resize=resize, crop=int(merged["crop"]),
                           mean=tuple(float(v) for v in merged["mean"]),
-                          std=tuple(float(v) for v in merged["std"]))
+                          std=tuple(float(v) for v in merged["std"]), letterbox=letterbox)
 
 def _pixels(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0

@@ -64,7 +64,7 @@ class Layout:
         """What verify draws for a detection model: ``detections/<image stem>_<kind>.jpg``
         for every evaluation image and kind (``float``, ``qdq``, then ``c_<variant>`` per C
         build), and the ``index.html`` linking them; nothing for other models."""
-        if spec.task != "detection":
+        if not spec.detects:
             return []
         kinds = ["float", "qdq"] + [f"c_{v}" for v in variants(spec)]
         return [self.detections / f"{p.stem}_{k}.jpg" for p in images for k in kinds] + [

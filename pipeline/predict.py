@@ -107,31 +107,34 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
     import numpy as np
     import torch
 
-    from .backend.host import run_host_timed
+    from .backend.host import model_info, run_host_timed
     from .data import detections
-    from .data.images import decode_rgb, input_to_original, load_image, make_transform
+    from .data.images import decode_rgb, load_image, make_transform
 
     transform = make_transform(spec.preprocess)
     images = [load_image(p, transform) for p in paths]
     run = run_host_timed(exe, codegen, torch.stack(images).numpy())
-    detecting = spec.task == "detection"
-    names = detections.coco80() if detecting else _class_names(spec, int(run.outputs.shape[-1]))
+    outputs = model_info(codegen).split(run.outputs)   # one [N, ...] array per model output
+    detecting = spec.detects
+    names = detections.coco80() if detecting else _class_names(spec, int(outputs[0].shape[-1]))
     float_out = None
     if spec.task == "embedding":   # the float model's vectors, to say how close the C's are
         from .data.torch_outputs import run_program
         float_out = run_program(ctx.layout.float_pt2, torch.stack(images), spec.name).numpy()
     lines = [f"{spec.name} [{variant}]: {len(paths)} image(s), host C {run.ms_per_image:.1f} ms per image "
              "(x86 time of the reference kernels, not C7x cycles)"]
-    for i, (path, img, out) in enumerate(zip(paths, images, run.outputs)):
+    masks = None
+    for i, (path, img, out) in enumerate(zip(paths, images, outputs[0])):
         lines.append(f"{path}:")
-        if detecting:   # boxes in the photo's own pixels, drawn on the photo at its own size
+        if detecting:   # boxes (and masks) in the photo's own pixels, drawn on the photo at its own size
             original = decode_rgb(path)
-            out = np.array(out, copy=True)
-            out[:, :4] = input_to_original(out[:, :4], spec.preprocess, tuple(original.shape[1:]))
-            rows = detections.select(out)
+            rows, masks = _instances(spec, out, outputs, i, tuple(original.shape[1:]))
+            out = rows
             lines += [f"  {names[int(r[5])] if int(r[5]) < len(names) else int(r[5])} {r[4]:.2f} "
                       f"box [{r[0]:.0f}, {r[1]:.0f}, {r[2]:.0f}, {r[3]:.0f}] (x1, y1, x2, y2 in pixels of "
-                      f"the {original.shape[2]}x{original.shape[1]} image)" for r in rows] or ["  no detection"]
+                      f"the {original.shape[2]}x{original.shape[1]} image)"
+                      + (f", mask {int(masks[j].sum())} pixels" if masks is not None else "")
+                      for j, r in enumerate(rows)] or ["  no detection"]
         elif float_out is not None:
             lines.append("  " + _embedding_line(out, float_out[i]))
         elif len(out) == 1:   # a binary classifier's one logit
@@ -141,18 +144,39 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
             p = torch.softmax(torch.from_numpy(np.asarray(out, np.float32)), 0)
             scores, idx = p.topk(min(top, len(p)))
             lines += [f"  {s:.3f}  {names[i]}" for s, i in zip(scores.tolist(), idx.tolist())]
-        if save is not None and (float_out is not None or len(out) == 1):
+        if save is not None and not detecting and (float_out is not None or len(out) == 1):
             lines.append("  (nothing drawn for an embedding or a single logit)")
         elif save is not None:
             shown = _unnormalized(img, spec.preprocess)
             target = save / f"{path.stem}.jpg"
             if detecting:
                 detections.draw(original.float() / 255, out, target, names=names,
-                                font=str(FONT) if FONT.is_file() else None)
+                                font=str(FONT) if FONT.is_file() else None, masks=masks, selected=True)
             else:
                 _draw_label(shown, f"{names[idx[0]]} {scores[0]:.2f}", target)
             lines.append(f"  saved {target}")
     return lines
+
+
+def _instances(spec, det, outputs: list, i: int, size: tuple[int, int]):
+    """Image ``i``'s rows ``[k, 6]`` in the photo's pixels (``size`` = its (H, W)) and, for a
+    segmentation model, its bool masks ``[k, H, W]`` on the photo (else None): confident rows
+    for a detector (:func:`pipeline.data.detections.select`), the instances after NMS for a
+    segmentation model (:func:`pipeline.data.segmentation.instances`)."""
+    import numpy as np
+
+    from .data import detections, segmentation
+    from .data.images import input_to_original, masks_to_original
+
+    masks = None
+    if spec.task == "segmentation":
+        rows, masks = segmentation.instances(det, outputs[1][i], tuple(spec.input_shape[2:]))
+        masks = masks_to_original(masks, spec.preprocess, size)
+    else:
+        rows = detections.select(det)
+    rows = np.array(rows, copy=True)
+    rows[:, :4] = input_to_original(rows[:, :4], spec.preprocess, size)
+    return rows, masks
 
 
 def _embedding_line(vec, float_vec) -> str:

@@ -59,11 +59,15 @@ PREPROCESS_KEYS = ("resize", "crop", "mean", "std")
 
 def check_preprocess(pre: dict) -> dict:
     """Validate ``{"resize": int, "crop": int, "mean": [3 numbers], "std": [3
-    numbers]}`` (the model's preprocessing, ``PreprocessSpec`` fields); returns
-    it normalized (ints, float tuples). Raises ValueError naming the bad key."""
-    if set(pre) != set(PREPROCESS_KEYS):
-        raise ValueError(f"preprocess needs exactly the keys {list(PREPROCESS_KEYS)}, got {sorted(pre)}")
-    out = {}
+    numbers]}`` and optionally ``"letterbox": bool`` (the model's preprocessing,
+    ``PreprocessSpec`` fields); returns it normalized (ints, float tuples, a bool).
+    Raises ValueError naming the bad key."""
+    if set(pre) - {"letterbox"} != set(PREPROCESS_KEYS):
+        raise ValueError(f"preprocess needs exactly the keys {list(PREPROCESS_KEYS)} (and optionally "
+                         f"'letterbox'), got {sorted(pre)}")
+    if not isinstance(pre.get("letterbox", False), bool):
+        raise ValueError(f"preprocess['letterbox'] must be true or false, got {pre['letterbox']!r}")
+    out = {"letterbox": pre.get("letterbox", False)}
     for key in ("resize", "crop"):
         v = pre[key]
         if key == "resize" and isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_pixels, v)):
@@ -92,6 +96,13 @@ def _preprocess_lines(M: str, pre: dict | None) -> list[str]:
               f"/* resized to exactly H, W pixels (aspect not kept) */" if exact else
               f"#define {M}_PREPROCESS_RESIZE {pre['resize']} /* shorter side, pixels */")
     how = "resized to H x W" if exact else "shorter side resized"
+    if pre["letterbox"]:
+        return ["/* input preprocessing (as calibrated): RGB in [0,1], letterboxed as ultralytics does: "
+                "scaled by min(S/H, S/W) (bilinear, no antialiasing) to round(H*r) x round(W*r), padded "
+                "with gray 114/255 to S x S (top = round(pad_h/2 - 0.1), left likewise), NCHW float32 */",
+                f"#define {M}_PREPROCESS_LETTERBOX {pre['crop']} /* S, pixels */",
+                f"#define {M}_PREPROCESS_MEAN {{{', '.join(c_float(v) for v in pre['mean'])}}} /* R, G, B */",
+                f"#define {M}_PREPROCESS_STD {{{', '.join(c_float(v) for v in pre['std'])}}} /* R, G, B */", ""]
     return [f"/* input preprocessing (as calibrated): RGB in [0,1], {how} with bilinear "
             "antialiasing (torchvision), center crop, normalize, NCHW float32 */",
             "/* normalize: (x - MEAN[c]) / STD[c] per channel c = R, G, B */",

@@ -36,6 +36,7 @@ from tvm import relax, tirx
 from . import tir_c, weights_bin
 from .lower import is_offload
 from .memory_plan import Plan, const_key
+from ..tvm_print import script_text
 from ..tvmscript_guard import check_tvmscript
 
 
@@ -129,7 +130,7 @@ def lowered_script(mod: tvm.IRModule, plan: Plan) -> str:
     func = relax.Function([main.params[0], *lifter.params], body, main.ret_ty, main.is_pure, main.attrs)
     out = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
     out["main"] = func
-    text = out.script(show_meta=False) + "\n"
+    text = script_text(out) + "\n"
     _remember(text, out)
     return text
 

@@ -21,6 +21,9 @@ CONF = 0.25
 #: rows compared regardless of score (random-weight models have no confident detection).
 TOP = 100
 IOU = 0.5
+#: bright, distinct mask shades (the first ten of ultralytics' ``Colors`` palette)
+MASK_COLORS = ("#FF3838", "#FF9D97", "#FF701F", "#FFB21D", "#CFD231", "#48F90A", "#92CC17", "#3DDB86",
+               "#1A9334", "#00D4BB")
 
 
 def coco80() -> list[str]:
@@ -170,7 +173,8 @@ def per_image(names: list[str], matched: dict[str, dict]) -> list[dict]:
 
 
 def draw(image: torch.Tensor, det: np.ndarray, out: Path, conf: float = CONF,
-         fallback_top: int = 10, names: list[str] | None = None, font: str | None = None) -> int:
+         fallback_top: int = 10, names: list[str] | None = None, font: str | None = None,
+         masks: np.ndarray | None = None, selected: bool = False) -> int:
     """Draw one image's detections on it and write a JPEG (atomically).
 
     ``image``: float32 ``[3, H, W]`` RGB in [0, 1] (the preprocessed input, so
@@ -178,15 +182,19 @@ def draw(image: torch.Tensor, det: np.ndarray, out: Path, conf: float = CONF,
     >= ``conf``, or the first ``fallback_top`` rows when none is that
     confident (a random-weight model), labelled ``class:score`` (``name score``
     with ``names``, the class names by index). ``font``: a TrueType file for the labels, sized
-    to the image (a photo at its own size); else PIL's small bitmap font. Returns how many boxes
-    it drew.
+    to the image (a photo at its own size); else PIL's small bitmap font. ``masks``: bool
+    ``[D, H, W]``, one per row of ``det``, shaded under the boxes. ``selected``: ``det`` holds
+    only the rows to draw (a predict's confident rows or instances): all are drawn. Returns how
+    many boxes it drew.
     """
     from torchvision.io import encode_jpeg
     from torchvision.utils import draw_bounding_boxes
 
+    from torchvision.utils import draw_segmentation_masks
+
     from ..fsutil import atomic_path
-    rows = select(det, conf)
-    if len(rows) == 0:
+    rows = det if selected else select(det, conf)
+    if len(rows) == 0 and not selected:
         rows = det[:fallback_top]
     h, w = image.shape[1:]
     boxes = torch.from_numpy(rows[:, :4].astype(np.float32)).reshape(-1, 4)
@@ -197,6 +205,9 @@ def draw(image: torch.Tensor, det: np.ndarray, out: Path, conf: float = CONF,
     labels = [f"{names[int(c)]} {s:.2f}" if names and 0 <= int(c) < len(names) else f"{int(c)}:{s:.2f}"
               for s, c in rows[:, 4:6]]
     img = (image.clamp(0, 1) * 255).round().to(torch.uint8)
+    if masks is not None and len(masks):
+        colors = [MASK_COLORS[i % len(MASK_COLORS)] for i in range(len(masks))]
+        img = draw_segmentation_masks(img, torch.from_numpy(np.ascontiguousarray(masks)), alpha=0.45, colors=colors)
     size = max(14, min(h, w) // 30)   # readable on a 320-pixel input and on a 4000-pixel photo
     style = {"font": font, "font_size": size} if font else {}
     drawn = (draw_bounding_boxes(img, boxes, labels=labels, colors="red", width=max(2, size // 7), **style)

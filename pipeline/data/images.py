@@ -40,13 +40,45 @@ def make_transform(pre: PreprocessSpec) -> v2.Compose:
     shorter side to ``pre.resize``, or to exactly ``(H, W)`` when it is a pair,
     center-crop ``pre.crop``, scale to [0, 1], normalize with
     ``pre.mean``/``pre.std`` (torchvision's ImageNet recipe; the "yolo" preset
-    is resize [320, 320], mean 0, std 1: ultralytics' /255 input)."""
+    is resize [320, 320], mean 0, std 1: ultralytics' /255 input). With
+    ``pre.letterbox``: :class:`LetterBox` instead of resize and crop."""
+    if pre.letterbox:
+        return v2.Compose([LetterBox(pre.crop), v2.ToDtype(torch.float32, scale=True),
+                           v2.Normalize(list(pre.mean), list(pre.std))])
     return v2.Compose([
         v2.Resize(list(pre.resize) if isinstance(pre.resize, tuple) else pre.resize, antialias=True),
         v2.CenterCrop(pre.crop),
         v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(list(pre.mean), list(pre.std)),
     ])
+
+
+def letterbox_geometry(size: tuple[int, int], side: int) -> tuple[float, int, int, int, int]:
+    """``(ratio, new_h, new_w, top, left)`` of ultralytics' ``LetterBox`` (``auto=False``,
+    ``center=True``, ``scaleup=True``) for an ``(H, W)`` image into a ``side`` square:
+    ``ratio = min(side / H, side / W)``, the scaled size ``round(H * ratio)`` x
+    ``round(W * ratio)``, and the top / left padding ``round(pad / 2 - 0.1)``
+    (``ultralytics/data/augment.py``, ``LetterBox.__call__``)."""
+    h, w = size
+    r = min(side / h, side / w)
+    nh, nw = int(round(h * r)), int(round(w * r))
+    return r, nh, nw, int(round((side - nh) / 2 - 0.1)), int(round((side - nw) / 2 - 0.1))
+
+
+class LetterBox(torch.nn.Module):
+    """uint8 ``[3, H, W]`` -> uint8 ``[3, side, side]``: scaled to fit with the aspect kept
+    (bilinear without antialiasing, as OpenCV's ``INTER_LINEAR`` that ultralytics uses),
+    padded evenly with gray 114 (:func:`letterbox_geometry`)."""
+
+    def __init__(self, side: int):
+        super().__init__()
+        self.side = side
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        _, nh, nw, top, left = letterbox_geometry(tuple(img.shape[-2:]), self.side)
+        if (nh, nw) != tuple(img.shape[-2:]):
+            img = v2.functional.resize(img, [nh, nw], antialias=False)
+        return v2.functional.pad(img, [left, top, self.side - nw - left, self.side - nh - top], fill=114)
 
 
 #: Leading bytes of the formats we name when we refuse them (JPEG and PNG are decoded).
@@ -134,9 +166,44 @@ def decode_rgb(path: Path) -> torch.Tensor:
 def input_to_original(boxes: np.ndarray, pre: PreprocessSpec, size: tuple[int, int]) -> np.ndarray:
     """Boxes ``[..., 4]`` (x1, y1, x2, y2 in the model input's pixels) -> the original image's pixels
     (an ``(H, W)`` ``size`` image preprocessed by :func:`make_transform`), clamped to the image.
-    Undoes the crop offset and the resize as torchvision computes them (``Resize``: the short
-    side to ``resize``, the long one ``int(resize * long / short)``, or exactly ``(H, W)``;
-    ``CenterCrop``: ``round((side - crop) / 2)`` cut before)."""
+    Undoes the crop offset and the resize as torchvision computes them (:func:`_resize_geometry`),
+    or the letterbox as ultralytics' ``scale_boxes`` does (padding off, divided by the ratio)."""
+    h0, w0 = size
+    out = np.array(boxes, dtype=np.float64, copy=True)
+    if pre.letterbox:
+        r, _, _, top, left = letterbox_geometry(size, pre.crop)
+        out[..., 0::2] = np.clip((out[..., 0::2] - left) / r, 0, w0)
+        out[..., 1::2] = np.clip((out[..., 1::2] - top) / r, 0, h0)
+        return out + 0.0
+    rh, rw, top, left = _resize_geometry(pre, size)
+    out[..., 0::2] = np.clip((out[..., 0::2] + left) * w0 / rw, 0, w0)
+    out[..., 1::2] = np.clip((out[..., 1::2] + top) * h0 / rh, 0, h0)
+    return out + 0.0   # no "-0" printed for a box at the border
+
+
+def masks_to_original(masks: np.ndarray, pre: PreprocessSpec, size: tuple[int, int]) -> np.ndarray:
+    """bool masks ``[k, crop, crop]`` on the model input -> bool ``[k, H, W]`` on the original
+    ``(H, W)`` image: the letterbox's padding cut off (or the crop put back in the resized
+    frame, nothing outside it), then resized to the image by nearest neighbour."""
+    k = len(masks)
+    if pre.letterbox:
+        _, nh, nw, top, left = letterbox_geometry(size, pre.crop)
+        frame = masks[:, top:top + nh, left:left + nw]
+    else:
+        rh, rw, top, left = _resize_geometry(pre, size)
+        frame = np.zeros((k, rh, rw), dtype=bool)
+        frame[:, top:top + pre.crop, left:left + pre.crop] = masks
+    if k == 0:
+        return np.zeros((0, *size), dtype=bool)
+    t = torch.from_numpy(np.ascontiguousarray(frame)).to(torch.uint8)[:, None]
+    return torch.nn.functional.interpolate(t, size=size, mode="nearest")[:, 0].numpy().astype(bool)
+
+
+def _resize_geometry(pre: PreprocessSpec, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """``(resized H, resized W, crop top, crop left)`` of :func:`make_transform` on an ``(H, W)``
+    image, as torchvision computes them (``Resize``: the short side to ``resize``, the long one
+    ``int(resize * long / short)``, or exactly ``(H, W)``; ``CenterCrop``:
+    ``round((side - crop) / 2)`` cut before)."""
     h0, w0 = size
     if isinstance(pre.resize, tuple):
         rh, rw = pre.resize
@@ -144,11 +211,7 @@ def input_to_original(boxes: np.ndarray, pre: PreprocessSpec, size: tuple[int, i
         rh, rw = pre.resize, int(pre.resize * w0 / h0)
     else:
         rh, rw = int(pre.resize * h0 / w0), pre.resize
-    top, left = int(round((rh - pre.crop) / 2.0)), int(round((rw - pre.crop) / 2.0))
-    out = np.array(boxes, dtype=np.float64, copy=True)
-    out[..., 0::2] = np.clip((out[..., 0::2] + left) * w0 / rw, 0, w0)
-    out[..., 1::2] = np.clip((out[..., 1::2] + top) * h0 / rh, 0, h0)
-    return out + 0.0   # no "-0" printed for a box at the border
+    return rh, rw, int(round((rh - pre.crop) / 2.0)), int(round((rw - pre.crop) / 2.0))
 
 
 def _decoder_reason(e: Exception) -> str:

@@ -19,6 +19,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..errors import StaleArtifactError
 from ..fsutil import write_bytes, write_text
+from ..tvm_print import script_text
 from ..tvmscript_guard import check_tvmscript
 
 
@@ -62,7 +63,7 @@ def save_irmodule(mod: tvm.IRModule, params: dict[str, np.ndarray], script_path:
     """Write ``mod`` (TVMScript) and its parameters+constants (param dict) atomically."""
     lifted, all_params = lift_constants(mod, params)
     names = [p.name for p in lifted["main"].params[1:]]
-    write_text(script_path, lifted.script(show_meta=False) + "\n")
+    write_text(script_path, script_text(lifted) + "\n")
     blob = tvm.runtime.save_param_dict({n: tvm.runtime.tensor(np.ascontiguousarray(all_params[n]))
                                         for n in names})
     write_bytes(params_path, bytes(blob))

@@ -79,3 +79,91 @@ def _fix_anchor_grid(head: torch.nn.Module, imgsz: int) -> None:
         return boxes * self.grid_strides
 
     head._get_decode_boxes = types.MethodType(decode, head)
+
+
+#: mask candidates the segmentation export keeps (ultralytics' ``max_det`` is 300; masks
+#: cost K x 32 x (imgsz/4)^2 MACs, so fewer rows are kept than in the detector)
+SEG_MAX_DET = 100
+
+
+def yolo11n_seg(num_classes: int = 80, max_det: int = SEG_MAX_DET, imgsz: int = 320) -> torch.nn.Module:
+    """YOLO11n-seg instance segmentation (ultralytics' ``yolo11n-seg.yaml``) in a ranked export form.
+
+    Input: float32 NCHW ``[N, 3, imgsz, imgsz]`` RGB in [0, 1] (``imgsz`` a multiple of
+    32). Outputs, a tuple:
+
+    - detections float32 ``[N, max_det, 6]``: ``x1, y1, x2, y2`` (input pixels), ``score``
+      (sigmoid class probability), ``class`` (index as float), ranked by score: the
+      ``max_det`` anchors of best class score, one row each (ultralytics' ``Detect.postprocess``
+      with ``agnostic_nms``; its predictor's ``multi_label=False``). YOLO11 is not NMS-free: class-aware NMS runs on the host
+      in float (:mod:`pipeline.data.segmentation`), as ultralytics' ``non_max_suppression``.
+    - mask logits float32 ``[N, max_det, imgsz/4, imgsz/4]``: each candidate's 32 mask
+      coefficients times the 32 prototypes (``Segment.proto``), the matmul ultralytics'
+      ``process_mask`` does after NMS, done here in the graph so it runs on the MMA; a
+      pixel is in the mask when its logit is > 0 (sigmoid > 0.5).
+
+    The prototypes' 2x2 stride-2 ``ConvTranspose2d`` runs as a 1x1 conv to 4x the channels
+    and a depth-to-space (:class:`PhaseConvTranspose`, exact). Random init; the state dict
+    keys are those of an ultralytics ``SegmentationModel``. Returns the module in eval mode.
+    """
+    if imgsz % 32:
+        raise ValueError(f"yolo11n_seg: imgsz must be a multiple of 32 (the P5 stride), got {imgsz}")
+    tasks = offline_ultralytics()
+    model = tasks.SegmentationModel("yolo11n-seg.yaml", nc=num_classes, verbose=False)
+    head = model.model[-1]
+    head.export = True
+    head.xyxy = True   # decode corners, as the ranked rows carry them
+    head.max_det = max_det
+    head.agnostic_nms = True   # rank anchors by their best class, one row each (predict's multi_label=False)
+    head.proto.upsample = PhaseConvTranspose(head.proto.upsample)
+    _fix_anchor_grid(head, imgsz)
+    head.forward = types.MethodType(_ranked_segment_forward, head)
+    return model.eval()
+
+
+def _ranked_segment_forward(self, x):
+    """``Segment.forward`` in export form, ranked (:func:`yolo11n_seg`): ``(detections, mask logits)``."""
+    preds = self.forward_head(x, **self.one2many)
+    proto = self.proto(x[0])                                    # [N, 32, H/4, W/4]
+    rows = self.postprocess(self._inference(preds).permute(0, 2, 1))  # [N, K, 6 + 32]
+    detections, coefficients = rows.split([6, self.nm], dim=-1)
+    n, nm, h, w = proto.shape
+    masks = torch.matmul(coefficients, proto.reshape(n, nm, h * w))  # [N, K, H*W]
+    return detections, masks.reshape(n, -1, h, w)
+
+
+class PhaseConvTranspose(torch.nn.Module):
+    """A ``ConvTranspose2d(c, c_out, 2, stride=2)`` as a 1x1 conv and a depth-to-space.
+
+    Output pixel ``(2h + i, 2w + j)`` of a 2x2 stride-2 transposed conv is
+    ``W[:, :, i, j]^T x[h, w] + b`` (PyTorch's ConvTranspose2d definition), so one 1x1 conv
+    with ``4 c_out`` filters ordered ``(c_out, i, j)`` computes all four phases and a
+    reshape / permute interleaves them: exact, and both parts are offloaded kernels (conv,
+    permute). Keeps the transposed conv's ``weight`` [c, c_out, 2, 2] and ``bias`` [c_out] as
+    its state (ultralytics' keys); the 1x1 filters are derived buffers, refreshed on load.
+    Input float32 NCHW ``[N, c, H, W]``; output ``[N, c_out, 2H, 2W]``.
+    """
+
+    def __init__(self, deconv: torch.nn.ConvTranspose2d):
+        super().__init__()
+        if (tuple(deconv.kernel_size), tuple(deconv.stride), tuple(deconv.padding)) != ((2, 2), (2, 2), (0, 0)):
+            raise ValueError(f"PhaseConvTranspose: a 2x2 stride-2 unpadded ConvTranspose2d only, got {deconv}")
+        self.weight = deconv.weight
+        self.bias = deconv.bias if deconv.bias is not None else torch.nn.Parameter(torch.zeros(deconv.out_channels))
+        self.register_buffer("phase_weight", torch.empty(0), persistent=False)
+        self.register_buffer("phase_bias", torch.empty(0), persistent=False)
+        self.refresh()
+        self.register_load_state_dict_post_hook(lambda module, _: module.refresh())
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Recompute the 1x1 filters [4 c_out, c, 1, 1] and bias [4 c_out] from ``weight``, ``bias``."""
+        c_in, c_out = self.weight.shape[:2]
+        self.phase_weight = self.weight.detach().permute(1, 2, 3, 0).reshape(4 * c_out, c_in, 1, 1).clone()
+        self.phase_bias = self.bias.detach().repeat_interleave(4).clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = x.shape
+        y = torch.nn.functional.conv2d(x, self.phase_weight, self.phase_bias)   # [N, 4 c_out, H, W]
+        y = y.reshape(n, -1, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3)             # [N, c_out, H, 2, W, 2]
+        return y.reshape(n, -1, 2 * h, 2 * w)

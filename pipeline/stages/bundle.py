@@ -195,8 +195,10 @@ def bundle_model(spec: ModelSpec, codegen_dir: Path, exe: Path, image: Path | No
     info = model_info(codegen_dir)
     m, M = info.c_name, info.c_name.upper()
     x = load_image(image, make_transform(spec.preprocess)).numpy()[None].astype(np.float32)
-    detecting = spec.task == "detection"
+    detecting = spec.detects
     output = run_host(exe, codegen_dir, x)[0]
+    if detecting:   # output 0 leads the packed buffer; a segmentation model's masks follow it
+        output = info.split(output[None])[0][0]
     expected = expected_lines(output, detecting)
     if detecting:
         body = _DETECTIONS.format(rows=output.size // 6, conf=CONF)

@@ -80,7 +80,9 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
     Classification: top-1 of both against the labels, agreement, logit error
     (on output 0 of a model with several; ``outputs``: every output's error). A
     detection model (``task = "detection"``): the Q/DQ model's detections matched
-    to float's at IoU >= 0.5 (:func:`pipeline.data.detections.compare_all`).
+    to float's at IoU >= 0.5 (:func:`pipeline.data.detections.compare_all`); a segmentation
+    model also its instances after NMS with each match's mask IoU
+    (:func:`pipeline.data.segmentation.compare`).
 
     Raises :class:`CalibrationDataError` when the evaluation folder is empty.
     """
@@ -97,10 +99,15 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
     quant_outs = [torch.from_numpy(a) for a in kept.qdq_outs]
     float_logits, quant_out = float_outs[0], quant_outs[0]
     labels = [label_of(p) for p in paths]
-    if spec.task == "detection":  # [N, D, 6] detections: IoU-matched against float, no labels
+    if spec.detects:  # [N, D, 6] detections: IoU-matched against float, no labels
         from ..data import detections
         result = {"images": len(paths), "detections_qdq_vs_float":
                   detections.compare_all(float_logits.numpy(), quant_out.numpy())}
+        if spec.task == "segmentation":   # instances after NMS, and the mask IoU of each match
+            from ..data import segmentation
+            result["instances_qdq_vs_float"] = segmentation.compare(
+                (kept.float_outs[0], kept.float_outs[1]), (kept.qdq_outs[0], kept.qdq_outs[1]),
+                tuple(spec.input_shape[2:]))
         labels, classes = [None] * len(paths), 0
     elif spec.task == "embedding":  # [N, D] vectors: cosine to float's, no labels
         result = {"images": len(paths), **fidelity.embedding_scores(

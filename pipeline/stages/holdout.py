@@ -18,7 +18,7 @@ gives the held-out estimate a user will see on new photos:
   numbers are already held out; the stage records that and measures nothing.
 
 A model with several outputs is scored on output 0, as evaluate and verify
-score it (``note`` says so).
+score it (``note`` says so); a segmentation model's masks (output 1) are scored too.
 
 Fold artifacts live in a temporary folder under ``artifacts/<model>/`` and are
 removed afterwards, whatever happens; only ``holdout.json`` is kept.
@@ -92,8 +92,9 @@ def _deployed_only(args: dict, variant: str) -> dict:
 def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], train: list[Path],
              test: torch.Tensor, work: Path, int16_selection: Path | None) -> dict[str, np.ndarray]:
     """Calibrate on ``train`` and run ``test`` [N, 3, H, W] float32 through the Q/DQ model
-    and the deployed build's host C. Returns {"qdq": [N, K], "c": [N, K]} float32 logits
-    (output 0 of a model with several) and "outputs" (how many the model returns).
+    and the deployed build's host C. Returns {"qdq": [...], "c": [...]}: one float32
+    [N, ...] array per model output, in return order (output 0: the logits), and
+    "outputs" (how many the model returns).
 
     The fold is a project of its own under ``work``: the stage records of
     :data:`FOLD_STAGES` run against a :class:`~pipeline.layout.Layout` there, with
@@ -121,12 +122,11 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], trai
             if name == "calibrate":   # the fold's calibration.json is thrown away: no per-layer SQNR
                 args["diagnose"] = False
             stage.function()(**args)
-    qdq_outs = run_program_outputs(ctx.layout.quantized_pt2, test, spec.name)
-    qdq = qdq_outs[0].numpy()
+    qdq = [t.numpy().astype(np.float32) for t in run_program_outputs(ctx.layout.quantized_pt2, test, spec.name)]
     build = ctx.layout.codegen_dir(variant)
     c_out = run_host(ctx.layout.host_exe(variant), build, test.numpy().astype(np.float32))
-    c_out = model_info(build).split(np.asarray(c_out, dtype=np.float32))[0]
-    return {"qdq": qdq.astype(np.float32), "c": c_out.reshape(qdq.shape), "outputs": len(qdq_outs)}
+    c_out = model_info(build).split(np.asarray(c_out, dtype=np.float32))
+    return {"qdq": qdq, "c": [c.reshape(q.shape) for c, q in zip(c_out, qdq)], "outputs": len(qdq)}
 
 
 #: a model whose float.pt2 is smaller than this runs its folds one after another in this
@@ -175,7 +175,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     Raises :class:`CalibrationDataError` when the evaluation folder is empty or holds
     fewer images than ``[evaluation] folds``."""
     from ..layout import variants
-    from ..data.torch_outputs import outputs_note, run_program
+    from ..data.torch_outputs import outputs_note, run_program_outputs
 
     eval_images = list_images(images_dir, strict=True)
     if not eval_images:
@@ -196,10 +196,11 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
                                    f"cannot make {k} folds; add images or lower [evaluation] folds in {spec.source}")
     t0 = time.perf_counter()
     x = load_images(eval_images, spec.preprocess, desc=f"holdout {spec.name}", model=spec.name)
-    float_logits = run_program(float_pt2, x, spec.name).numpy()
+    float_outs = [t.numpy() for t in run_program_outputs(float_pt2, x, spec.name)]
+    float_logits = float_outs[0]
     index = {p: i for i, p in enumerate(eval_images)}
-    qdq = np.zeros_like(float_logits)
-    c_out = np.zeros_like(float_logits)
+    qdq_outs = [np.zeros_like(a) for a in float_outs]
+    c_outs = [np.zeros_like(a) for a in float_outs]
     folds = folds_of(eval_images, k)
     fold_records, outputs = [], 1
     work_root = Path(tempfile.mkdtemp(prefix=".holdout-", dir=out.parent))
@@ -214,7 +215,8 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     try:
         for f, got in _run_folds([a for _, a in jobs]):
             rows = jobs[f][0]
-            qdq[rows], c_out[rows] = got["qdq"], got["c"]
+            for i, (q, c) in enumerate(zip(got["qdq"], got["c"])):
+                qdq_outs[i][rows], c_outs[i][rows] = q, c
             outputs = got["outputs"]
             shutil.rmtree(work_root / f"fold{f}", ignore_errors=True)   # done: free its disk now
             print(f"holdout {spec.name}: fold {f + 1}/{k} done (calibrated on {fold_records[f]['calibrated_on']}, "
@@ -222,10 +224,14 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
     record.update({"folds": k, "images": len(eval_images), "folds_detail": fold_records})
-    if outputs_note(outputs):
+    if outputs_note(outputs) and spec.task != "segmentation":   # its masks are scored too
         record["note"] = outputs_note(outputs)
     variant = variants(spec)[0]  # the deployed build, the one run_fold compiles
-    if spec.task == "detection":
+    qdq, c_out = qdq_outs[0], c_outs[0]
+    if spec.task == "segmentation":
+        record.update(segmentation_scores(variant, eval_images, float_outs, qdq_outs, c_outs,
+                                          tuple(spec.input_shape[2:])))
+    elif spec.detects:
         record.update(detection_scores(variant, eval_images, float_logits, qdq, c_out))
     elif spec.task == "embedding":
         record.update(embedding_scores(variant, eval_images, float_logits, qdq, c_out))
@@ -246,6 +252,23 @@ def detection_scores(variant: str, eval_images: list[Path], float_out: np.ndarra
     return {"qdq": {"detections_vs_float": matched["qdq"]},
             "c": {"variant": variant, "detections_vs_float": matched["c"]},
             "per_image": detections.per_image([p.name for p in eval_images], matched)}
+
+
+def segmentation_scores(variant: str, eval_images: list[Path], float_outs: list[np.ndarray],
+                        qdq_outs: list[np.ndarray], c_outs: list[np.ndarray], size: tuple[int, int]) -> dict:
+    """:func:`detection_scores` of output 0 (the candidates, before NMS) and, after the host's
+    NMS, the instances matched to float's with the mask IoU of each match
+    (:func:`pipeline.data.segmentation.compare` on outputs 0 and 1 at the input ``size``
+    (H, W)), per image too."""
+    from ..data import segmentation
+    record = detection_scores(variant, eval_images, float_outs[0], qdq_outs[0], c_outs[0])
+    ref = (float_outs[0], float_outs[1])
+    for kind, outs in (("qdq", qdq_outs), ("c", c_outs)):
+        masks = segmentation.compare(ref, (outs[0], outs[1]), size)
+        record[kind]["instances_vs_float"] = masks
+        for row, (n, matched, iou) in zip(record["per_image"], masks["per_image"]):
+            row.update({"float_instances": n, f"{kind}_instances_matched": matched, f"{kind}_mask_iou": iou})
+    return record
 
 
 def embedding_scores(variant: str, eval_images: list[Path], float_out: np.ndarray, qdq: np.ndarray,

@@ -359,7 +359,7 @@ STAGES: tuple[Stage, ...] = (
                           "estimate": c.layout.estimate},
         outputs=lambda c: {"out": c.layout.offload_html},
         options=lambda c: {"model": c.spec.name,
-                           "detections": c.layout.detections / "index.html" if c.spec.task == "detection" else None},
+                           "detections": c.layout.detections / "index.html" if c.spec.detects else None},
         task_doc=lambda c: "offload.html: kernel-call graph, layer table, details on click (no network)",
     ),
     Stage(

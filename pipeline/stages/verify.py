@@ -360,9 +360,9 @@ def verify_model(spec: ModelSpec, torch_outputs: Path, images_dir: Path,
                                           lsb, packed=(host_out, ref_out),
                                           outputs=outputs_detail(host_parts, ref_parts, torch_outs, lsbs)))
     host_outputs = {f"c_{r['variant']}": r.pop("_outputs") for r in results}
-    detecting = spec.task == "detection"
+    detecting = spec.detects
     if detecting and not detections.is_detection_output(torch_out.shape):
-        raise PipelineError(f"model {spec.name!r}: task = \"detection\" needs a [1, D, 6] output "
+        raise PipelineError(f"model {spec.name!r}: task = \"{spec.task}\" needs a [1, D, 6] output 0 "
                             f"(x1, y1, x2, y2, score, class), got {list(torch_out.shape[1:])} per image; "
                             f"fix the builder or drop 'task' in {spec.source}")
     qdq_acc = ({"detections_vs_float": detections.compare_all(float_out, torch_out)} if detecting

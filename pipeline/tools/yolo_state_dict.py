@@ -31,25 +31,42 @@ from ..errors import PipelineError, brief
 from ..models.yolo import offline_ultralytics
 from ..weights import torch_hub_checkpoints
 
-#: the classes a YOLO26 detection checkpoint may name (besides what torch's weights-only
-#: unpickler always allows: tensors, storages, OrderedDict, set ...); read with pickletools
-#: from ultralytics' yolo26n.pt
+#: the classes a YOLO26 detection or YOLO11 segmentation checkpoint may name (besides what
+#: torch's weights-only unpickler always allows: tensors, storages, OrderedDict, set ...);
+#: read with pickletools from ultralytics' yolo26n.pt and yolo11n-seg.pt
 ALLOWED = (
     "torch.nn.modules.activation.SiLU", "torch.nn.modules.batchnorm.BatchNorm2d",
     "torch.nn.modules.container.ModuleList", "torch.nn.modules.container.Sequential",
-    "torch.nn.modules.conv.Conv2d", "torch.nn.modules.linear.Identity", "torch.nn.modules.pooling.MaxPool2d",
+    "torch.nn.modules.conv.Conv2d", "torch.nn.modules.conv.ConvTranspose2d", "torch.nn.modules.linear.Identity", "torch.nn.modules.pooling.MaxPool2d",
     "torch.nn.modules.upsampling.Upsample",
     "ultralytics.nn.modules.block.Attention", "ultralytics.nn.modules.block.Bottleneck",
     "ultralytics.nn.modules.block.C2PSA", "ultralytics.nn.modules.block.C3k", "ultralytics.nn.modules.block.C3k2",
-    "ultralytics.nn.modules.block.PSABlock", "ultralytics.nn.modules.block.SPPF",
+    "ultralytics.nn.modules.block.DFL", "ultralytics.nn.modules.block.PSABlock", "ultralytics.nn.modules.block.Proto",
+    "ultralytics.nn.modules.block.SPPF",
     "ultralytics.nn.modules.conv.Concat", "ultralytics.nn.modules.conv.Conv", "ultralytics.nn.modules.conv.DWConv",
-    "ultralytics.nn.modules.head.Detect", "ultralytics.nn.tasks.DetectionModel",
+    "ultralytics.nn.modules.head.Detect", "ultralytics.nn.modules.head.Segment",
+    "ultralytics.nn.tasks.DetectionModel", "ultralytics.nn.tasks.SegmentationModel",
 )
 
 
-def _allowed_classes() -> list[type]:
+#: ``getattr`` calls a checkpoint may make: older ultralytics saved ``Segment.detect =
+#: Detect.forward``, pickled as ``getattr(Detect, "forward")``. The builtin itself is never
+#: allowed (getattr over ``__globals__`` reaches any module); :func:`_class_method` stands in.
+ALLOWED_GETATTR = {("ultralytics.nn.modules.head.Detect", "forward")}
+
+
+def _class_method(owner, name):
+    """Stand-in for ``getattr`` in a checkpoint: only the pairs of :data:`ALLOWED_GETATTR`.
+    Raises :class:`pickle.UnpicklingError` for any other."""
+    where = f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', type(owner).__name__)}"
+    if not isinstance(owner, type) or (where, name) not in ALLOWED_GETATTR:
+        raise pickle.UnpicklingError(f"GLOBAL getattr({where}, {name!r})")
+    return getattr(owner, name)
+
+
+def _allowed_classes() -> list:
     offline_ultralytics()  # ultralytics imports offline (no settings file, no network)
-    out = []
+    out: list = [(_class_method, "builtins.getattr")]
     for name in ALLOWED:
         module, _, attr = name.rpartition(".")
         out.append(getattr(importlib.import_module(module), attr))
@@ -70,9 +87,9 @@ def load_checkpoint(src: Path) -> dict:
         with torch.serialization.safe_globals(_allowed_classes()):
             ckpt = torch.load(src, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        glob = re.search(r"GLOBAL ([\w.]+)", str(e))
+        glob = re.search(r"GLOBAL ([\w.]+(?:\(.*?\))?)", str(e))
         what = glob.group(1) if glob else brief(e)
-        raise PipelineError(f"{src}: names {what}, which is not on the allow-list of YOLO26 module classes "
+        raise PipelineError(f"{src}: names {what}, which is not on the allow-list of YOLO module classes "
                             "(pipeline/tools/yolo_state_dict.py); refusing to unpickle it") from None
     except Exception as e:  # zip / EOF errors: not a checkpoint
         raise PipelineError(f"{src}: not a torch checkpoint ({brief(e)})") from None

@@ -87,6 +87,8 @@ def test_yolo_preset_is_a_plain_resize_over_255(tmp_path):
     ({"preprocess": "coco"}, "preprocess must be one of 'imagenet', 'yolo'"),
     ({"preprocess": {"resize": [320], "crop": 320}}, "preprocess.resize must be"),
     ({"preprocess": {"resize": [320, 200], "crop": 320}}, "cannot exceed the resized size"),
+    ({"preprocess": {"resize": [320, 320], "crop": 320, "letterbox": "yes"}}, "letterbox must be true or false"),
+    ({"preprocess": {"resize": 320, "crop": 320, "letterbox": True}}, r"letterbox needs resize = \[S, S\]"),
     ({"weights": {"file": "y.pt", "format": "ultralytics"}}, "format = 'ultralytics' needs weights.sha256"),
     ({"weights": {"file": "y.pt", "format": "pickle"}}, "weights.format 'pickle' is not supported"),
 ])

@@ -53,3 +53,35 @@ def test_boxes_go_back_to_the_photos_pixels_through_a_stretch_or_a_crop():
     crop = PreprocessSpec(resize=256, crop=224)   # 300 x 400 -> 256 x 341, cut 16 rows and 58 columns
     got = input_to_original(np.array([0.0, 0.0, 224.0, 224.0]), crop, (300, 400))
     np.testing.assert_allclose(got, [58 * 400 / 341, 16 * 300 / 256, 282 * 400 / 341, 240 * 300 / 256])
+
+
+def test_letterbox_keeps_the_aspect_pads_with_114_and_maps_back():
+    import torch
+
+    from pipeline.config import PreprocessSpec
+    from pipeline.data.images import input_to_original, letterbox_geometry, make_transform, masks_to_original
+    pre = PreprocessSpec(resize=(320, 320), crop=320, mean=(0, 0, 0), std=(1, 1, 1), letterbox=True)
+    assert letterbox_geometry((480, 640), 320) == (0.5, 240, 320, 40, 0)   # ultralytics' LetterBox numbers
+    x = make_transform(pre)(torch.full((3, 480, 640), 200, dtype=torch.uint8))
+    assert x.shape == (3, 320, 320)
+    gray, photo = torch.tensor(114 / 255), torch.tensor(200 / 255)
+    assert torch.allclose(x[:, :40], gray) and torch.allclose(x[:, 280:], gray)   # the bands
+    assert torch.allclose(x[:, 40:280], photo)
+    got = input_to_original(np.array([[10.0, 40.0, 320.0, 300.0]]), pre, (480, 640))
+    assert got.tolist() == [[20.0, 0.0, 640.0, 480.0]]       # padding off, / 0.5, clamped
+    masks = np.zeros((1, 320, 320), bool)
+    masks[0, 40:160, :160] = True                            # the photo's top-left quarter
+    back = masks_to_original(masks, pre, (480, 640))
+    assert back.shape == (1, 480, 640) and back[0, :240, :320].all() and back.sum() == 240 * 320
+
+
+def test_masks_go_back_through_a_stretch_and_a_crop():
+    from pipeline.config import PreprocessSpec
+    from pipeline.data.images import masks_to_original
+    full = np.ones((1, 224, 224), bool)
+    crop = masks_to_original(full, PreprocessSpec(resize=256, crop=224), (256, 256))
+    assert crop[0, 16:240, 16:240].all() and crop.sum() == 224 * 224   # nothing outside the crop
+    left = np.zeros((2, 224, 224), bool)
+    left[:, :, :112] = True
+    stretch = masks_to_original(left, PreprocessSpec(resize=(224, 224), crop=224), (100, 300))
+    assert stretch.shape == (2, 100, 300) and stretch[:, :, :150].all() and not stretch[:, :, 150:].any()

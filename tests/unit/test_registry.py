@@ -76,7 +76,7 @@ def test_no_stage_dispatch_on_names():
 # module imports no other stage module (what two stages share lives in a library below them).
 LAYERS = [
     {"errors", "fsutil", "config", "stamps", "weights", "layout", "toolchain", "torchenv", "assets", "runcache",
-     "tvmscript_guard", "code_deps", "entries"},
+     "tvmscript_guard", "tvm_print", "code_deps", "entries"},
     {"target", "data", "models"},          # the SoC description; images and outputs; builders
     {"frontend", "backend"},               # Relax import; offload passes, memory plan, static C
     {"perf", "visualize", "tools"},        # the performance model reads the backend's kernels and plan
