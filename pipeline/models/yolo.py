@@ -181,7 +181,8 @@ class PhaseConvTranspose(torch.nn.Module):
     def refresh(self) -> None:
         """Recompute the 1x1 filters [4 c_out, c, 1, 1] and bias [4 c_out] from ``weight``, ``bias``."""
         c_in, c_out = self.weight.shape[:2]
-        self.phase_weight = self.weight.detach().permute(1, 2, 3, 0).reshape(4 * c_out, c_in, 1, 1).clone()
+        self.phase_weight = self.weight.detach().permute(1, 2, 3, 0).reshape(4 * c_out, c_in, 1, 1).clone(
+            memory_format=torch.contiguous_format)   # a plain layout: torch.export saves it whole
         self.phase_bias = self.bias.detach().repeat_interleave(4).clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
