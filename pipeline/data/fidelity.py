@@ -68,3 +68,36 @@ def embedding_scores(out: np.ndarray, float_out: np.ndarray, names: list[str],
     return {"cosine_mean": round(float(cos.mean()), 6), "cosine_min": round(float(cos[worst]), 6),
             "worst_image": names[worst],
             "mean_abs_error_vs_float": round(float(np.abs(np.asarray(out, np.float64) - float_out).mean()), 6)}
+
+
+def holdout_lines(holdout: dict | None) -> list[str]:
+    """Short lines of a ``holdout.json`` for people (offload.html's sidebar): what it measured
+    and the deployed C build's held-out fidelity for the model's task; [] without a k-fold
+    record. Classifier: agreement with float and the logit error (also as a share of float's
+    spread); embedding: cosine mean and worst; detector: matched fraction and mAP@0.5;
+    segmentation also its instances after NMS and their mask IoU."""
+    if not holdout or holdout.get("method") != "k-fold":
+        return []
+    c = holdout["c"]
+    lines = [f"{holdout['folds']}-fold on {holdout['evaluation_set']} ({holdout['images']} images), "
+             f"C {c['variant']} vs float"]
+    if "detections_vs_float" in c:
+        d = c["detections_vs_float"]["confident"]
+        frac = "" if d["matched_fraction"] is None else f" ({d['matched_fraction']:.2f})"
+        m50 = c["detections_vs_float"].get("map50")
+        lines.append(f"detections matched (IoU >= 0.5): {d['matched']}/{d['reference_detections']}{frac}"
+                     + (f", mAP@0.5 {m50:.2f}" if m50 is not None else ""))
+        if "instances_vs_float" in c:
+            s = c["instances_vs_float"]
+            frac = "" if s["matched_fraction"] is None else f" ({s['matched_fraction']:.2f})"
+            ious = (f", mask IoU mean {s['mean_mask_iou']:.2f}, worst {s['worst_mask_iou']:.2f}"
+                    if s["mean_mask_iou"] is not None else "")
+            lines.append(f"instances after NMS matched: {s['matched']}/{s['reference_instances']}{frac}{ious}")
+    elif "cosine_mean" in c:
+        lines.append(f"cosine mean {c['cosine_mean']:.4f}, worst {c['cosine_min']:.4f} ({c['worst_image']})")
+    else:
+        share = c.get("relative_logit_error_vs_float")
+        lines.append(f"top-1 agreement {c['top1_agreement_with_float']}/{holdout['images']}, mean |logit error| "
+                     f"{c['mean_abs_logit_error_vs_float']:.3f}"
+                     + (f" = {100 * share:.0f}% of float's spread" if share is not None else ""))
+    return lines

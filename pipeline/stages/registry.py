@@ -356,7 +356,7 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.visualize:visualize_model",
         params=("name",),
         inputs=lambda c: {"manifests": manifests(c), "profile": c.layout.profile, "numerics": c.layout.layers_json,
-                          "estimate": c.layout.estimate},
+                          "estimate": c.layout.estimate, "fidelity": c.layout.holdout},
         outputs=lambda c: {"out": c.layout.offload_html},
         options=lambda c: {"model": c.spec.name,
                            "detections": c.layout.detections / "index.html" if c.spec.detects else None},

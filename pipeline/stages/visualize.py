@@ -4,7 +4,7 @@ One self-contained page (no network, opens from ``file://``): the offload
 graph of each build, a sortable layer table, the details of a layer on
 click, and, when the files are there, a profile tab (``profile.json``) and a
 numerics tab (``layers.json``), and the C7x estimate (``estimate.json``) on the nodes, in the
-details, the sidebar and the profile tab. The page is built by :mod:`pipeline.visualize`;
+details, the sidebar and the profile tab, and the held-out fidelity (``holdout.json``) in the sidebar. The page is built by :mod:`pipeline.visualize`;
 this function only reads and writes files. No torch, no tvm.
 """
 
@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from ..data.fidelity import holdout_lines
 from ..fsutil import write_text
 from ..visualize import offload_page
 from ..visualize.readers import read_estimate, read_numerics, read_profile
@@ -21,18 +22,21 @@ from ..visualize.readers import read_estimate, read_numerics, read_profile
 
 def visualize_model(model: str, manifests: dict[str, Path], out: Path, profile: Path | None = None,
                     numerics: Path | None = None, detections: Path | None = None,
-                    estimate: Path | None = None) -> dict:
+                    estimate: Path | None = None, fidelity: Path | None = None) -> dict:
     """Write ``out`` (offload.html) from ``manifests`` (variant -> manifest.json, page order).
 
     ``profile`` / ``numerics`` / ``estimate``: ``profile.json`` / ``layers.json`` /
-    ``estimate.json``, used when the file exists (the page works without them). ``detections``: a
+    ``estimate.json``, used when the file exists (the page works without them); ``fidelity``: the
+    ``holdout.json`` whose lines the sidebar shows (:func:`pipeline.data.fidelity.holdout_lines`). ``detections``: a
     detection model's ``detections/index.html`` (verify's pictures), linked
     from the title. Returns the page's size and what it shows.
     """
     parsed = {v: json.loads(Path(p).read_text()) for v, p in manifests.items()}
     prof, nums, est = read_profile(profile), read_numerics(numerics), read_estimate(estimate)
     links = {"detections": Path(os.path.relpath(detections, Path(out).parent)).as_posix()} if detections else None
-    text = offload_page(model, parsed, prof, nums, links, est)
+    lines = holdout_lines(json.loads(Path(fidelity).read_text())) if fidelity and Path(fidelity).is_file() else []
+    text = offload_page(model, parsed, prof, nums, links, est, lines)
     write_text(out, text)
     return {"bytes": len(text.encode("utf-8")), "builds": list(parsed),
-            "profile": prof is not None, "numerics": nums is not None, "estimate": est is not None}
+            "profile": prof is not None, "numerics": nums is not None, "estimate": est is not None,
+            "fidelity": bool(lines)}

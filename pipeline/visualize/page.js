@@ -554,6 +554,12 @@
                      h("a", { onclick: () => select(r.layer, primaryNode(r.layer)) }, r.module || r.layer || "input"),
                      " " + fmtShare(r.share) + ": " + r.reason))));
     }
+    const fLine = document.getElementById("fidelity-line");
+    fLine.textContent = "";
+    if (DATA.fidelity && DATA.fidelity.length) {   // holdout.json: the deployed C build on unseen images
+      fLine.append(h("b", {}, "Held-out fidelity"), " (" + DATA.fidelity[0] + ")",
+                   h("ul", {}, DATA.fidelity.slice(1).map((t) => h("li", {}, t))));
+    }
     const ops = {};
     for (const l of build().layers) {
       const o = ops[l.op] || (ops[l.op] = { n: 0, off: 0 });

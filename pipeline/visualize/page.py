@@ -33,13 +33,15 @@ _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
 
 def page_data(model: str, manifests: dict[str, dict], profile: dict | None = None,
-              numerics: dict | None = None, estimate: dict | None = None) -> dict:
+              numerics: dict | None = None, estimate: dict | None = None,
+              fidelity: list[str] | None = None) -> dict:
     """Everything the page shows, as plain JSON data.
 
     ``manifests``: variant -> parsed ``manifest.json`` (page order: as given);
     ``profile`` / ``numerics`` / ``estimate``: the output of
     :func:`~pipeline.visualize.readers.read_profile` / ``read_numerics`` /
-    ``read_estimate``, or None.
+    ``read_estimate``, or None; ``fidelity``: the held-out lines
+    (:func:`pipeline.data.fidelity.holdout_lines`: what was measured, then the numbers), or None.
     """
     return {
         "model": model,
@@ -51,6 +53,7 @@ def page_data(model: str, manifests: dict[str, dict], profile: dict | None = Non
         "profile": profile,
         "numerics": numerics,
         "estimate": estimate,
+        "fidelity": fidelity or [],
     }
 
 
@@ -94,6 +97,6 @@ def render(data: dict, links: dict[str, str] | None = None) -> str:
 
 def offload_page(model: str, manifests: dict[str, dict], profile: dict | None = None,
                  numerics: dict | None = None, links: dict[str, str] | None = None,
-                 estimate: dict | None = None) -> str:
+                 estimate: dict | None = None, fidelity: list[str] | None = None) -> str:
     """The page's HTML for a model: :func:`render` of :func:`page_data` (``links``: see :func:`render`)."""
-    return render(page_data(model, manifests, profile, numerics, estimate), links)
+    return render(page_data(model, manifests, profile, numerics, estimate, fidelity), links)

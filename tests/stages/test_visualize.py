@@ -407,7 +407,12 @@ def estimate_page(built, tmp_path_factory):
                                 [round(1.5 * c["cycles"]) for c in plain["calls"]]))
     est = estimate_model(built.spec, mans, log, d / "estimate.json")
     out = d / "offload.html"
-    visualize_model("tiny", mans, out, estimate=d / "estimate.json")
+    holdout = d / "holdout.json"   # a classifier's k-fold record, as the holdout stage writes it
+    holdout.write_text(json.dumps({"method": "k-fold", "folds": 2, "evaluation_set": "imagenet20", "images": 20,
+                                   "c": {"variant": "mmalib", "top1_agreement_with_float": 19,
+                                         "mean_abs_logit_error_vs_float": 0.25,
+                                         "relative_logit_error_vs_float": 0.09}}))
+    visualize_model("tiny", mans, out, estimate=d / "estimate.json", fidelity=holdout)
     return out, est
 
 
@@ -421,6 +426,8 @@ def test_estimate_reaches_the_page_data(estimate_page):
     assert all(abs(c["ratio"] - 1.5) < 0.01 for c in e["calls"].values())
     assert "board" in e and data["estimate"]["scalar"]["board"] is None
     assert data["profile"] is None
+    assert data["fidelity"] == ["2-fold on imagenet20 (20 images), C mmalib vs float",
+                                "top-1 agreement 19/20, mean |logit error| 0.250 = 9% of float's spread"]
 
 
 @needs_browser
@@ -434,6 +441,8 @@ def test_estimate_on_nodes_sidebar_details_and_profile_tab(estimate_page, driver
     assert sum(t.startswith("est. ") for t in texts) == calls  # every call node carries its estimate
     side = driver.find_element(By.ID, "estimate-line").text
     assert side.startswith("Estimated on am67a:") and "FPS" in side and "not a measurement" in side, side
+    held = driver.find_element(By.ID, "fidelity-line").text
+    assert held.startswith("Held-out fidelity (2-fold on imagenet20") and "top-1 agreement 19/20" in held, held
     top = est["variants"]["mmalib"]["top"]
     assert count(driver, "#estimate-top li") == len(top) <= 5
     memory = est["variants"]["mmalib"]["memory"]

@@ -85,3 +85,17 @@ def test_masks_go_back_through_a_stretch_and_a_crop():
     left[:, :, :112] = True
     stretch = masks_to_original(left, PreprocessSpec(resize=(224, 224), crop=224), (100, 300))
     assert stretch.shape == (2, 100, 300) and stretch[:, :, :150].all() and not stretch[:, :, 150:].any()
+
+
+def test_holdout_lines_per_task():
+    base = {"method": "k-fold", "folds": 2, "evaluation_set": "scenes", "images": 17}
+    det = {"confident": {"matched": 30, "reference_detections": 40, "matched_fraction": 0.75}, "map50": 0.8}
+    seg = {**base, "c": {"variant": "mmalib", "detections_vs_float": det,
+                         "instances_vs_float": {"matched": 9, "reference_instances": 10, "matched_fraction": 0.9,
+                                                "mean_mask_iou": 0.95, "worst_mask_iou": 0.8}}}
+    assert fidelity.holdout_lines(seg) == ["2-fold on scenes (17 images), C mmalib vs float",
+                                           "detections matched (IoU >= 0.5): 30/40 (0.75), mAP@0.5 0.80",
+                                           "instances after NMS matched: 9/10 (0.90), mask IoU mean 0.95, worst 0.80"]
+    emb = {**base, "c": {"variant": "mmalib", "cosine_mean": 0.9, "cosine_min": 0.5, "worst_image": "a.jpg"}}
+    assert fidelity.holdout_lines(emb)[1] == "cosine mean 0.9000, worst 0.5000 (a.jpg)"
+    assert fidelity.holdout_lines({"method": "separate"}) == [] and fidelity.holdout_lines(None) == []
