@@ -29,6 +29,13 @@ upstream inputs are identical share entries.
   (:func:`owned_by_me`); from anyone else's the stage rebuilds them.
 - **Corruption**: a file whose hash does not match its signed record removes
   the entry and the stage runs as if it were absent.
+- **Anything odd is ignored, never followed** (:func:`_read_regular`): only
+  regular files are read (a FIFO, device or link in an entry is not opened
+  through), ``entry.json`` is at most :data:`MAX_RECORD_BYTES`, parsed within a
+  nesting depth and checked field by field, and a stored file is read no
+  further than the size its signed record declares. Whatever is wrong, one line
+  names the entry and the stage runs; a broken or unsigned entry under a key is
+  replaced by the next good store.
 - **Size**: :func:`prune` removes least recently used entries (a restore
   touches ``entry.json``) down to a limit; ``DOIT_C7X_CACHE_MAX`` prunes
   after every store.
@@ -59,6 +66,11 @@ from pathlib import Path
 
 from .fsutil import umask
 
+#: ``entry.json`` is a few hundred bytes per output file; a bigger one is not ours
+MAX_RECORD_BYTES = 1 << 20
+#: nesting of a genuine ``entry.json`` (record -> files -> [size, digest, x] / meta -> values)
+MAX_RECORD_DEPTH = 8
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 FORMAT = 2  # bump when the key or the entry layout changes (2: signed entries, no paths in keys)
 CACHE_ENV = "DOIT_C7X_CACHE"
 SECRET_ENV = "DOIT_C7X_CACHE_SECRET"
@@ -185,17 +197,79 @@ def owned_by_me(path: Path, root: Path) -> bool:
             and not stats[0].st_mode & 0o022)
 
 
+def _open_regular(path: Path):
+    """``path`` opened for reading as a binary file object if it is a regular file reached
+    without following a link at its last component; else OSError. Opened non-blocking,
+    so a FIFO cannot hang the open, then checked with fstat (what was opened is checked)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`_open_regular`), at most ``limit``;
+    OSError when it is not one or holds more."""
+    with _open_regular(path) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path} holds more than {limit} bytes")
+    return data
+
+
+def _depth(text: str) -> int:
+    """Deepest bracket nesting of a JSON text (strings skipped), without parsing it."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            escaped, in_str = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def parse_record(raw: bytes) -> dict:
+    """A stored ``entry.json`` -> ``{"files": {rel: [size, sha256, executable]}, "meta": dict,
+    "hmac": hex}``, each field type-checked. Raises ValueError (one reason) for anything else:
+    not UTF-8 JSON, nested deeper than :data:`MAX_RECORD_DEPTH`, a missing or mistyped field."""
+    text = raw.decode("utf-8")
+    if _depth(text) > MAX_RECORD_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_RECORD_DEPTH}")
+    rec = json.loads(text)
+    files, meta, sig = (rec.get(k) for k in ("files", "meta", "hmac")) if isinstance(rec, dict) else (None,) * 3
+    if not isinstance(sig, str) or not _HEX64.fullmatch(sig):
+        raise ValueError("no hex hmac")
+    if not isinstance(meta, dict) or not isinstance(files, dict) or not files:
+        raise ValueError("no files or meta")
+    for rel, spec in files.items():
+        ok = (isinstance(spec, list) and len(spec) == 3 and type(spec[0]) is int and spec[0] >= 0
+              and isinstance(spec[1], str) and _HEX64.fullmatch(spec[1]) and isinstance(spec[2], bool))
+        parts = Path(rel).parts
+        if not ok or not parts or Path(rel).is_absolute() or ".." in parts:
+            raise ValueError(f"a bad file record {rel[:40]!r}")
+    return {"files": files, "meta": meta, "hmac": sig}
+
+
 def _copy_checked(src: Path, dst: Path, size: int, digest: str, executable: bool) -> Path | None:
     """Copy ``src`` to a temporary next to ``dst``; the temporary's path if its
     bytes have ``size`` and ``digest`` (checked on the copy, so a file swapped
-    after the check cannot slip in), else None (and no temporary is left)."""
+    after the check cannot slip in), else None (and no temporary is left).
+    Only a regular file is read (:func:`_open_regular`: no FIFO, device or link),
+    and never more than ``size`` + 1 bytes."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".tmp-{dst.name}.{uuid.uuid4().hex[:8]}")
     h = hashlib.sha256()
     n = 0
     try:
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            while block := fin.read(1 << 20):
+        with _open_regular(src) as fin, open(tmp, "wb") as fout:
+            while n <= size and (block := fin.read(min(1 << 20, size + 1 - n))):
                 h.update(block)
                 n += len(block)
                 fout.write(block)
@@ -220,19 +294,24 @@ class RunCache:
     def entry(self, key: str) -> Path:
         return self.root / "entries" / key[:2] / key
 
-    def _verified(self, key: str) -> dict | None:
-        """The signed record of entry ``key``, or None (missing, or not signed by us: one line)."""
+    def _verified(self, key: str, quiet: bool = False) -> dict | None:
+        """The signed record of entry ``key``, or None: missing, unreadable, malformed
+        (:func:`parse_record`) or not signed by us, each but the first with one line
+        naming the entry (none when ``quiet``)."""
         entry = self.entry(key)
         try:
-            rec = json.loads((entry / "entry.json").read_text())
-            files, meta, sig = rec["files"], rec.get("meta", {}), rec["hmac"]
+            rec = parse_record(_read_regular(entry / "entry.json", MAX_RECORD_BYTES))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError):
-            sig = None
-        if not isinstance(sig, str) or not hmac.compare_digest(sig, _signature(self.secret, key, files, meta)):
-            print(f"run-cache: entry {key[:12]} in {self.root} is not signed with this cache's secret "
-                  f"({secret_path()}); ignoring it", file=sys.stderr)
+        except (OSError, ValueError, RecursionError, MemoryError) as e:
+            if not quiet:
+                print(f"run-cache: entry {key[:12]} in {self.root} is unreadable ({str(e)[:120]}); "
+                      f"ignoring it", file=sys.stderr)
+            return None
+        if not hmac.compare_digest(rec["hmac"], _signature(self.secret, key, rec["files"], rec["meta"])):
+            if not quiet:
+                print(f"run-cache: entry {key[:12]} in {self.root} is not signed with this cache's secret "
+                      f"({secret_path()}); ignoring it", file=sys.stderr)
             return None
         return rec
 
@@ -270,9 +349,12 @@ class RunCache:
 
     def store(self, key: str, base: Path, outs: list[str], meta: dict) -> bool:
         """Copy ``base / out`` for each of ``outs`` into a signed entry ``key``.
-        Returns False if an entry is already there (a concurrent writer won)."""
-        if (self.entry(key) / "entry.json").is_file():
-            return False
+        Returns False if a good entry is already there (a concurrent writer won); a
+        broken or unsigned one under the key is removed first, so it cannot block ours."""
+        if os.path.lexists(self.entry(key)):
+            if self._verified(key, quiet=True) is not None:
+                return False
+            self._remove(self.entry(key))
         tmp = self.root / "tmp" / f"{key[:12]}.{uuid.uuid4().hex[:8]}"
         try:
             files = {}
@@ -303,7 +385,10 @@ class RunCache:
             os.rename(entry, trash)
         except OSError:
             return
-        shutil.rmtree(trash, ignore_errors=True)
+        if trash.is_symlink():   # a planted link: remove the link, never what it points to
+            trash.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(trash, ignore_errors=True)
 
     def entries(self) -> list[tuple[Path, float, int]]:
         """(entry folder, last use as a Unix time, bytes) of every entry."""

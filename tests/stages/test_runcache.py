@@ -290,3 +290,84 @@ def test_cache_off_runs_the_stages(proj):
     assert run.returncode == 0, run.out
     assert run.ran("calibrate") == {"tiny"} and _restored(run) == []
     assert not list((proj.root / "artifacts" / ".cache").glob("entries/*/*"))  # pruned above, nothing stored
+
+
+# ----------------------------------------------------------------------------- entries that try to stop a build
+
+
+def _deep(entry: Path) -> None:
+    (entry / "entry.json").write_text("[" * 200_000 + "]" * 200_000)
+
+
+def _non_ascii_hmac(entry: Path) -> None:
+    rec = json.loads((entry / "entry.json").read_text())
+    rec["hmac"] = "\u00e9" * 64
+    (entry / "entry.json").write_text(json.dumps(rec))
+
+
+def _fifo_record(entry: Path) -> None:
+    (entry / "entry.json").unlink()
+    os.mkfifo(entry / "entry.json")
+
+
+def _fifo_file(entry: Path) -> None:
+    (entry / "files" / "a.bin").unlink()
+    os.mkfifo(entry / "files" / "a.bin")
+
+
+def _dev_zero(entry: Path) -> None:
+    (entry / "files" / "a.bin").unlink()
+    (entry / "files" / "a.bin").symlink_to("/dev/zero")
+
+
+def _linked_record(entry: Path) -> None:
+    (entry / "elsewhere.json").write_text((entry / "entry.json").read_text())
+    (entry / "entry.json").unlink()
+    (entry / "entry.json").symlink_to(entry / "elsewhere.json")
+
+
+def _huge_record(entry: Path) -> None:
+    (entry / "entry.json").write_text(" " * (runcache.MAX_RECORD_BYTES + 1) + "{}")
+
+
+def _escaping_path(entry: Path) -> None:
+    rec = json.loads((entry / "entry.json").read_text())
+    rec["files"]["../../../../evil"] = rec["files"].pop("a.bin")
+    (entry / "entry.json").write_text(json.dumps(rec))
+
+
+@pytest.mark.parametrize("plant", [_deep, _non_ascii_hmac, _fifo_record, _fifo_file, _dev_zero, _linked_record,
+                                   _huge_record, _escaping_path])
+def test_a_planted_entry_is_ignored_in_one_line_and_the_next_store_replaces_it(tmp_path, capsys, plant):
+    """Issue 48's cache DoS: anyone who can write the cache folder, without the secret. Each
+    restore must return (no hang, no flood, no exception), print one line naming the entry,
+    restore nothing; the stage then runs and its store replaces the planted entry."""
+    import signal
+
+    rc = RunCache(tmp_path / "cache", SECRET)
+    outs = _outputs(tmp_path / "m1", "one")
+    key = stage_key("s", "m", "c", [], outs)
+    rc.store(key, tmp_path / "m1", outs, {"stage": "s"})
+    plant(rc.entry(key))
+    capsys.readouterr()
+    signal.alarm(20)   # a FIFO that blocks would hang here: the alarm fails the test instead
+    try:
+        assert not rc.restore(key, tmp_path / "m2", outs)
+    finally:
+        signal.alarm(0)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"entry {key[:12]}" in err[0], err
+    assert not (tmp_path / "m2" / "a.bin").exists() and not (tmp_path / "evil").exists()
+    assert rc.store(key, tmp_path / "m1", outs, {"stage": "s"})   # the planted entry does not block ours
+    assert rc.restore(key, tmp_path / "m3", outs)
+    assert (tmp_path / "m3" / "a.bin").read_bytes() == (tmp_path / "m1" / "a.bin").read_bytes()
+
+
+def test_record_parser_types_every_field():
+    good = {"files": {"a.bin": [3, "0" * 64, False]}, "meta": {}, "hmac": "f" * 64}
+    assert runcache.parse_record(json.dumps(good).encode())["files"] == good["files"]
+    for bad in ({**good, "hmac": 5}, {**good, "files": {"a.bin": ["3", "0" * 64, False]}},
+                {**good, "files": {"a.bin": [3, "0" * 64, 1]}}, {**good, "files": {"/etc/passwd": [3, "0" * 64, False]}},
+                {**good, "meta": []}, [good]):
+        with pytest.raises(ValueError):
+            runcache.parse_record(json.dumps(bad).encode())
