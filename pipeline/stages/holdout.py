@@ -69,10 +69,17 @@ def _link(src: Path, dst: Path) -> None:
     os.symlink(Path(src).resolve(), dst)
 
 
+#: the folder under a fold's own ``calib_data/`` that holds links to its training images: a
+#: fixed name, so whatever the entry's ``calibration.set`` says (an absolute path, ``..``), the
+#: fold writes only inside its work folder under ``artifacts/<model>/``
+FOLD_SET = "fold"
+
+
 def _fold_spec(spec: ModelSpec) -> ModelSpec:
-    """The entry as a fold calibrates it: every image of the fold's training part, in
-    the entry's order (``num_images`` was applied when the pool was chosen)."""
-    return dataclasses.replace(spec, calibration=dataclasses.replace(spec.calibration, num_images=0))
+    """The entry as a fold calibrates it: every image of the fold's training part (linked
+    under :data:`FOLD_SET`), in the entry's order (``num_images`` was applied when the pool
+    was chosen)."""
+    return dataclasses.replace(spec, calibration=dataclasses.replace(spec.calibration, num_images=0, set=FOLD_SET))
 
 
 #: The calibration-dependent part of the flow a fold re-runs, in record order. A

@@ -128,3 +128,21 @@ def test_a_small_model_runs_its_folds_in_this_process(built, monkeypatch):
     monkeypatch.setattr(te, "process_map", lambda *a, **k: pytest.fail("folds sent to processes"))
     assert built.layout.float_pt2.stat().st_size < holdout.SIDE_BY_SIDE_BYTES
     assert _run(built)["method"] == "k-fold"
+
+
+@pytest.mark.parametrize("name", ["absolute", "dotdot"])
+def test_a_calibration_set_path_never_moves_the_folds_outside_their_work_folder(built, tmp_path, monkeypatch, name):
+    """Issue 48: holdout linked the user's ``calibration.set`` under its work folder, so an
+    absolute set failed and ``../..`` made folders and links in the project root."""
+    import dataclasses
+    calib_dir = built.calib_root / built.spec.calibration.set
+    # three levels up from a fold's calib_data/ is the folder of holdout.json (here tmp_path)
+    setting = str(calib_dir.resolve()) if name == "absolute" else "../../../escaped_set"
+    spec = dataclasses.replace(built.spec, calibration=dataclasses.replace(built.spec.calibration, set=setting))
+    monkeypatch.setattr(holdout.os, "cpu_count", lambda: 1)
+    before = set(built.root.parent.iterdir()) | set(built.root.iterdir())
+    rec = _run(built, spec=spec, out=tmp_path / "h.json")
+    assert rec["method"] == "k-fold" and [f["calibrated_on"] for f in rec["folds_detail"]] == [3, 3]
+    assert set(built.root.parent.iterdir()) | set(built.root.iterdir()) == before   # nothing made outside
+    assert [p.name for p in tmp_path.iterdir()] == ["h.json"]
+    assert not list(built.layout.dir.glob(".holdout-*"))
