@@ -90,7 +90,12 @@ int main(int argc, char** argv) {{
     return 2;
   }}
   if ((rc = {m}_check_weights(weights, wbytes)) != 0 || (rc = {m}_run(weights, input, output)) != 0) {{
-    fprintf(stderr, "{m}: error %d\n", rc);
+    fprintf(stderr, "{m}: error %d: %s\n", rc,
+            rc == {M}_ERR_WEIGHTS ? "weights file is not this build's weights.bin (magic, version, size or CRC)"
+            : rc == {M}_ERR_ALIGN ? "weights not 64-byte aligned"
+            : rc == {M}_ERR_NULL ? "a NULL argument"
+            : rc == {M}_ERR_WORKSPACE ? "a kernel needs more scratch than the static workspace"
+            : rc <= {M}_ERR_KERNEL_BASE ? "a kernel call failed (-1000 - call index, model.c order)" : "see model.h");
     return 3;
   }}
 {body}  free(wbase);

@@ -42,6 +42,11 @@ def test_the_tarball_s_example_builds_elsewhere_and_prints_the_reference_s_top5(
     ref = run_reference(art / "c" / "mmalib", x)[0]
     order = sorted(range(ref.size), key=lambda j: (-ref[j], j))[:5]
     assert (folder / "output.txt").read_text().splitlines() == ["%d %.6g" % (j, ref[j]) for j in order]
+    # another file as weights.bin: one line that says what is wrong, not only "error -2"
+    (folder / "other.bin").write_bytes((folder / "weights.bin").read_bytes()[:-64] + bytes(64))
+    bad = subprocess.run(["./example", "other.bin", "input.f32"], cwd=folder, capture_output=True, text=True)
+    assert bad.returncode == 3 and bad.stderr.strip().count("\n") == 0
+    assert "error -2: weights file is not this build's weights.bin" in bad.stderr, bad.stderr
 
 
 def test_make_c7x_runs_ti_s_flags_on_every_source(built, tmp_path):
