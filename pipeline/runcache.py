@@ -25,8 +25,13 @@ upstream inputs are identical share entries.
   secret cannot make an entry we restore: an unsigned or mis-signed entry is
   ignored with one line. A restore copies each file and checks the copy's
   hash against the signed list before moving it into place.
-- **Executables** are restored only from entries the user made
-  (:func:`owned_by_me`); from anyone else's the stage rebuilds them.
+- **Code** (:func:`carries_code`: executables, C sources and headers, linker
+  commands, TVMScript modules, ``.pt2`` archives, which hold pickles, web pages
+  and archives of any of these) is restored only from entries the user made
+  (:func:`owned_by_me`); from anyone else's the stage runs and derives it
+  again. A colleague's entries still restore data (JSON records, weights read
+  by the weights-only unpickler, ``.bin`` blobs, images): calibration, mixed
+  precision, holdout, layers.
 - **Corruption**: a file whose hash does not match its signed record removes
   the entry and the stage runs as if it were absent.
 - **Anything odd is ignored, never followed** (:func:`_read_regular`): only
@@ -181,6 +186,20 @@ def _signature(secret: bytes, key: str, files: dict, meta: dict) -> str:
     return hmac.new(secret, doc, hashlib.sha256).hexdigest()
 
 
+#: outputs that are code or become code when loaded (module doc, "Code"): by suffix
+CODE_SUFFIXES = frozenset({".c", ".h", ".cmd", ".py", ".pt2", ".exe", ".so", ".o", ".a", ".html", ".js",
+                           ".gz", ".tar", ".sh", ".mk"})
+CODE_NAMES = frozenset({"Makefile"})
+
+
+def carries_code(rel: str, executable: bool) -> bool:
+    """Whether the output ``rel`` (a path relative to the model folder) is code or turns
+    into code when a stage or the user loads it (:data:`CODE_SUFFIXES`, :data:`CODE_NAMES`,
+    or the executable bit)."""
+    p = Path(rel)
+    return executable or p.suffix in CODE_SUFFIXES or p.name in CODE_NAMES
+
+
 def owned_by_me(path: Path, root: Path) -> bool:
     """Whether no other account can have put ``path`` there: the file and every
     folder from ``root`` down to it belong to this user and are not links, and
@@ -320,17 +339,18 @@ class RunCache:
 
         Returns False (and changes nothing) when there is no entry, when it is
         not signed with this cache's secret, when it lists other files, when it
-        holds an executable that someone else could have put there
-        (:func:`owned_by_me`), or when a file's hash does not match (the entry
-        is then removed)."""
+        holds code (:func:`carries_code`) that someone else could have put there
+        (:func:`owned_by_me`: a colleague's entry, signed or not), or when a
+        file's hash does not match (the entry is then removed)."""
         rec = self._verified(key)
         if rec is None or sorted(rec["files"]) != sorted(outs):
             return False
         entry = self.entry(key)
-        execs = [rel for rel, (_, _, x) in rec["files"].items() if x]
-        if execs and not all(owned_by_me(entry / "files" / rel, self.root) for rel in execs):
-            print(f"run-cache: entry {key[:12]} holds executables ({', '.join(execs)}) that you did not "
-                  f"store yourself; rebuilding them instead", file=sys.stderr)
+        code = [rel for rel, (_, _, x) in rec["files"].items() if carries_code(rel, x)]
+        if code and not all(owned_by_me(entry / "files" / rel, self.root) for rel in code):
+            shown = ", ".join(code[:3]) + (f" and {len(code) - 3} more" if len(code) > 3 else "")
+            print(f"run-cache: entry {key[:12]} holds code ({shown}) that you did not store yourself; "
+                  f"deriving it here instead", file=sys.stderr)
             return False
         placed: list[tuple[Path, Path]] = []
         for rel, (size, digest, executable) in rec["files"].items():

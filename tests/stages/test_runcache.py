@@ -125,7 +125,7 @@ def test_executables_come_back_only_from_a_cache_the_user_alone_can_write(tmp_pa
     exe.chmod(0o775)  # others could have rewritten it
     assert not rc.restore(key, tmp_path / "m3", ["model.exe"])
     assert not (tmp_path / "m3").exists()
-    assert "holds executables (model.exe)" in capsys.readouterr().err
+    assert "holds code (model.exe) that you did not store yourself" in capsys.readouterr().err
     exe.chmod(0o755)
     if os.getuid() == 0:  # root can hand the file to another account, as a colleague's would be
         os.chown(exe, 4242, 4242)
@@ -371,3 +371,31 @@ def test_record_parser_types_every_field():
                 {**good, "meta": []}, [good]):
         with pytest.raises(ValueError):
             runcache.parse_record(json.dumps(bad).encode())
+
+
+@pytest.mark.parametrize("rel, code", [("model.c", True), ("c/mmalib/lowered.py", True), ("float.pt2", True),
+                                       ("offload.html", True), ("bundle/Makefile", True), ("host/m.exe", True),
+                                       ("calibration.json", False), ("calibrated.pt", False),
+                                       ("c/mmalib/weights.bin", False), ("detections/a_float.jpg", False)])
+def test_code_is_restored_only_from_an_entry_you_wrote(tmp_path, capsys, rel, code):
+    """Issue 48: a colleague holding the secret could get code run (a signed model.c with a
+    constructor, a pt2 with a pickle, TVMScript). Code comes back only from your own entries;
+    a colleague's data still restores. "Someone else's" is simulated by a file others could
+    have written (and, as root, by handing it to another account)."""
+    from pipeline.runcache import carries_code
+    assert carries_code(rel, rel.endswith(".exe")) == code
+    base = tmp_path / "m1"
+    (base / rel).parent.mkdir(parents=True, exist_ok=True)
+    (base / rel).write_bytes(b"payload")
+    rc = RunCache(tmp_path / "cache", SECRET)
+    key = stage_key("s", "m", "c", [], [rel])
+    assert rc.store(key, base, [rel], {})
+    stored = rc.entry(key) / "files" / rel
+    assert rc.restore(key, tmp_path / "mine", [rel])          # your own entry: everything comes back
+    stored.chmod(0o666)
+    if os.getuid() == 0:
+        os.chown(stored, 4242, 4242)
+    capsys.readouterr()
+    assert rc.restore(key, tmp_path / "theirs", [rel]) == (not code)
+    err = capsys.readouterr().err
+    assert ("holds code" in err) == code and (tmp_path / "theirs" / rel).exists() == (not code)
