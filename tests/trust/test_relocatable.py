@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import sys
@@ -176,3 +177,58 @@ def test_a_tampered_cache_entry_runs_no_code_and_is_not_restored(built, tmp_path
     assert "is not signed with this cache's secret" in run.out
     report = json.loads((clone / "artifacts" / "tiny" / "report.json").read_text())
     assert report["model"] == "tiny"
+
+
+def test_a_key_holders_code_never_runs_but_their_data_stages_restore(built, tmp_path, monkeypatch):
+    """Issue 48: a colleague who holds the secret signs entries whose code-bearing files carry
+    payloads (Python in TVMScript, a pickle in the .pt2 archives, a constructor in model.c, a
+    script as the executable). Their files are not yours (others may write them; as root,
+    another account owns them): no code from them comes back, the stages that make code run
+    here, and the data stages (calibration ...) still restore."""
+    p, env = built
+    from pipeline.runcache import _sha256, _signature, carries_code, load_secret
+    cache = tmp_path / "team-cache"
+    shutil.copytree(env["DOIT_C7X_CACHE"], cache, symlinks=True)
+    monkeypatch.setenv("DOIT_C7X_CACHE_SECRET", env["DOIT_C7X_CACHE_SECRET"])   # the team's secret
+    secret = load_secret(cache)
+    marker = tmp_path / "planted-code-ran"
+    payload = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('x')\n"
+    planted = 0
+    for info in cache.glob("entries/*/*/entry.json"):
+        rec = json.loads(info.read_text())
+        for rel, (_, _, x) in rec["files"].items():
+            f = info.parent / "files" / rel
+            if not carries_code(rel, x):
+                continue
+            if rel.endswith(".py"):
+                f.write_text(payload + f.read_text())
+            elif rel.endswith(".pt2"):
+                import pickle
+                class Boom:
+                    def __reduce__(self):
+                        return (exec, (payload,))
+                f.write_bytes(pickle.dumps(Boom()))
+            elif rel.endswith(".c"):
+                f.write_text(f'#include <stdlib.h>\n__attribute__((constructor)) static void planted(void)'
+                             f'{{ system("touch {marker}"); }}\n' + f.read_text())
+            elif x:
+                f.write_text(f"#!/bin/sh\ntouch {marker}\n")
+            rec["files"][rel][:2] = [f.stat().st_size, _sha256(f)]
+            f.chmod(0o777 if x else 0o666)       # a file you cannot vouch for
+            if hasattr(os, "chown") and os.getuid() == 0:
+                os.chown(f, 4242, 4242)          # a colleague's account
+            planted += 1
+        rec["hmac"] = _signature(secret, info.parent.name, rec["files"], rec["meta"])   # signed: a key holder
+        info.write_text(json.dumps(rec))
+    assert planted >= 8
+    clone = tmp_path / "clone"
+    shutil.copytree(p.root, clone, ignore=shutil.ignore_patterns("artifacts", "__pycache__"))
+    q = Project.__new__(Project)
+    q.root = clone
+    run = q.doit(env={**env, "DOIT_C7X_CACHE": str(cache)})
+    assert run.returncode == 0, run.out
+    assert not marker.exists(), run.out
+    restored = _restored(run)
+    assert "calibrate" in restored and not {"export", "convert", "relax_import", "codegen", "host_build"} & set(restored), \
+        [line for line in run.out.splitlines() if "run-cache" in line]
+    assert "holds code" in run.out and "that you did not store yourself" in run.out
