@@ -146,3 +146,21 @@ def test_a_calibration_set_path_never_moves_the_folds_outside_their_work_folder(
     assert set(built.root.parent.iterdir()) | set(built.root.iterdir()) == before   # nothing made outside
     assert [p.name for p in tmp_path.iterdir()] == ["h.json"]
     assert not list(built.layout.dir.glob(".holdout-*"))
+
+
+def test_segmentation_scores_match_instances_and_their_masks():
+    """A segmentation model's held-out record: output 0 scored as detections, and the instances
+    after NMS with each match's mask IoU, for the Q/DQ model and the C build, per image too."""
+    import numpy as np
+    det = np.array([[[0, 0, 16, 16, 0.9, 1], [16, 16, 32, 32, 0.8, 3], [0, 16, 8, 32, 0.1, 5]]], np.float32)
+    logits = np.full((1, 3, 8, 8), -4.0, np.float32)
+    logits[0, 0, :4, :4] = logits[0, 1, 4:, 4:] = 4.0
+    worse = logits.copy()
+    worse[0, 1] = -4.0                      # the C build loses the second mask
+    rec = holdout.segmentation_scores("mmalib", [Path("a.jpg")], [det, logits], [det, logits], [det, worse], (32, 32))
+    assert rec["qdq"]["instances_vs_float"]["mean_mask_iou"] == 1.0
+    c = rec["c"]["instances_vs_float"]
+    assert (c["matched"], c["reference_instances"], c["worst_mask_iou"]) == (2, 2, 0.0)
+    assert rec["c"]["detections_vs_float"]["confident"]["matched"] == 2
+    row = rec["per_image"][0]
+    assert (row["float_instances"], row["c_instances_matched"], row["c_mask_iou"], row["qdq_mask_iou"]) == (2, 2, 0.5, 1.0)
