@@ -338,6 +338,17 @@ class ModelSpec:
         return self.task in ("detection", "segmentation")
 
 
+def _broken_link(p: Path) -> str:
+    """What a link that is not a readable file is: a loop, or a link to a missing file."""
+    try:
+        p.resolve(strict=True)
+    except RuntimeError:     # Python 3.11 raises RuntimeError for a symlink loop
+        return "a symbolic link loop"
+    except OSError as e:
+        return "a symbolic link loop" if e.errno == 40 else "a link to a missing file"   # 40: ELOOP
+    return "a link to a missing file"
+
+
 def list_images(folder: str | Path, strict: bool = False) -> list[Path]:
     """Image files of a calibration/evaluation set, sorted by name.
 
@@ -352,6 +363,6 @@ def list_images(folder: str | Path, strict: bool = False) -> list[Path]:
     if strict:
         for p in named:
             if not p.is_file():
-                what = "a folder" if p.is_dir() else "a link to a missing file" if p.is_symlink() else "not a file"
+                what = "a folder" if p.is_dir() else _broken_link(p) if p.is_symlink() else "not a file"
                 raise CalibrationDataError(f"{p}: {what}, not an image; rename or remove it")
     return [p for p in named if p.is_file()]

@@ -98,10 +98,15 @@ def lsb_stats(a: np.ndarray, b: np.ndarray, lsb: float | None) -> dict:
 def accuracy(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
     """Decision (top-1, or a single logit's sign) against the labels and the float model, mean
     |logit - float logit| absolute and relative (:func:`pipeline.data.fidelity.classifier_scores`),
-    and the mean and worst cosine of each image's output to float's (what an embedding is judged by)."""
+    and the mean and worst cosine of each image's output to float's (what an embedding is judged by).
+    An output that is not ``[N, K]`` logits (a feature map, e.g. ``[N, 256, 64, 64]``) has no
+    decision: only the cosines and the mean |error|."""
     cos = fidelity.cosines(logits, float_logits)
-    return {**fidelity.classifier_scores(logits, float_logits, labels),
-            "cosine_mean": round(float(cos.mean()), 6), "cosine_min": round(float(cos.min()), 6)}
+    cosines = {"cosine_mean": round(float(cos.mean()), 6), "cosine_min": round(float(cos.min()), 6)}
+    if np.ndim(logits) != 2:
+        err = float(np.abs(np.asarray(logits, np.float64) - float_logits).mean())
+        return {**cosines, "mean_abs_error_vs_float": round(err, 6)}
+    return {**fidelity.classifier_scores(logits, float_logits, labels), **cosines}
 
 
 def verify_variant(variant: str, host: np.ndarray, ref: np.ndarray, intermediates: dict,
@@ -195,10 +200,14 @@ def summary_line(r: dict, noise: dict) -> str:
                 f"{_matched(acc['detections_vs_float'])}")
     unit = "LSB" if pt["unit"] == "lsb" else "(output units)"
     inter = ref["intermediates"]
-    return (f"[{r['variant']}] C == Python integer reference on {ref['bit_exact_images']}/{n} images "
+    head = (f"[{r['variant']}] C == Python integer reference on {ref['bit_exact_images']}/{n} images "
             f"(+ {inter['equal']}/{inter['tensors']} intermediate tensors of the first {inter['images']}); "
-            f"vs PyTorch Q/DQ: max {pt['max_lsb']:g}, mean {pt['mean_lsb']:g} {unit} (max {pt['max_abs']:.3g}, "
-            f"mean {pt['mean_abs']:.3g} in logits), top-1 agreement "
+            f"vs PyTorch Q/DQ: max {pt['max_lsb']:g}, mean {pt['mean_lsb']:g} {unit} (max {pt['max_abs']:.3g}, ")
+    if "top1_agreement" not in pt:   # a feature map: no decision to agree on
+        return (head + f"mean {pt['mean_abs']:.3g} in output units) (PyTorch vs itself: max {noise['max_lsb']:g}, "
+                f"mean {noise['mean_lsb']:g}); vs float: mean |error| {acc['mean_abs_error_vs_float']:.4g}, "
+                f"cosine mean {acc['cosine_mean']:.4f}, worst {acc['cosine_min']:.4f}")
+    return (head + f"mean {pt['mean_abs']:.3g} in logits), top-1 agreement "
             f"{pt['top1_agreement']}/{n} (PyTorch vs itself: max {noise['max_lsb']:g}, mean "
             f"{noise['mean_lsb']:g}); {_top1(acc)}agrees with float "
             f"{acc['top1_agreement_with_float']}/{n}, mean |logit error| vs float "

@@ -105,6 +105,11 @@ def test_folders_and_dangling_links_named_like_images_are_named_when_a_stage_lis
     (tmp_path / "gone_3.jpg").symlink_to(tmp_path / "nowhere.jpg")
     with pytest.raises(CalibrationDataError, match=r"gone_3.jpg: a link to a missing file"):
         list_images(tmp_path, strict=True)
+    (tmp_path / "gone_3.jpg").unlink()
+    (tmp_path / "loop_4.jpg").symlink_to(tmp_path / "loop_5.jpg")
+    (tmp_path / "loop_5.jpg").symlink_to(tmp_path / "loop_4.jpg")
+    with pytest.raises(CalibrationDataError, match=r"loop_4.jpg: a symbolic link loop, not an image"):
+        list_images(tmp_path, strict=True)
 
 
 @pytest.mark.parametrize("stem", ["..", ".hidden", "a b", "x/"[:1] + "\\y", "-" * 101])

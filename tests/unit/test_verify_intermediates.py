@@ -169,3 +169,17 @@ def test_a_conv_fused_into_the_next_call_is_skipped_and_later_calls_keep_their_i
     dump[k - 1] = (symbol, bytes([raw[0] ^ 1]) + raw[1:])
     d = verify.compare_intermediates(ref_calls, dump, calls)["first_difference"]
     assert (d["call"], d["func"]) == (k, calls[k]["func"])
+
+
+def test_a_feature_map_output_is_summarised_by_cosine_without_a_top1():
+    """An embedding that is a feature map ([N, 256, 64, 64], LiteMedSAM's) has no decision:
+    verify scores it by cosine and says so in one line, instead of failing on 'top1_agreement'."""
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(2, 4, 3, 3)).astype(np.float32)
+    host = np.round(ref * 10) / 10
+    inter = {"all_equal": True, "equal": 5, "tensors": 5, "images": 1}
+    r = verify.verify_variant("mmalib", host, host, inter, host, ref, [None, None], 0.1)
+    assert "top1_agreement_with_float" not in r["accuracy"] and r["accuracy"]["cosine_min"] > 0.99
+    line = verify.summary_line(r, {"max_lsb": 0.0, "mean_lsb": 0.0})
+    assert line.startswith("[mmalib] C == Python integer reference on 2/2 images") and "cosine mean 0.99" in line
+    assert "top-1" not in line
