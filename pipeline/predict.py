@@ -123,7 +123,6 @@ def predict(project, spec, paths: list[Path], variant: str = "mmalib", top: int 
         float_out = run_program(ctx.layout.float_pt2, torch.stack(images), spec.name).numpy()
     lines = [f"{spec.name} [{variant}]: {len(paths)} image(s), host C {run.ms_per_image:.1f} ms per image "
              "(x86 time of the reference kernels, not C7x cycles)"]
-    masks = None
     for i, (path, img, out) in enumerate(zip(paths, images, outputs[0])):
         lines.append(f"{path}:")
         if detecting:   # boxes (and masks) in the photo's own pixels, drawn on the photo at its own size

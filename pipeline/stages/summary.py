@@ -167,14 +167,6 @@ def _matched(d: dict) -> str:
     return ", ".join(parts)
 
 
-def _instances(d: dict) -> str:
-    """``40/45 (0.89), mask IoU mean 0.87, worst 0.41`` of a :func:`pipeline.data.segmentation.compare`."""
-    frac = "" if d["matched_fraction"] is None else f" ({d['matched_fraction']:.2f})"
-    ious = (f", mask IoU mean {d['mean_mask_iou']:.2f}, worst {d['worst_mask_iou']:.2f}"
-            if d["mean_mask_iou"] is not None else "")
-    return f"{d['matched']}/{d['reference_instances']}{frac}{ious}"
-
-
 def per_image_line(rows: list[dict], kind: str, label: str) -> str | None:
     """``per image ...``: the mean and lowest matched fraction of ``kind`` over the images
     with float detections (held-out rows of :func:`pipeline.data.detections.per_image`),
@@ -203,9 +195,10 @@ def _detection_lines(report: dict, builds: dict, holdout: dict | None) -> list[s
         line = per_image_line(holdout.get("per_image", []), "c", f"held-out C {c['variant']}")
         lines += [line] if line else []
         if "instances_vs_float" in c:   # a segmentation model: its instances after NMS, and their masks
+            from ..data.fidelity import instances_text as describe
             lines.append(f"  held-out       instances after NMS matched to float, mask IoU of the matches: "
-                         f"Q/DQ {_instances(holdout['qdq']['instances_vs_float'])} | C {c['variant']} "
-                         f"{_instances(c['instances_vs_float'])}")
+                         f"Q/DQ {describe(holdout['qdq']['instances_vs_float'])} | C {c['variant']} "
+                         f"{describe(c['instances_vs_float'])}")
     lead = "  in-sample      " if lines else "  vs float       "
     acc = [f"Q/DQ {_matched(report['detections_qdq_vs_float'])}"]
     acc += [f"C {v} {_matched(r['accuracy']['detections_vs_float'])}" for v, r in builds.items()]
