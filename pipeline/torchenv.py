@@ -126,6 +126,47 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def quiet_output(report: list):
+    """Inside the block, everything written to file descriptors 1 and 2 (Python prints,
+    logging handlers bound to the original streams, C++ messages) goes to a temporary
+    file instead; its text is appended to ``report`` afterwards, whatever happens.
+
+    For torch calls that print long reports before raising (``torch.export`` of an
+    untraceable model prints its graph twice): the caller raises one line and keeps
+    the report where the user can read it."""
+    import sys
+    import tempfile
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    handlers = [h for h in _stream_handlers() if h.stream in (sys.stdout, sys.stderr)]
+    with tempfile.TemporaryFile(mode="w+b") as sink, open(sink.fileno(), "w", closefd=False) as text, \
+            contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+        try:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            streams = [h.setStream(text) for h in handlers]   # logging handlers bound to a stream object
+            yield
+        finally:
+            for h, stream in zip(handlers, streams):
+                h.setStream(stream)
+            text.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            sink.seek(0)
+            report.append(sink.read().decode("utf-8", "replace"))
+
+
+def _stream_handlers() -> list[logging.StreamHandler]:
+    """Every logging StreamHandler of every known logger (torch binds its own to sys.stderr)."""
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    return [h for lg in loggers for h in lg.handlers if type(h) is logging.StreamHandler]
+
+
 def process_map(fn, jobs: dict, threads: int):
     """Yield ``(key, fn(*args))`` for every ``key -> args`` of ``jobs``, in completion
     order, from joblib's loky processes (``min(len(jobs), cores)`` at a time), each call

@@ -188,21 +188,35 @@ def export_model(spec: ModelSpec, weights: Path | None, out: Path, root: Path,
             "weights": portable_path(weights, root) if weights else None, "sha256": digest}
     if spec.weights.reestimate_batchnorm or spec.weights.logit_std is not None:
         info["batchnorm_reestimated_on"] = _make_realistic(spec, model, calib_dir)
-    example = torch.randn(2, *spec.input_shape[1:])
-    with torch.no_grad():
-        try:
-            ep = torch.export.export(model, (example,),
-                                     dynamic_shapes=({0: Dim("batch", min=1, max=MAX_BATCH)},))
-        except Exception as e:  # data-dependent control flow, unsupported Python: torch's long report
-            raise UnsupportedOpError(
-                f"model {spec.name!r}: torch.export cannot trace {spec.builder!r} with input "
-                f"{list(spec.input_shape)} and a dynamic batch ({brief(e)}); make forward() traceable "
-                f"(no Python branch on tensor values; see torch.export's documentation)") from None
+    ep = _export(spec, model, out)
     info["layers_tagged"] = tag_program(ep, str(Path(root).resolve()))  # module paths survive PT2E and re-export
     torchenv.save_program(ep, out)
     if out_info is not None:
         write_json(out_info, info)
     return info
+
+
+def _export(spec: ModelSpec, model: torch.nn.Module, out: Path) -> torch.export.ExportedProgram:
+    """torch.export of ``model`` with a dynamic batch (1..MAX_BATCH). What torch prints meanwhile
+    is held back; when export fails it goes to ``export-error.log`` beside ``out`` and the
+    :class:`UnsupportedOpError` (one line) names that file; on success it is printed as usual."""
+    example = torch.randn(2, *spec.input_shape[1:])
+    report: list[str] = []
+    try:
+        with torch.no_grad(), torchenv.quiet_output(report):
+            ep = torch.export.export(model, (example,), dynamic_shapes=({0: Dim("batch", min=1, max=MAX_BATCH)},))
+    except Exception as e:  # data-dependent control flow, unsupported Python: torch's long report
+        log = Path(out).parent / "export-error.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("".join(report) + f"\n{type(e).__name__}: {e}\n")
+        raise UnsupportedOpError(
+            f"model {spec.name!r}: torch.export cannot trace {spec.builder!r} with input "
+            f"{list(spec.input_shape)} and a dynamic batch ({brief(e)}); make forward() traceable "
+            f"(no Python branch on tensor values; see torch.export's documentation; torch's full "
+            f"report: {log})") from None
+    (Path(out).parent / "export-error.log").unlink(missing_ok=True)   # a past failure's report
+    sys.stderr.write("".join(report))
+    return ep
 
 
 def _make_realistic(spec: ModelSpec, model: torch.nn.Module, calib_dir: Path | None) -> dict:

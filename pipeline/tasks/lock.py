@@ -75,6 +75,22 @@ def acquire(artifacts: Path, wait: bool | None = None) -> None:
     _held[str(path)] = fd
 
 
+def other_holder(artifacts: Path) -> str | None:
+    """Who holds the project lock of ``artifacts`` when another process does ("pid N, since
+    HH:MM:SS"), else None. Takes nothing: the lock is tried and released at once."""
+    path = Path(artifacts) / LOCK_NAME
+    if str(path) in _held or not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    finally:
+        os.close(fd)   # closing drops a lock this call took
+    return None
+
+
 def _holder(fd: int) -> str:
     try:
         return os.pread(fd, 200, 0).decode(errors="replace").strip() or "pid unknown"

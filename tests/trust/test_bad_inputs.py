@@ -153,7 +153,7 @@ def untraceable():
     ("raising", "builder 'badnets:raising' raised RuntimeError: the builder broke"),
     ("untraceable", "torch.export cannot trace 'badnets:untraceable'"),
 ])
-def test_a_model_that_cannot_be_built_fails_export_in_one_line(tmp_path, case, needle):
+def test_a_model_that_cannot_be_built_fails_export_in_one_line(tmp_path, case, needle, capfd):
     import dataclasses
 
     from doitproj import tiny_spec
@@ -170,6 +170,11 @@ def test_a_model_that_cannot_be_built_fails_export_in_one_line(tmp_path, case, n
         export_model(spec, None, tmp_path / "float.pt2", tmp_path)
     assert needle in str(e.value) and "\n" not in str(e.value) and "model 'tiny'" in str(e.value)
     assert not (tmp_path / "float.pt2").exists()
+    printed = capfd.readouterr()
+    assert "def forward" not in printed.out + printed.err   # torch's graph dump is held back...
+    if case == "untraceable":                                 # ...in a report the line names
+        log = tmp_path / "export-error.log"
+        assert str(log) in str(e.value) and "def forward" in log.read_text()
 
 
 def test_an_unknown_file_never_makes_ultralytics_install_anything(tmp_path, capsys):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,9 @@ def proj(tmp_path_factory):
     p.add_images("setA", 2)
     p.add_model("tiny", "setA")
     (p.root / "artifacts").mkdir()
+    # the project's doit settings (doit's dumpdb reads pyproject.toml, not dodo.py)
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    (p.root / "pyproject.toml").write_text(text[text.index("[tool.doit."):])
     return p
 
 
@@ -50,8 +54,16 @@ def test_a_second_run_refuses_with_no_wait_and_list_is_not_blocked(proj):
         assert not (proj.root / "artifacts" / "tiny").exists()  # nothing ran
         listed = proj.doit("list", "--all", timeout=120)
         assert listed.returncode == 0 and "export:tiny" in listed.out
+        dumped = proj.doit("dumpdb", timeout=120)   # the build holds doit's DB: one line, no dbm.error
+        assert dumped.returncode != 0 and "Traceback" not in dumped.out, dumped.out
+        assert "a doit run (pid 4242, since 10:00:00) is building this project" in dumped.out
     finally:
         os.close(fd)
+    for f in (proj.root / "artifacts").glob(".doit.db*"):   # as before any run has written it
+        f.unlink()
+    dumped = proj.doit("dumpdb", timeout=120)   # no DB: one line, no dbm.error
+    assert dumped.returncode != 0 and "Traceback" not in dumped.out
+    assert "no doit run has finished in this project yet" in dumped.out
 
 
 def test_a_second_run_waits_for_the_first_then_builds(proj):
