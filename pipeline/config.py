@@ -226,6 +226,49 @@ class CalibrationSpec:
     exact_requantize: bool = True
 
 
+#: ``[quantizer] target`` metrics: metric -> (the tasks it scores, "max" or "min", what it is).
+#: Each is measured by the search stage on held-out images against the float model
+#: (:mod:`pipeline.quant.search`), with the functions holdout reports with.
+ACCURACY_METRICS = {
+    "logit_error": (("classification",), "max", "mean |logit - float logit| per logit, logit units"),
+    "relative_logit_error": (("classification",), "max",
+                             "mean |logit error| / the standard deviation of float's logits"),
+    "top1_agreement": (("classification",), "min", "share of images whose top-1 class is float's"),
+    "detections_matched": (("detection", "segmentation"), "min",
+                           "share of float's confident detections matched (same class, IoU >= 0.5)"),
+    "cosine": (("embedding",), "min", "mean cosine of each image's output vector to float's"),
+}
+
+
+@dataclass(frozen=True)
+class AccuracyTarget:
+    """The held-out accuracy a build must reach (``[quantizer] target = { metric =
+    "logit_error", max = 0.20 }``): the search stage (:mod:`pipeline.stages.search`) tries
+    the calibration recipes and, with ``int16 = true``, int16 layer budgets, cheapest
+    first by estimated C7x cycles, and the build uses the first that meets it.
+    ``metric``: a key of :data:`ACCURACY_METRICS`; ``bound``: its ``max`` or ``min``
+    (as the metric says); ``int16``: int16 layers (with int16 weights) may be chosen."""
+
+    metric: str
+    bound: float
+    int16: bool = False
+
+    @property
+    def sense(self) -> str:
+        """"max" (lower is better) or "min" (higher is better)."""
+        return ACCURACY_METRICS[self.metric][1]
+
+    def met_by(self, value: float | None) -> bool:
+        """Whether a measured ``value`` of the metric meets the target (None never does)."""
+        if value is None:
+            return False
+        return value <= self.bound if self.sense == "max" else value >= self.bound
+
+    def text(self) -> str:
+        """``logit_error <= 0.2`` (for people)."""
+        return f"{self.metric} {'<=' if self.sense == 'max' else '>='} {self.bound:g}"
+
+
 @dataclass(frozen=True)
 class QuantizerSpec:
     """Options handed to the quantizer (see ``pipeline.quant.C7xMMAQuantizer``).
@@ -249,6 +292,10 @@ class QuantizerSpec:
     (0, 1], allowed in int16), or within ``int16_cycles`` instead (the largest
     share of the model's estimated C7x cycles on its ``[target]``; int16
     costs more than its MACs on the MMA, docs/estimate.md). One budget only.
+
+    ``target`` (:class:`AccuracyTarget`): instead of hand-picked settings, the
+    search stage picks the recipe and int16 layers that meet it; None = the
+    entry's own settings, as written.
     """
 
     implementation: str = choice("c7x", QUANTIZER_IMPLS)
@@ -260,11 +307,12 @@ class QuantizerSpec:
     int16_macs: float = interval(0.10, 0, 1, "the share of MACs allowed in int16", low_open=True)
     int16_cycles: float | None = interval(None, 0, 1, "the share of estimated cycles allowed in int16",
                                           low_open=True)
+    target: AccuracyTarget | None = None
 
     @property
     def mixed(self) -> bool:
-        """Whether some layers are int16 in an int8 model."""
-        return bool(self.int16_layers) or self.mixed_precision == "auto"
+        """Whether some layers are (or, with a target allowing int16, may be) int16 in an int8 model."""
+        return bool(self.int16_layers) or self.mixed_precision == "auto" or bool(self.target and self.target.int16)
 
 
 @dataclass(frozen=True)

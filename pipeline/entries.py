@@ -16,8 +16,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import (DTYPES, IMAGENET_PREPROCESS, PREPROCESS_PRESETS, TASKS, CalibrationSpec, CodegenSpec,
-                     ModelSpec, PreprocessSpec, ProfileSpec, QuantizerSpec, TargetSpec, WeightsSpec,
+from .config import (ACCURACY_METRICS, DTYPES, IMAGENET_PREPROCESS, PREPROCESS_PRESETS, TASKS, CalibrationSpec, CodegenSpec,
+                     AccuracyTarget, ModelSpec, PreprocessSpec, ProfileSpec, QuantizerSpec, TargetSpec, WeightsSpec,
                      check_model_name)
 from .errors import ConfigError
 
@@ -224,12 +224,13 @@ def _quantizer(fail, data: dict, dtype: str) -> QuantizerSpec:
     table = dict(data.get("quantizer", {})) if isinstance(data.get("quantizer", {}), dict) else None
     if table is None:
         fail("[quantizer] must be a table")
+    target = _accuracy_target(fail, table.pop("target", None), data.get("task", "classification"))
     patterns = table.pop("int16_layers", [])
     if (not isinstance(patterns, list) or not all(isinstance(p, str) and p.strip() for p in patterns)):
         fail(f"quantizer.int16_layers must be a list of module-path patterns such as "
              f"[\"features.1.*\"], got {patterns!r}")
     q = _section(fail, {"quantizer": table}, "quantizer", QuantizerSpec)
-    q = dataclasses.replace(q, int16_layers=tuple(patterns))
+    q = dataclasses.replace(q, int16_layers=tuple(patterns), target=target)
     if "int16_macs" in table and q.mixed_precision != "auto":
         fail("quantizer.int16_macs is the budget of mixed_precision = \"auto\"; set that too, or drop it")
     if q.int16_cycles is not None:
@@ -238,10 +239,37 @@ def _quantizer(fail, data: dict, dtype: str) -> QuantizerSpec:
         if "int16_macs" in table:
             fail("set one budget: quantizer.int16_macs (share of MACs) or quantizer.int16_cycles "
                  "(share of estimated cycles), not both")
+    if target is not None and q.implementation != "c7x":
+        fail("quantizer.target searches our quantizer's recipes: it needs implementation = \"c7x\"")
     if q.mixed and dtype != "int8":
         fail(f"mixed precision (int16_layers / mixed_precision) needs dtype = \"int8\"; "
              f"dtype = {dtype!r} already makes every layer {dtype}")
     return q
+
+def _accuracy_target(fail, table, task: str) -> AccuracyTarget | None:
+    """``[quantizer] target = { metric = "...", max | min = number, int16 = bool }`` checked
+    against the entry's task (:data:`pipeline.config.ACCURACY_METRICS`)."""
+    if table is None:
+        return None
+    usage = "quantizer.target must be a table such as { metric = \"logit_error\", max = 0.2 }"
+    if not isinstance(table, dict):
+        fail(f"{usage}, got {table!r}")
+    table = dict(table)
+    metric = table.pop("metric", None)
+    fits = [m for m, (tasks, _, _) in ACCURACY_METRICS.items() if task in tasks]
+    if metric not in ACCURACY_METRICS or task not in ACCURACY_METRICS[metric][0]:
+        fail(f"quantizer.target.metric {metric!r} does not score a {task} model; use one of {', '.join(fits)}")
+    sense = ACCURACY_METRICS[metric][1]
+    bound = table.pop(sense, None)
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or bound < 0:
+        fail(f"quantizer.target needs {sense} = a number >= 0 for metric {metric!r} "
+             f"({ACCURACY_METRICS[metric][2]}), got {bound!r}")
+    int16 = table.pop("int16", False)
+    if not isinstance(int16, bool):
+        fail(f"quantizer.target.int16 must be true or false (whether int16 layers may be chosen), got {int16!r}")
+    if table:
+        fail(f"unknown key(s) {sorted(table)} in quantizer.target; allowed: metric, {sense}, int16")
+    return AccuracyTarget(metric=metric, bound=float(bound), int16=int16)
 
 def _section(fail, data: dict, key: str, cls):
     table = data.get(key, {})

@@ -10,7 +10,7 @@ with the entry's own calibration method; every fold redoes the automatic
 int16 choice on its own calibration images, as the holdout stage does.
 
 ``--deployed`` scores the deployed C too (issue 30): each fold runs the
-holdout stage's own fold flow (:func:`pipeline.stages.holdout.run_fold`:
+holdout stage's own fold flow (:func:`pipeline.stages.folds.run_fold`:
 calibrate, convert, relax import, codegen, gcc host build), and a second set
 of real photos that no calibration sees (default ``calib_data/scenes``, the
 YOLO scenes: no labels needed, agreement is with float) is scored with the
@@ -140,7 +140,7 @@ def run_deployed(m: Method, spec: ModelSpec, work: Path, float_pt2: Path, prepar
                  folds: list[list[int]], images: list[Path], x: torch.Tensor, second: torch.Tensor) -> dict:
     """Q/DQ and C logits of ``m`` on every image held out (k-fold) and on ``second``
     (calibrated on all ``images``), with the holdout stage's fold flow."""
-    from pipeline.stages.holdout import run_fold
+    from pipeline.stages.folds import run_fold
     mspec = m.apply(spec)
     classes = None
     out = {}

@@ -19,11 +19,13 @@ from ..fsutil import write_json
 from ..quant.layer_sqnr import layer_sqnr
 from ..quant.program import build_prepared, check_prepared, observer_kwargs, read_int16_selection
 from ..quant.recipe import refine, single_images
+from ..quant.search import resolved
 
 
 def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepared_table: Path,
                     calib_dir: Path, out_state: Path, out_info: Path,
-                    int16_selection: Path | None = None, diagnose: bool = True) -> dict:
+                    int16_selection: Path | None = None, diagnose: bool = True,
+                    recipe: Path | None = None) -> dict:
     """Run the calibration images through the prepared model; save the full
     state (weights + filled observers) and a JSON record of what was used.
 
@@ -60,6 +62,7 @@ def calibrate_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prep
     ``diagnose=False`` leaves out the per-layer SQNR before / after the method
     (``layer_sqnr``: False): the holdout stage's folds, whose records nobody reads.
     """
+    spec = resolved(spec, recipe)   # [quantizer] target: the recipe the search chose
     cal = spec.calibration
     images = select_images(calib_dir, cal, spec.name) if cal.source == "images" else []
     int16_layers = read_int16_selection(int16_selection)

@@ -150,6 +150,11 @@ def batchnorm_inputs(ctx: StageContext) -> dict:
 def mixed(ctx: StageContext) -> bool:
     return ctx.spec.quantizer.mixed
 
+def recipe(ctx: StageContext) -> Path | None:
+    """``search.json`` of an entry with ``[quantizer] target`` (None otherwise): a file dep
+    of every stage that builds the model with the recipe chosen there."""
+    return ctx.layout.search if ctx.spec.quantizer.target is not None else None
+
 def selection(ctx: StageContext) -> Path | None:
     """``int16_layers.json`` of a mixed-precision model (None otherwise): a file dep
     of every stage that rebuilds the prepared model."""

@@ -18,6 +18,7 @@ from ..errors import CalibrationDataError
 from ..fsutil import write_json
 from ..data import fidelity, torch_outputs
 from ..data.torch_outputs import outputs_note
+from ..quant.search import resolved
 
 
 def output_errors(float_outs: list[torch.Tensor], quant_outs: list[torch.Tensor]) -> list[dict]:
@@ -73,7 +74,8 @@ def report_notes(calib: dict, export: dict, eval_images: list[str], labels: list
 
 
 def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibration_json: Path,
-                   export_json: Path, images_dir: Path, out: Path, outputs: Path) -> dict:
+                   export_json: Path, images_dir: Path, out: Path, outputs: Path,
+                   recipe: Path | None = None) -> dict:
     """Run float.pt2 and quantized.pt2 on the evaluation set; write ``report.json``
     and the outputs themselves to ``outputs`` (``torch_outputs.npz``, which verify reads).
 
@@ -86,6 +88,7 @@ def evaluate_model(spec: ModelSpec, float_pt2: Path, quantized_pt2: Path, calibr
 
     Raises :class:`CalibrationDataError` when the evaluation folder is empty.
     """
+    spec = resolved(spec, recipe)   # [quantizer] target: the recipe the search chose (report.json records it)
     calib = json.loads(calibration_json.read_text())
     export = json.loads(export_json.read_text())
     paths = list_images(images_dir, strict=True)

@@ -26,8 +26,6 @@ removed afterwards, whatever happens; only ``holdout.json`` is kept.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import shutil
 import sys
 import tempfile
@@ -35,135 +33,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from .. import torchenv
 from ..config import ModelSpec, list_images
 from ..data import fidelity
 from ..data.images import label_of, load_images, select_images
 from ..errors import CalibrationDataError
 from ..fsutil import write_json
-from .context import StageContext
-from .registry import BY_NAME
-
-
-def folds_of(images: list[Path], k: int) -> list[list[Path]]:
-    """``images`` split into ``k`` folds by position: image ``i`` goes to fold ``i % k``.
-
-    Raises ValueError when there are fewer images than folds."""
-    if len(images) < k:
-        raise ValueError(f"{len(images)} images cannot make {k} folds")
-    return [images[f::k] for f in range(k)]
-
-
-def method_of(spec: ModelSpec, calib_images: list[Path], eval_images: list[Path]) -> str:
-    """"k-fold" when some evaluation image is also a calibration image, else "separate"."""
-    if spec.calibration.source != "images":
-        return "separate"
-    shared = {p.resolve() for p in calib_images} & {p.resolve() for p in eval_images}
-    return "k-fold" if shared else "separate"
-
-
-def _link(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    os.symlink(Path(src).resolve(), dst)
-
-
-#: the folder under a fold's own ``calib_data/`` that holds links to its training images: a
-#: fixed name, so whatever the entry's ``calibration.set`` says (an absolute path, ``..``), the
-#: fold writes only inside its work folder under ``artifacts/<model>/``
-FOLD_SET = "fold"
-
-
-def _fold_spec(spec: ModelSpec) -> ModelSpec:
-    """The entry as a fold calibrates it: every image of the fold's training part (linked
-    under :data:`FOLD_SET`), in the entry's order (``num_images`` was applied when the pool
-    was chosen)."""
-    return dataclasses.replace(spec, calibration=dataclasses.replace(spec.calibration, num_images=0, set=FOLD_SET))
-
-
-#: The calibration-dependent part of the flow a fold re-runs, in record order. A
-#: fixed int16 choice and the prepared model are the model's own (linked); an
-#: automatic int16 choice depends on the images, so the fold makes its own.
-#: the stages a fold runs, in order: the holdout record's ``runs`` (its code is this stage's code too)
-FOLD_STAGES = BY_NAME["holdout"].runs
-
-
-def _deployed_only(args: dict, variant: str) -> dict:
-    """``args`` with every per-build dict (codegen's ``out_dirs``, host_build's ``builds``)
-    narrowed to the deployed build: a fold needs one C build, not the scalar baseline too."""
-    return {k: {variant: v[variant]} if isinstance(v, dict) and variant in v and set(v) <= {"mmalib", "scalar"}
-            else v for k, v in args.items()}
-
-
-def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], train: list[Path],
-             test: torch.Tensor, work: Path, int16_selection: Path | None) -> dict[str, np.ndarray]:
-    """Calibrate on ``train`` and run ``test`` [N, 3, H, W] float32 through the Q/DQ model
-    and the deployed build's host C. Returns {"qdq": [...], "c": [...]}: one float32
-    [N, ...] array per model output, in return order (output 0: the logits), and
-    "outputs" (how many the model returns).
-
-    The fold is a project of its own under ``work``: the stage records of
-    :data:`FOLD_STAGES` run against a :class:`~pipeline.layout.Layout` there, with
-    their own functions, arguments and file names (nothing of the flow restated here)."""
-    from ..backend.host import model_info, run_host
-    from ..layout import Layout, variants
-    from ..data.torch_outputs import run_program_outputs
-
-    fspec = _fold_spec(spec)
-    ctx = StageContext(spec=fspec, layout=Layout(work, spec.name), root=work, calib_root=work / "calib_data")
-    for p in train:
-        _link(p, ctx.calib_root / fspec.calibration.set / p.name)
-    _link(float_pt2, ctx.layout.float_pt2)
-    auto = spec.quantizer.mixed_precision == "auto"  # the choice is data-driven: redo it on the fold
-    if not auto:
-        _link(prepared[0], ctx.layout.prepared)
-        _link(prepared[1], ctx.layout.prepared_table)
-        if int16_selection is not None:
-            _link(int16_selection, ctx.layout.int16_selection)
-    variant = variants(spec)[0]
-    for name in FOLD_STAGES:
-        stage = BY_NAME[name]
-        if stage.applies(ctx) and (auto or name not in ("mixed_precision", "prepare")):
-            args = _deployed_only(stage.args(ctx), variant)
-            if name == "calibrate":   # the fold's calibration.json is thrown away: no per-layer SQNR
-                args["diagnose"] = False
-            stage.function()(**args)
-    qdq = [t.numpy().astype(np.float32) for t in run_program_outputs(ctx.layout.quantized_pt2, test, spec.name)]
-    build = ctx.layout.codegen_dir(variant)
-    c_out = run_host(ctx.layout.host_exe(variant), build, test.numpy().astype(np.float32))
-    c_out = model_info(build).split(np.asarray(c_out, dtype=np.float32))
-    return {"qdq": qdq, "c": [c.reshape(q.shape) for c, q in zip(c_out, qdq)], "outputs": len(qdq)}
-
-
-#: a model whose float.pt2 is smaller than this runs its folds one after another in this
-#: process: a loky process first imports torch and tvm (seconds), more than such a model's
-#: fold costs (docs/measuring.md, "Figures behind the code")
-SIDE_BY_SIDE_BYTES = 1 << 20
-
-
-def _run_folds(jobs: list[tuple]):
-    """Yield (fold index, :func:`run_fold` result) for every argument tuple in ``jobs``.
-
-    The folds are independent projects: with several cores (and a float.pt2 of at least
-    :data:`SIDE_BY_SIDE_BYTES`) they run side by side in
-    joblib's loky processes, ``min(folds, cores)`` at a time, each with its share of
-    this process's torch threads (on 2 cores: two folds of one thread each, where one
-    fold of two threads leaves the second core idle through the single-threaded
-    relax import, codegen and gcc build; MobileNetV2's holdout, measured:
-    scripts/benchmark.py --sections methods). A fold's numbers may then differ in
-    float summation order from a one-process run, as they do across machines with
-    other core counts. Inside a task on a Dask worker they run one after another,
-    in the slot the cluster gave the stage. A fold's exception is re-raised here."""
-    from ..quant.shards import on_dask_worker
-    n_jobs = min(len(jobs), os.cpu_count() or 1)
-    small = Path(jobs[0][1]).stat().st_size < SIDE_BY_SIDE_BYTES if jobs else True
-    if n_jobs < 2 or small or on_dask_worker():
-        for f, a in enumerate(jobs):
-            yield f, run_fold(*a)
-        return
-    threads = max(1, torch.get_num_threads() // n_jobs)
-    yield from torchenv.process_map(run_fold, dict(enumerate(jobs)), threads)
+from ..quant.search import resolved
+from .folds import folds_of, method_of, run_folds
 
 
 def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
@@ -175,7 +52,8 @@ def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None
 
 
 def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepared_table: Path,
-                  calib_dir: Path, images_dir: Path, out: Path, int16_selection: Path | None = None) -> dict:
+                  calib_dir: Path, images_dir: Path, out: Path, int16_selection: Path | None = None,
+                  recipe: Path | None = None) -> dict:
     """Write ``holdout.json``: the held-out accuracy of the Q/DQ model and of the
     deployed build's C, by k-fold cross-validation or from a separate set (module doc).
 
@@ -183,6 +61,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     fewer images than ``[evaluation] folds``."""
     from ..layout import variants
     from ..data.torch_outputs import outputs_note, run_program_outputs
+    spec = resolved(spec, recipe)   # [quantizer] target: the recipe the search chose
 
     eval_images = list_images(images_dir, strict=True)
     if not eval_images:
@@ -220,7 +99,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
                             work_root / f"fold{f}", int16_selection)))
         fold_records.append({"fold": f, "calibrated_on": len(train), "held_out": [p.name for p in test_paths]})
     try:
-        for f, got in _run_folds([a for _, a in jobs]):
+        for f, got in run_folds([a for _, a in jobs]):
             rows = jobs[f][0]
             for i, (q, c) in enumerate(zip(got["qdq"], got["c"])):
                 qdq_outs[i][rows], c_outs[i][rows] = q, c

@@ -83,6 +83,7 @@ from ..fsutil import write_json
 from ..quant.debugger import DebugModels, debug_models, not_comparable
 from ..quant.output_points import Point, dequantize
 from ..quant.sqnr import Stats
+from ..quant.search import resolved
 
 
 MEASURES = {
@@ -176,7 +177,8 @@ def _layer_entry(lay: dict, p: Point | None, variants: list[str], last: dict, ta
 
 def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax_layers: Path,
                  builds: dict[str, Path], images_dir: Path, out: Path,
-                 int16_selection: Path | None = None, calibration_info: Path | None = None) -> dict:
+                 int16_selection: Path | None = None, calibration_info: Path | None = None,
+                 recipe: Path | None = None) -> dict:
     """Per-layer numerics on the evaluation images; write ``layers.json``.
     ``int16_selection``: ``int16_layers.json`` of a mixed-precision model.
     ``calibration_info``: the calibrate stage's ``calibration.json``; when it records
@@ -188,6 +190,7 @@ def layers_model(spec: ModelSpec, float_pt2: Path, calibrated_state: Path, relax
     Raises :class:`CalibrationDataError` when the evaluation folder holds no
     images."""
     from ..backend.interp import Program
+    spec = resolved(spec, recipe)   # [quantizer] target: the recipe the search chose
 
     paths = list_images(images_dir, strict=True)
     if not paths:

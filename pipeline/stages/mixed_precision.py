@@ -41,6 +41,7 @@ from ..target import spec_target
 from ..data.torch_outputs import single_output
 from ..quant.program import build_prepared, load_program, make_quantizer
 from ..quant.sqnr import sqnr_db
+from ..quant.search import resolved
 
 
 #: the sensitivity pass and the recorded errors use at most this many calibration
@@ -50,15 +51,22 @@ BATCH = 32
 
 
 def mixed_precision_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, out: Path,
-                          out_selection: Path) -> dict:
+                          out_selection: Path, recipe: Path | None = None) -> dict:
     """Choose the int16 layers of ``spec`` and write ``out`` (mixed_precision.json)
     and ``out_selection`` (int16_layers.json), both atomically; return the record.
 
     Raises :class:`ConfigError` for a pattern that matches no layer, manual
     patterns over the ``int16_macs`` budget, or a quantizer other than ours;
     :class:`CalibrationDataError` for a missing/empty calibration folder."""
+    spec = resolved(spec, recipe)   # [quantizer] target: the recipe the search chose
     t0 = time.perf_counter()
     q = spec.quantizer
+    if not q.mixed:   # the search chose an all-int8 build: no int16 layer, nothing to measure
+        write_json(out_selection, {"layers": [], "modules": []})
+        write_json(out, {"model": spec.name, "method": "none", "note": "the recipe search chose no int16 layer "
+                         "(search.json)", "chosen": [], "int16_layer_count": 0, "int16_share": 0.0,
+                         "seconds": round(time.perf_counter() - t0, 2)})
+        return {"chosen": []}
     if q.implementation != "c7x":
         raise ConfigError(f"{spec.source}: mixed precision needs quantizer.implementation = 'c7x' "
                           f"(the int16_layers option of our quantizer); got {q.implementation!r}")

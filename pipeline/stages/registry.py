@@ -29,7 +29,8 @@ from ..layout import variants
 from ..toolchain import host_cpu
 from .context import (StageContext, batchnorm_inputs, board_log, board_log_deps, board_log_name, builder_versions,
                       builds, calib_dir, cross_compile_outputs, eval_dir, field_value, files, first_variant, image_names,
-                      manifests, memory_budget, mixed, mmalib_files, realistic, selection, task_param, versions)
+                      manifests, memory_budget, mixed, mmalib_files, realistic, recipe, selection, task_param,
+                      versions)
 
 PKG = Path(__file__).resolve().parent.parent
 _TORCHENV = str(PKG / "torchenv.py")
@@ -158,6 +159,11 @@ def _mixed_doc(ctx: StageContext) -> str:
     return "int8/int16 mixed precision: " + ", ".join(parts) + " -> mixed_precision.json"
 
 
+def _target_text(ctx: StageContext) -> str:
+    t = ctx.spec.quantizer.target
+    return t.text() if t else "no target"
+
+
 STAGES: tuple[Stage, ...] = (
     Stage(
         name="export", doc="torch.export the float model (float.pt2)",
@@ -173,6 +179,24 @@ STAGES: tuple[Stage, ...] = (
         shared=True,  # export.json does not name the model: variants of one network share it
     ),
     Stage(
+        # Only for entries with [quantizer] target: scores candidates through the fold flow
+        # (its records' code is this stage's code too) and writes the choice.
+        name="search", doc="the cheapest recipe / int16 layers that meet [quantizer] target (held out)",
+        func="pipeline.stages.search:search_model",
+        runs=("mixed_precision", "prepare", "calibrate", "convert", "relax_import", "codegen"),
+        params=QUANT + ("calibration", "preprocess", "codegen", "evaluation_set", "evaluation_folds", "target"),
+        versions=("torch", "torchao", "apache-tvm"),
+        extra=lambda c: {"images": image_names(c.calibration_images),
+                         "evaluation_images": image_names(c.evaluation_images)},
+        inputs=lambda c: {"float_pt2": c.layout.float_pt2},
+        reads=lambda c: [*c.calibration_images, *c.evaluation_images],
+        outputs=lambda c: {"out": c.layout.search},
+        options=lambda c: {"spec": c.spec, "calib_dir": calib_dir(c), "images_dir": eval_dir(c)},
+        applies=lambda c: c.spec.quantizer.target is not None,
+        task_doc=lambda c: f"recipe search for {_target_text(c)} ({c.spec.evaluation_folds}-fold held out, "
+                           f"est. cycles) -> search.json",
+    ),
+    Stage(
         # Only for mixed-precision entries. The choice alone goes to int16_layers.json, so
         # new measurements with the same choice stop the cascade here.
         name="mixed_precision", doc="choose the int16 layers of an int8 model (patterns, sensitivity pass)",
@@ -181,7 +205,7 @@ STAGES: tuple[Stage, ...] = (
         # a budget in cycles depends on the target (and on the performance model: code)
         extra=lambda c: {"images": image_names(c.calibration_images),
                          **({"target": field_value(c.spec, "target")} if c.spec.quantizer.int16_cycles else {})},
-        inputs=lambda c: {"float_pt2": c.layout.float_pt2},
+        inputs=lambda c: {"float_pt2": c.layout.float_pt2, "recipe": recipe(c)},
         reads=lambda c: c.calibration_images,
         outputs=lambda c: {"out": c.layout.mixed_precision, "out_selection": c.layout.int16_selection},
         options=lambda c: {"spec": c.spec, "calib_dir": calib_dir(c)},
@@ -191,7 +215,8 @@ STAGES: tuple[Stage, ...] = (
         name="prepare", doc="prepare_pt2e with the C7x quantizer (observer placement)",
         func="pipeline.stages.prepare:prepare_model",
         params=QUANT_OPTS, versions=("torchao",),
-        inputs=lambda c: {"float_pt2": c.layout.float_pt2, "int16_selection": selection(c)},
+        inputs=lambda c: {"float_pt2": c.layout.float_pt2, "int16_selection": selection(c),
+                          "recipe": recipe(c)},
         outputs=lambda c: {"out_state": c.layout.prepared, "out_table": c.layout.prepared_table},
         options=lambda c: {"spec": c.spec},
         task_doc=lambda c: f"prepare_pt2e with C7xMMAQuantizer({c.spec.dtype})",
@@ -202,7 +227,8 @@ STAGES: tuple[Stage, ...] = (
         params=QUANT_OPTS + ("calibration", "preprocess"), versions=("torchao",),
         extra=lambda c: {"images": image_names(c.calibration_images)},
         inputs=lambda c: {"float_pt2": c.layout.float_pt2, "prepared_state": c.layout.prepared,
-                          "prepared_table": c.layout.prepared_table, "int16_selection": selection(c)},
+                          "prepared_table": c.layout.prepared_table, "int16_selection": selection(c),
+                          "recipe": recipe(c)},
         reads=lambda c: c.calibration_images,
         outputs=lambda c: {"out_state": c.layout.calibrated, "out_info": c.layout.calibration_json},
         options=lambda c: {"spec": c.spec, "calib_dir": calib_dir(c)},
@@ -213,7 +239,7 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.convert:convert_model",
         params=QUANT_OPTS + ("calibration.observer",), versions=("torchao",),
         inputs=lambda c: {"float_pt2": c.layout.float_pt2, "calibrated_state": c.layout.calibrated,
-                          "int16_selection": selection(c)},
+                          "int16_selection": selection(c), "recipe": recipe(c)},
         outputs=lambda c: {"out": c.layout.quantized_pt2},
         options=lambda c: {"spec": c.spec},
         task_doc=lambda c: "convert_pt2e + re-export -> quantized.pt2",
@@ -274,7 +300,8 @@ STAGES: tuple[Stage, ...] = (
                 "evaluation_set"),
         extra=lambda c: {"images": image_names(c.evaluation_images), **task_param(c)},
         inputs=lambda c: {"float_pt2": c.layout.float_pt2, "quantized_pt2": c.layout.quantized_pt2,
-                          "calibration_json": c.layout.calibration_json, "export_json": c.layout.export_json},
+                          "calibration_json": c.layout.calibration_json, "export_json": c.layout.export_json,
+                          "recipe": recipe(c)},
         reads=lambda c: c.evaluation_images,
         outputs=lambda c: {"out": c.layout.report, "outputs": c.layout.torch_outputs},
         options=lambda c: {"spec": c.spec, "images_dir": eval_dir(c)},
@@ -306,7 +333,8 @@ STAGES: tuple[Stage, ...] = (
                          "evaluation_images": image_names(c.evaluation_images),
                          **({"target": field_value(c.spec, "target")} if c.spec.quantizer.int16_cycles else {})},
         inputs=lambda c: {"float_pt2": c.layout.float_pt2, "prepared_state": c.layout.prepared,
-                          "prepared_table": c.layout.prepared_table, "int16_selection": selection(c)},
+                          "prepared_table": c.layout.prepared_table, "int16_selection": selection(c),
+                          "recipe": recipe(c)},
         reads=lambda c: [*c.calibration_images, *c.evaluation_images],
         outputs=lambda c: {"out": c.layout.holdout},
         options=lambda c: {"spec": c.spec, "calib_dir": calib_dir(c), "images_dir": eval_dir(c)},
@@ -340,7 +368,7 @@ STAGES: tuple[Stage, ...] = (
         extra=lambda c: {"images": image_names(c.evaluation_images)},  # layers.json records the set
         inputs=lambda c: {"float_pt2": c.layout.float_pt2, "calibrated_state": c.layout.calibrated,
                           "calibration_info": c.layout.calibration_json, "relax_layers": c.layout.relax_layers,
-                          "int16_selection": selection(c)},
+                          "int16_selection": selection(c), "recipe": recipe(c)},
         reads=lambda c: [*[c.layout.codegen_dir(first_variant(c)) / f for f in ("manifest.json", "lowered.py", "weights.bin")],
                          *c.evaluation_images],
         outputs=lambda c: {"out": c.layout.layers_json},
@@ -356,7 +384,7 @@ STAGES: tuple[Stage, ...] = (
         func="pipeline.stages.visualize:visualize_model",
         params=("name",),
         inputs=lambda c: {"manifests": manifests(c), "profile": c.layout.profile, "numerics": c.layout.layers_json,
-                          "estimate": c.layout.estimate, "fidelity": c.layout.holdout},
+                          "estimate": c.layout.estimate, "fidelity": c.layout.holdout, "search": recipe(c)},
         outputs=lambda c: {"out": c.layout.offload_html},
         options=lambda c: {"model": c.spec.name,
                            "detections": c.layout.detections / "index.html" if c.spec.detects else None},

@@ -208,7 +208,7 @@ def _detection_lines(report: dict, builds: dict, holdout: dict | None) -> list[s
 
 def mixed_summary(mixed: dict | None) -> dict | None:
     """The summary fields of ``mixed_precision.json`` (None without one)."""
-    if not mixed:
+    if not mixed or mixed.get("method") == "none":   # none: the recipe search chose all-int8
         return None
     return {k: mixed[k] for k in ("int16_layer_count", "layer_count", "int16_macs", "total_macs",
                                   "budget", "method")}
@@ -306,13 +306,14 @@ def estimate_table(data: dict, payload: dict) -> list[str]:
 def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[str, dict],
                 layers: dict | None = None, holdout: dict | None = None, mixed: dict | None = None,
                 siblings: dict[str, dict] | None = None, estimate: dict | None = None,
-                calibration: dict | None = None) -> list[str]:
+                calibration: dict | None = None, search: dict | None = None) -> list[str]:
     """Human-readable block for one model (docs/guide.md, "Reading the summary", says how to read it).
 
     ``holdout``: ``holdout.json``; ``mixed``: the summary of ``mixed_precision.json``
     (int16_layer_count, layer_count, int16_macs, total_macs, budget, method);
     ``siblings``: dtype -> MMALIB manifest summary of the same network's int8/int16 builds;
-    ``estimate``: ``estimate.json``; ``calibration``: ``calibration.json``."""
+    ``estimate``: ``estimate.json``; ``calibration``: ``calibration.json``; ``search``:
+    ``search.json`` of an entry with ``[quantizer] target`` (the recipe chosen and why)."""
     detecting = "detections_qdq_vs_float" in report
     embedding = "cosine_mean" in report
     images = (f"{report['images']} images, detection" if detecting
@@ -326,6 +327,8 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
     for note in report.get("notes", []):
         lines.append(f"  note           {note}")
     builds = {r["variant"]: r for r in (verify or {}).get("variants", [])}
+    if search:
+        lines.append(f"  recipe         {search['summary']} (search.json)")
     lines += (_detection_lines if detecting else _embedding_lines if embedding else _accuracy_lines)(
         report, builds, holdout)
     if mixed:
@@ -376,7 +379,7 @@ def collect(payload: dict) -> dict:
                      "manifests": {k: v for k, v in manifests.items() if v},
                      "layers": _load(d / "layers.json"), "holdout": _load(d / "holdout.json"),
                      "mixed": _load(d / "mixed_precision.json"), "estimate": _load(d / "estimate.json"),
-                     "calibration": _load(d / "calibration.json")}
+                     "calibration": _load(d / "calibration.json"), "search": _load(d / "search.json")}
     return out
 
 
@@ -411,7 +414,7 @@ def render(payload: dict, failed: dict[str, str] | None = None,
         else:
             lines += model_lines(name, d["report"], d["verify"], d["manifests"], d["layers"], d["holdout"],
                                  mixed_summary(d["mixed"]), siblings(payload, data, name), d["estimate"],
-                                 d["calibration"])
+                                 d["calibration"], d["search"])
             lines.append(f"  page           {art / name / 'offload.html'} (offload graph, per-layer "
                          f"profile and numerics: open it in a browser)")
             lines.append(f"  files          {art / name}/ (C: c/<build>/, numbers: report.json, verify.json, "
@@ -452,6 +455,8 @@ def summarize(payload: dict) -> dict:
                   "calibration_method": method_name(d["calibration"]) if d["calibration"] else None,
                   "layer_sqnr": (d["calibration"] or {}).get("layer_sqnr"),
                   "holdout": d["holdout"], "mixed_precision": mixed_summary(d["mixed"]),
+                  "search": ({k: d["search"][k] for k in ("target", "chosen", "notice", "summary")}
+                             if d["search"] else None),
                   "estimate": _estimate_summary(d["estimate"])}
            for name, d in data.items()}
     write_json(Path(payload["artifacts"]) / payload.get("summary_file", "summary.json"),

@@ -165,6 +165,7 @@ class Project:
             deps += [L.report, L.verify, L.layers_json, L.holdout, L.estimate, L.calibration_json]
             deps += [L.codegen_dir(v) / "manifest.json" for v in variants(spec)]
             deps += [L.mixed_precision] if spec.quantizer.mixed else []
+            deps += [L.search] if spec.quantizer.target else []
         task = {"actions": [(run_summary, [payload])],
                 "file_dep": [str(d) for d in deps] + [str(PKG / "stages" / "summary.py")],
                 "targets": [str(self.artifacts / payload["summary_file"])],

@@ -37,6 +37,37 @@
     return e;
   }
 
+  // search.json: held-out error (y) against estimated cycles (x) of every candidate tried,
+  // the target as a dashed line, the chosen one ringed, the int8 and int16 ends labelled
+  function searchPlot(sd) {
+    const W = 280, H = 186, L = 56, R = 12, T = 24, B = 30;
+    const c = sd.candidates;
+    const xs = c.map((d) => d.cycles), ys = c.map((d) => d.value).concat([sd.bound]);
+    const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
+    const X = (v) => L + (x1 > x0 ? (v - x0) / (x1 - x0) : 0.5) * (W - L - R);
+    const Y = (v) => T + (y1 > y0 ? (y1 - v) / (y1 - y0) : 0.5) * (H - T - B);
+    const svg = s("svg", { id: "search-plot", width: W, height: H, viewBox: "0 0 " + W + " " + H });
+    const text = (x, y, t, anchor) => { const e = s("text", { x, y, "text-anchor": anchor || "start" }); e.textContent = t; return e; };
+    svg.append(s("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }),
+               s("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }),
+               s("line", { class: "bound", x1: L, y1: Y(sd.bound), x2: W - R, y2: Y(sd.bound) }),
+               text(W - R, H - 4, "est. C7x cycles (M)", "end"), text(2, 10, sd.metric + " (held out)"),
+               text(L - 3, Y(y1) + 4, y1.toPrecision(3), "end"), text(L - 3, Y(y0), y0.toPrecision(3), "end"),
+               text(L, H - B + 12, (x0 / 1e6).toPrecision(3)), text(W - R, H - B + 12, (x1 / 1e6).toPrecision(3), "end"),
+               text(W - R, Y(sd.bound) - 3, "target", "end"));
+    for (const d of c) {
+      const dot = s("circle", { cx: X(d.cycles), cy: Y(d.value), r: d.chosen ? 5 : 3.5,
+                                fill: d.met ? "#2a8a3a" : "#999", stroke: d.chosen ? "#000" : "none", "stroke-width": 2 });
+      const tip = s("title", {}); tip.textContent = d.name + ": " + d.value + ", " + (d.cycles / 1e6).toFixed(2) + "M cycles";
+      dot.append(tip);
+      svg.append(dot);
+    }
+    const int8 = c.filter((d) => !d.int16), int16 = c.filter((d) => d.int16);
+    if (int8.length) svg.append(text(X(int8[0].cycles) + 6, Y(int8[int8.length - 1].value) - 6, "int8"));
+    if (int16.length) { const e = int16[int16.length - 1]; svg.append(text(X(e.cycles) - 6, Y(e.value) - 6, "int16 " + e.name.split("int16 ")[1], "end")); }
+    return svg;
+  }
+
   const fmtInt = (n) => (n === null || n === undefined ? "" : Number(n).toLocaleString("en-US"));
   const fmtShape = (sh) => (sh ? sh.join("\u00d7") : "");
   // Memory levels of the C7x (codegen's memory plan: manifest call reads / writes)
@@ -560,6 +591,10 @@
       fLine.append(h("b", {}, "Held-out fidelity"), " (" + DATA.fidelity[0] + ")",
                    h("ul", {}, DATA.fidelity.slice(1).map((t) => h("li", {}, t))));
     }
+    const sLine = document.getElementById("search-line");
+    sLine.textContent = "";
+    if (DATA.search) sLine.append(h("div", {}, h("b", {}, "Recipe search"), " (" + DATA.search.target + ", held out)"),
+                                  h("div", {}, searchPlot(DATA.search)), h("div", {}, DATA.search.summary));
     const ops = {};
     for (const l of build().layers) {
       const o = ops[l.op] || (ops[l.op] = { n: 0, off: 0 });

@@ -34,14 +34,15 @@ _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
 def page_data(model: str, manifests: dict[str, dict], profile: dict | None = None,
               numerics: dict | None = None, estimate: dict | None = None,
-              fidelity: list[str] | None = None) -> dict:
+              fidelity: list[str] | None = None, search: dict | None = None) -> dict:
     """Everything the page shows, as plain JSON data.
 
     ``manifests``: variant -> parsed ``manifest.json`` (page order: as given);
     ``profile`` / ``numerics`` / ``estimate``: the output of
     :func:`~pipeline.visualize.readers.read_profile` / ``read_numerics`` /
     ``read_estimate``, or None; ``fidelity``: the held-out lines
-    (:func:`pipeline.data.fidelity.holdout_lines`: what was measured, then the numbers), or None.
+    (:func:`pipeline.data.fidelity.holdout_lines`: what was measured, then the numbers), or None;
+    ``search``: :func:`~pipeline.visualize.readers.read_search`'s result, or None.
     """
     return {
         "model": model,
@@ -54,6 +55,7 @@ def page_data(model: str, manifests: dict[str, dict], profile: dict | None = Non
         "numerics": numerics,
         "estimate": estimate,
         "fidelity": fidelity or [],
+        "search": search,
     }
 
 
@@ -97,6 +99,7 @@ def render(data: dict, links: dict[str, str] | None = None) -> str:
 
 def offload_page(model: str, manifests: dict[str, dict], profile: dict | None = None,
                  numerics: dict | None = None, links: dict[str, str] | None = None,
-                 estimate: dict | None = None, fidelity: list[str] | None = None) -> str:
+                 estimate: dict | None = None, fidelity: list[str] | None = None,
+                 search: dict | None = None) -> str:
     """The page's HTML for a model: :func:`render` of :func:`page_data` (``links``: see :func:`render`)."""
-    return render(page_data(model, manifests, profile, numerics, estimate, fidelity), links)
+    return render(page_data(model, manifests, profile, numerics, estimate, fidelity, search), links)

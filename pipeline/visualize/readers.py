@@ -177,3 +177,21 @@ def read_estimate(path) -> dict | None:
             "top": b.get("top", []), "board": b.get("board"), "memory": b.get("memory"),
         }
     return out
+
+
+def read_search(path) -> dict | None:
+    """What the page plots of ``search.json`` (None when ``path`` is None or missing): the
+    ``target`` text, the ``metric``, the ``notice``, and per candidate its ``name``, held-out
+    ``value``, estimated ``cycles``, whether it ``met`` the target, is ``int16`` (int16
+    layers) and is the ``chosen`` one."""
+    if not path or not Path(path).is_file():
+        return None
+    rec = json.loads(Path(path).read_text())
+    t = rec["target"]
+    sense = "max" if "max" in t else "min"
+    chosen = rec["chosen"]["name"]
+    return {"target": f"{t['metric']} {'<=' if sense == 'max' else '>='} {t[sense]:g}", "bound": t[sense],
+            "metric": t["metric"], "notice": rec.get("notice"), "summary": rec.get("summary", ""),
+            "candidates": [{"name": c["name"], "value": c["value"], "cycles": c["cycles"], "met": c["met"],
+                            "int16": "int16" in c["name"], "chosen": c["name"] == chosen}
+                           for c in rec["candidates"]]}

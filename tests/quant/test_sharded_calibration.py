@@ -142,7 +142,7 @@ def test_holdout_fold_inherits_shards(exported, tmp_path):
     """A holdout fold calibrates through calibrate_model on a folder of symlinks, with the
     entry's shards: same state as one process on those images."""
     from pipeline.config import list_images
-    from pipeline.stages.holdout import _fold_spec, _link
+    from pipeline.stages.folds import _fold_spec, _link
     assert _fold_spec(tiny_spec(exported, shards=3)).calibration.shards == 3
     fold = tmp_path / "calib"
     for p in list_images(exported / "s")[:5]:

@@ -90,7 +90,7 @@ def test_every_module_a_stage_loads_is_in_its_closure(built, stage, tmp_path):
 
 
 def test_holdout_depends_on_the_code_of_every_stage_its_folds_run():
-    from pipeline.stages.holdout import FOLD_STAGES
+    from pipeline.stages.folds import FOLD_STAGES
     from pipeline.stages.registry import BY_NAME
     holdout = set(BY_NAME["holdout"].sources())
     for name in FOLD_STAGES:

@@ -16,17 +16,17 @@ import pytest
 from doitproj import Project, build_through
 from pipeline import torchenv
 from pipeline.errors import CalibrationDataError
-from pipeline.stages import holdout
+from pipeline.stages import folds, holdout
 from pipeline.stages.registry import get
 
 
 def test_folds_split_by_position_and_cover_every_image_once():
     imgs = [Path(f"i{n}.jpg") for n in range(7)]
-    folds = holdout.folds_of(imgs, 3)
-    assert folds == [imgs[0::3], imgs[1::3], imgs[2::3]]
-    assert sorted(p for f in folds for p in f) == sorted(imgs)
+    got = folds.folds_of(imgs, 3)
+    assert got == [imgs[0::3], imgs[1::3], imgs[2::3]]
+    assert sorted(p for f in got for p in f) == sorted(imgs)
     with pytest.raises(ValueError, match="2 images cannot make 3 folds"):
-        holdout.folds_of(imgs[:2], 3)
+        folds.folds_of(imgs[:2], 3)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_kfold_holds_every_image_out_once_and_never_calibrates_on_it(built, monk
         return real(spec, float_pt2, prepared_state, prepared_table, calib_dir, *a, **k)
 
     monkeypatch.setattr(calibrate, "calibrate_model", spy)
-    monkeypatch.setattr(holdout.os, "cpu_count", lambda: 1)   # folds in this process: the spy sees them
+    monkeypatch.setattr(folds.os, "cpu_count", lambda: 1)   # folds in this process: the spy sees them
     rec = _run(built)
     assert rec["method"] == "k-fold" and rec["folds"] == 2 and rec["images"] == 6
     held = [set(f["held_out"]) for f in rec["folds_detail"]]
@@ -83,7 +83,7 @@ def test_folds_side_by_side_give_what_one_process_gives(built, monkeypatch):
     monkeypatch.setattr(holdout, "SIDE_BY_SIDE_BYTES", 0)   # the tiny model's folds too
     with torchenv.torch_threads(2):
         side = _run(built)                       # two folds of one thread each
-    monkeypatch.setattr(holdout.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(folds.os, "cpu_count", lambda: 1)
     with torchenv.torch_threads(1):
         one = _run(built)
     drop = lambda r: {k: v for k, v in r.items() if k != "seconds"}
@@ -126,7 +126,7 @@ def test_a_small_model_runs_its_folds_in_this_process(built, monkeypatch):
     """A fold of a model under SIDE_BY_SIDE_BYTES costs less than a process's imports."""
     import pipeline.torchenv as te
     monkeypatch.setattr(te, "process_map", lambda *a, **k: pytest.fail("folds sent to processes"))
-    assert built.layout.float_pt2.stat().st_size < holdout.SIDE_BY_SIDE_BYTES
+    assert built.layout.float_pt2.stat().st_size < folds.SIDE_BY_SIDE_BYTES
     assert _run(built)["method"] == "k-fold"
 
 
@@ -139,7 +139,7 @@ def test_a_calibration_set_path_never_moves_the_folds_outside_their_work_folder(
     # three levels up from a fold's calib_data/ is the folder of holdout.json (here tmp_path)
     setting = str(calib_dir.resolve()) if name == "absolute" else "../../../escaped_set"
     spec = dataclasses.replace(built.spec, calibration=dataclasses.replace(built.spec.calibration, set=setting))
-    monkeypatch.setattr(holdout.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(folds.os, "cpu_count", lambda: 1)
     before = set(built.root.parent.iterdir()) | set(built.root.iterdir())
     rec = _run(built, spec=spec, out=tmp_path / "h.json")
     assert rec["method"] == "k-fold" and [f["calibrated_on"] for f in rec["folds_detail"]] == [3, 3]

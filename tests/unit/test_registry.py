@@ -62,7 +62,7 @@ def test_stage_order_is_a_dataflow_order(ctx):
 
 
 def test_unknown_stage_names_the_known_ones():
-    with pytest.raises(KeyError, match="known: export, mixed_precision, prepare"):
+    with pytest.raises(KeyError, match="known: export, search, mixed_precision, prepare"):
         registry.get("exprt")
 
 
@@ -92,8 +92,8 @@ def _layer_key(module: str) -> str | None:
     parts = module.split(".")
     if len(parts) < 2 or parts[0] != "pipeline":
         return None
-    if parts[1] == "stages" and (len(parts) == 2 or parts[2] in ("registry", "context")):
-        return "stages.registry"   # the package's __init__, the records and what they see of a model
+    if parts[1] == "stages" and (len(parts) == 2 or parts[2] in ("registry", "context", "folds")):
+        return "stages.registry"   # the package's __init__, the records, what they see of a model, the folds
     return parts[1]
 
 
@@ -172,7 +172,8 @@ def test_quant_opts_cover_every_quantizer_field_but_the_int16_choice():
 
     from pipeline.config import QuantizerSpec
     from pipeline.stages import registry
-    choice = {"int16_layers", "mixed_precision", "int16_macs", "int16_cycles"}
+    # (target: the search's choice reaches them as search.json, a file dependency)
+    choice = {"int16_layers", "mixed_precision", "int16_macs", "int16_cycles", "target"}
     tracked = {p.split(".", 1)[1] for p in registry.QUANT_OPTS if p.startswith("quantizer.")}
     assert tracked | choice == {f.name for f in dataclasses.fields(QuantizerSpec)}
     assert not tracked & choice

@@ -1,0 +1,138 @@
+"""The recipe search's candidates, their scores, and the choice (``[quantizer] target``).
+
+A candidate is a set of overrides of the entry's ``[calibration]`` and
+``[quantizer]`` fields: the calibration recipe (affine activations, the
+output-error range search, AdaRound) and, when the target allows int16, an
+automatic int16 layer budget with int16 weights. :func:`ladder` lists them in
+the order the search stage tries them, cheapest first: every int8 recipe runs
+the same kernels (so costs the same cycles; they are ordered by what their
+calibration costs), and an int16 layer costs more cycles than its int8 form
+(docs/estimate.md), so int16 budgets come after, smallest first. The stage
+stops at the first candidate whose held-out score meets the target and records
+every measured candidate's estimated cycles (staged plan) beside its score.
+
+Loading this module imports neither torch nor tvm: the stages that read the
+choice (:func:`resolved`) run it before they build anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from ..config import ACCURACY_METRICS, ModelSpec
+
+#: the int8 recipes, cheapest calibration first: (name, what it adds, overrides). Each adds
+#: a step of the method measured on MobileNetV2 (README, "Accuracy"; docs/guide.md).
+INT8_RECIPES = (
+    ("percentile", "99.99th-percentile ranges, symmetric activations, kernel-exact requantize", {}),
+    ("affine", "+ a zero point per activation tensor (the conv kernels pad with it: no cycle more)",
+     {"quantizer": {"symmetric_activations": False}}),
+    ("affine+range", "+ each activation's percentile chosen by the model's output error",
+     {"quantizer": {"symmetric_activations": False},
+      "calibration": {"observer": "percentile", "range_search": "output"}}),
+    ("affine+range+adaround", "+ AdaRound: learned weight rounding, 200 steps per layer",
+     {"quantizer": {"symmetric_activations": False},
+      "calibration": {"observer": "percentile", "range_search": "output", "adaround_iterations": 200}}),
+)
+
+#: int16 layer budgets tried after the int8 recipes (share of the model's estimated cycles,
+#: ``int16_cycles``), on the best int8 recipe, with int16 weights in the int16 layers
+INT16_BUDGETS = (0.05, 0.10, 0.20, 0.40)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One build the search may choose: ``name``, what it is (``text``), and its
+    ``overrides`` {"calibration": {field: value}, "quantizer": {field: value}}."""
+
+    name: str
+    text: str
+    overrides: dict
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "text": self.text, "overrides": self.overrides}
+
+
+def int8_candidates(spec: ModelSpec) -> list[Candidate]:
+    """The int8 recipes of :data:`INT8_RECIPES` as candidates of ``spec`` (no int16 layer
+    but the entry's own ``int16_layers`` patterns)."""
+    off = {"mixed_precision": "off", "int16_cycles": None}
+    return [Candidate(name, text, {"calibration": dict(o.get("calibration", {})),
+                                   "quantizer": {**off, **o.get("quantizer", {})}})
+            for name, text, o in INT8_RECIPES]
+
+
+def int16_candidates(base: Candidate) -> list[Candidate]:
+    """``base`` with each budget of :data:`INT16_BUDGETS` of automatically chosen int16 layers."""
+    return [Candidate(f"{base.name}+int16 {b:.0%}", f"{base.text}; int16 layers within {b:.0%} of the "
+                      f"estimated cycles, int16 weights",
+                      {"calibration": dict(base.overrides["calibration"]),
+                       "quantizer": {**base.overrides["quantizer"], "mixed_precision": "auto",
+                                     "int16_cycles": b, "weight_dtype": "int16"}})
+            for b in INT16_BUDGETS]
+
+
+def apply(spec: ModelSpec, overrides: dict) -> ModelSpec:
+    """``spec`` with a candidate's ``overrides`` applied and no target (what the stages
+    build). Raises KeyError for an unknown field (a bug in the ladder, not user input)."""
+    cal = dataclasses.replace(spec.calibration, **overrides.get("calibration", {}))
+    q = dataclasses.replace(spec.quantizer, **overrides.get("quantizer", {}), target=None)
+    return dataclasses.replace(spec, calibration=cal, quantizer=q)
+
+
+def resolved(spec: ModelSpec, recipe: Path | None) -> ModelSpec:
+    """The spec a stage builds: ``spec`` itself without a target, else with the choice of
+    ``recipe`` (``search.json``) applied (:func:`apply`). Raises
+    :class:`~pipeline.errors.StaleArtifactError` when the entry has a target and the file is
+    missing or was written for another target."""
+    from ..errors import StaleArtifactError
+    target = spec.quantizer.target
+    if target is None:
+        return spec
+    try:
+        record = json.loads(Path(recipe).read_text()) if recipe else None
+    except (OSError, ValueError):
+        record = None
+    if not record or record.get("target") != target_json(target):
+        raise StaleArtifactError(f"model {spec.name!r}: {recipe} does not hold the search for "
+                                 f"{target.text()}; run search:{spec.name} first")
+    return apply(spec, record["chosen"]["overrides"])
+
+
+def target_json(target) -> dict:
+    """The target as search.json records it."""
+    return {"metric": target.metric, ACCURACY_METRICS[target.metric][1]: target.bound, "int16": target.int16}
+
+
+def choose(target, tried: list[dict]) -> tuple[dict, str | None]:
+    """(the chosen record of ``tried``, a notice or None). ``tried``: the measured candidates,
+    each with ``value`` (the metric) and ``cycles`` (estimated). The cheapest (fewest cycles,
+    then first tried) that meets ``target``; if none does, the most accurate, with a one-line
+    notice saying by how much it misses."""
+    met = [t for t in tried if target.met_by(t["value"])]
+    if met:
+        return min(met, key=lambda t: (t["cycles"], tried.index(t))), None
+    sign = 1 if target.sense == "max" else -1
+    best = min(tried, key=lambda t: (sign * t["value"], t["cycles"]))
+    return best, (f"no candidate meets {target.text()}: the most accurate, {best['name']}, reaches "
+                  f"{best['value']:.4g} (misses by {abs(best['value'] - target.bound):.3g})")
+
+
+def measure(metric: str, float_out, out) -> float:
+    """The held-out value of ``metric`` (:data:`pipeline.config.ACCURACY_METRICS`) of a
+    build's outputs ``out`` against float's ``float_out`` (output 0 of each: ``[N, K]``
+    logits, ``[N, D, 6]`` detections or ``[N, ...]`` embeddings, float32), with the
+    functions the holdout stage reports with (:mod:`pipeline.data.fidelity`,
+    :mod:`pipeline.data.detections`). A detector with no confident float detection scores 1."""
+    from ..data import detections, fidelity
+    if metric == "cosine":
+        return round(float(fidelity.cosines(out, float_out).mean()), 6)
+    if metric == "detections_matched":
+        frac = detections.compare_all(float_out, out)["confident"]["matched_fraction"]
+        return 1.0 if frac is None else float(frac)
+    got = fidelity.classifier_scores(out, float_out, [None] * len(out))
+    if metric == "top1_agreement":
+        return round(got["top1_agreement_with_float"] / len(out), 6)
+    return float(got["mean_abs_logit_error_vs_float" if metric == "logit_error" else "relative_logit_error_vs_float"])

@@ -1,0 +1,216 @@
+"""Stage ``search``: the cheapest build that meets ``[quantizer] target`` (``search.json``).
+
+Runs only for entries with a target. The candidates (:mod:`pipeline.quant.search`:
+the int8 calibration recipes, then, with ``int16 = true``, int16 layer budgets on
+the best of them) are tried in order, cheapest first. Each is scored on images it
+never calibrated on, by the holdout stage's own fold flow (:mod:`pipeline.stages.folds`):
+k-fold on the calibration set when the evaluation set is that set (image ``i`` in fold
+``i % k``), else calibrated on the whole calibration set and scored on the separate
+evaluation set. A candidate is scored on its PyTorch Q/DQ model (kernel-exact requantize
+keeps the deployed C within a few output LSB of it; the holdout stage then scores the
+chosen build's C), and its estimated C7x cycles come from fold 0's deployed build
+(relax import, codegen with the staged memory plan, :func:`pipeline.perf.report.estimate_build`
+on the entry's ``[target]``). The search stops at the first candidate that meets the
+target; the choice is the one with the fewest cycles among those that meet it, else the
+most accurate with a one-line notice saying by how much it misses.
+
+Every measured candidate is kept in ``artifacts/.search/<key>.json`` (plain JSON: a
+score and a cycle count, no code), the key a hash of everything it depends on (the float
+program, the images, the entry's fields and overrides, this stage's code), so a second run
+or another model with the same sub-build (``mobilenet_v2`` and ``mobilenet_v2_mixed``
+share their int8 recipes) measures it once.
+
+``search.json``: ``target``, ``method``, ``candidates`` (each: name, overrides, value,
+cycles, seconds, whether it met the target, whether it came from the cache), ``chosen``,
+``notice`` and ``summary``. The stages that build the model read the choice from it
+(:func:`pipeline.quant.search.resolved`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..config import ModelSpec, list_images
+from ..data.images import load_images, select_images
+from ..errors import CalibrationDataError
+from ..fsutil import sha256_file, write_json
+from ..quant import search
+from .folds import folds_of, method_of, run_folds
+from .registry import BY_NAME
+
+
+def search_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, images_dir: Path, out: Path) -> dict:
+    """Write ``search.json`` (module doc) for ``spec``'s ``[quantizer] target``; return it.
+
+    Raises :class:`CalibrationDataError` when the evaluation folder is empty or holds fewer
+    images than ``[evaluation] folds``, and ConfigError when the entry has no target."""
+    from ..errors import ConfigError
+    target = spec.quantizer.target
+    if target is None:
+        raise ConfigError(f"{spec.source}: the search stage needs [quantizer] target")
+    t0 = time.perf_counter()
+    splits, names, method = _splits(spec, calib_dir, images_dir)
+    x = load_images(names, spec.preprocess, desc=f"search {spec.name}", model=spec.name)
+    from ..data.torch_outputs import run_program_outputs
+    float_out = run_program_outputs(float_pt2, x, spec.name)[0].numpy()
+    trial = _Trial(spec, float_pt2, splits, x, float_out, out)
+    tried = trial.ladder()
+    chosen, notice = search.choose(target, tried)
+    record = {"model": spec.name, "target": search.target_json(target), "method": method,
+              "evaluation_set": spec.evaluation_set, "images": len(names), "scored_on": "PyTorch Q/DQ",
+              "cycles": "estimated C7x cycles of fold 0's deployed build (staged plan), "
+                        f"target {spec.target.name}",
+              "candidates": tried, "chosen": chosen, "notice": notice,
+              "seconds": round(time.perf_counter() - t0, 1)}
+    record["summary"] = summary_line(record)
+    write_json(out, record)
+    print(f"search {spec.name}: {record['summary']}", file=sys.stderr)
+    return record
+
+
+def summary_line(record: dict) -> str:
+    """One line: the recipe chosen and why (or the notice)."""
+    c = record["chosen"]
+    why = record["notice"] or (f"the cheapest of {len(record['candidates'])} tried that meets "
+                               f"{_target_text(record['target'])}")
+    return (f"{c['name']} ({c['metric']} {c['value']:.4g} held out, {c['cycles'] / 1e6:.2f}M est. cycles): "
+            f"{why}")
+
+
+def _target_text(t: dict) -> str:
+    sense = "max" if "max" in t else "min"
+    return f"{t['metric']} {'<=' if sense == 'max' else '>='} {t[sense]:g}"
+
+
+def _splits(spec: ModelSpec, calib_dir: Path, images_dir: Path):
+    """([(training images, rows of the scored images)], the scored images, method)."""
+    eval_images = list_images(images_dir, strict=True)
+    if not eval_images:
+        raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images; "
+                                   f"add images or set [evaluation] set in {spec.source}")
+    calib_images = select_images(calib_dir, spec.calibration, spec.name)
+    method = method_of(spec, calib_images, eval_images)
+    if method == "separate":
+        return [(calib_images, list(range(len(eval_images))))], eval_images, method
+    k = spec.evaluation_folds
+    if len(eval_images) < k:
+        raise CalibrationDataError(f"model {spec.name!r}: {len(eval_images)} evaluation images in {images_dir} "
+                                   f"cannot make {k} folds; add images or lower [evaluation] folds in {spec.source}")
+    index = {p: i for i, p in enumerate(eval_images)}
+    splits = []
+    for test in folds_of(eval_images, k):
+        held = {p.resolve() for p in test}
+        splits.append(([p for p in calib_images if p.resolve() not in held], [index[p] for p in test]))
+    return splits, eval_images, "k-fold"
+
+
+class _Trial:
+    """Scores candidates of one model: its folds, float outputs and candidate cache."""
+
+    def __init__(self, spec, float_pt2, splits, x, float_out, out: Path):
+        self.spec, self.float_pt2, self.splits, self.x, self.float_out = spec, Path(float_pt2), splits, x, float_out
+        self.work = Path(out).parent
+        self.cache = self.work.parent / ".search"
+        self.base = self._base_key()
+        self.cycles: dict[str, int] = {}   # int8 structure (symmetric or affine) -> cycles
+
+    def ladder(self) -> list[dict]:
+        """Score the candidates in order until one meets the target; the records."""
+        target = self.spec.quantizer.target
+        tried = []
+        for cand in search.int8_candidates(self.spec):
+            tried.append(self.score(cand))
+            if tried[-1]["met"]:
+                return tried
+        if target.int16:
+            sign = 1 if target.sense == "max" else -1
+            best = min(tried, key=lambda t: sign * t["value"])
+            for cand in search.int16_candidates(search.Candidate(best["name"], best["text"], best["overrides"])):
+                tried.append(self.score(cand))
+                if tried[-1]["met"]:
+                    break
+        return tried
+
+    def score(self, cand: search.Candidate) -> dict:
+        """The candidate's record: held-out ``value`` of the target metric and ``cycles``."""
+        target = self.spec.quantizer.target
+        key = self._key(cand)
+        hit = _read_cached(self.cache / f"{key}.json")
+        if hit is None:
+            t0 = time.perf_counter()
+            hit = self._measure(cand)
+            hit["seconds"] = round(time.perf_counter() - t0, 1)
+            write_json(self.cache / f"{key}.json", hit)
+            cached = False
+        else:
+            cached = True
+        rec = {**cand.to_json(), "metric": target.metric, "value": hit["value"], "cycles": hit["cycles"],
+               "met": target.met_by(hit["value"]), "seconds": hit["seconds"], "from_cache": cached}
+        print(f"search {self.spec.name}: {cand.name}: {target.metric} {rec['value']:.4g}, "
+              f"{rec['cycles'] / 1e6:.2f}M est. cycles{' (cached)' if cached else ''}"
+              f"{', meets ' + target.text() if rec['met'] else ''}", file=sys.stderr)
+        return rec
+
+    def _measure(self, cand: search.Candidate) -> dict:
+        """Run the candidate's folds; {"value", "cycles"}."""
+        cspec = search.apply(self.spec, cand.overrides)
+        structure = "int16" if cspec.quantizer.mixed else str(cspec.quantizer.symmetric_activations)
+        want_cycles = structure == "int16" or structure not in self.cycles
+        root = Path(tempfile.mkdtemp(prefix=".search-", dir=self.work))
+        out = np.zeros((len(self.x), *self.float_out.shape[1:]), np.float32)
+        jobs = [(cspec, self.float_pt2, None, train, self.x[rows], root / f"fold{f}", None,
+                 "codegen" if (f == 0 and want_cycles) else "convert", f == 0 and want_cycles)
+                for f, (train, rows) in enumerate(self.splits)]
+        try:
+            for f, got in run_folds(jobs):
+                out[self.splits[f][1]] = got["qdq"][0]
+                if "cycles" in got:
+                    self.cycles[structure] = got["cycles"]
+                shutil.rmtree(root / f"fold{f}", ignore_errors=True)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return {"value": search.measure(self.spec.quantizer.target.metric, self.float_out, out),
+                "cycles": int(self.cycles[structure])}
+
+    def _base_key(self) -> str:
+        """What every candidate of this model depends on but its overrides."""
+        spec = self.spec
+        fields = {f: dataclasses.asdict(getattr(spec, f)) for f in ("calibration", "quantizer", "preprocess",
+                                                                     "codegen", "target")}
+        fields["quantizer"].pop("target")
+        code = sorted((Path(p).name, sha256_file(p)) for p in BY_NAME["search"].sources())
+        images = [[(p.name, sha256_file(p)) for p in train] for train, _ in self.splits]
+        return _digest({"float": sha256_file(self.float_pt2), "fields": fields, "dtype": spec.dtype,
+                        "task": spec.task, "metric": spec.quantizer.target.metric, "splits": images,
+                        "scored": [rows for _, rows in self.splits], "x": hashlib.sha256(self.x.numpy().tobytes()).hexdigest(),
+                        "code": code})
+
+    def _key(self, cand: search.Candidate) -> str:
+        return _digest({"base": self.base, "overrides": cand.overrides})
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _read_cached(path: Path) -> dict | None:
+    """A cached candidate measurement, or None when absent or not of the expected form
+    (a number and an integer: anything else is ignored and measured again)."""
+    try:
+        if path.stat().st_size > 4096:
+            return None
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(got, dict) and isinstance(got.get("value"), (int, float)) and not isinstance(got["value"], bool)
+          and isinstance(got.get("cycles"), int) and isinstance(got.get("seconds"), (int, float)))
+    return {"value": float(got["value"]), "cycles": got["cycles"], "seconds": got["seconds"]} if ok else None

@@ -1,0 +1,115 @@
+"""The recipe search (stage ``search``, ``[quantizer] target``) on a tiny net: a target
+int8 meets stops at the first recipe, one only int16 meets picks int16 layers, an
+impossible one gives the notice; candidates come from the cache the second time, and
+the stages after it build the chosen recipe."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from doitproj import Project, build_through
+from pipeline.config import AccuracyTarget
+from pipeline.errors import StaleArtifactError
+from pipeline.quant import search as recipes
+from pipeline.stages import search
+from pipeline.stages.registry import get
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("search")
+    p = Project(root)
+    p.add_model("tiny", extra='[evaluation]\nset = "setA"\n')
+    p.add_images("setA", 6)
+    return build_through(root, last="export")
+
+
+def _search(ctx, target: AccuracyTarget) -> dict:
+    spec = dataclasses.replace(ctx.spec, quantizer=dataclasses.replace(ctx.spec.quantizer, target=target))
+    args = {**get("search").args(ctx), "spec": spec}
+    return search.search_model(**args)
+
+
+@pytest.fixture(scope="module")
+def impossible(built):
+    """Every candidate measured (int16 allowed, an error of 0 asked): the ladder's values."""
+    return _search(built, AccuracyTarget("logit_error", 0.0, int16=True))
+
+
+def test_an_impossible_target_measures_every_candidate_and_says_by_how_much_it_misses(built, impossible):
+    rec = impossible
+    names = [c["name"] for c in rec["candidates"]]
+    assert names[:4] == ["percentile", "affine", "affine+range", "affine+range+adaround"]
+    assert len(names) == 4 + len(recipes.INT16_BUDGETS) and all("int16" in n for n in names[4:])
+    best = min(rec["candidates"], key=lambda c: c["value"])
+    assert rec["chosen"]["name"] == best["name"] and not any(c["met"] for c in rec["candidates"])
+    assert rec["notice"].startswith("no candidate meets logit_error <= 0") and best["name"] in rec["notice"]
+    assert f"misses by {best['value']:.3g}" in rec["notice"]
+    # int16 layers cost cycles; every int8 recipe runs the same kernels
+    int8 = {c["cycles"] for c in rec["candidates"][:4]}
+    assert len(int8) <= 2 and min(c["cycles"] for c in rec["candidates"][4:]) > min(int8)
+    assert json.loads(built.layout.search.read_text())["summary"] == rec["summary"]
+    assert not list(built.layout.dir.glob(".search-*")), "fold folders must be removed"
+
+
+def test_a_target_int8_meets_stops_at_the_first_recipe_and_the_second_run_is_cached(built, impossible):
+    first = impossible["candidates"][0]
+    rec = _search(built, AccuracyTarget("logit_error", first["value"] * 1.01 + 1e-9, int16=True))
+    assert [c["name"] for c in rec["candidates"]] == ["percentile"] and rec["chosen"]["met"]
+    assert rec["notice"] is None and rec["chosen"]["from_cache"]   # measured by the first search
+    assert rec["chosen"]["value"] == first["value"]
+    assert "the cheapest of 1 tried that meets logit_error <=" in rec["summary"]
+
+
+def test_a_target_only_int16_meets_picks_int16_layers(built, impossible):
+    cands = impossible["candidates"]
+    int8_best = min(c["value"] for c in cands[:4])
+    int16 = [c for c in cands[4:] if c["value"] < int8_best]
+    assert int16, "on this net some int16 budget must beat every int8 recipe"
+    bound = (min(c["value"] for c in int16) + int8_best) / 2
+    rec = _search(built, AccuracyTarget("logit_error", bound, int16=True))
+    chosen = rec["chosen"]
+    assert "int16" in chosen["name"] and chosen["met"] and chosen["value"] <= bound
+    assert chosen["overrides"]["quantizer"]["weight_dtype"] == "int16"
+    assert all(c["from_cache"] for c in rec["candidates"])
+    # cheapest first: no int16 candidate that meets the target has fewer cycles
+    assert chosen["cycles"] == min(c["cycles"] for c in rec["candidates"] if c["met"])
+
+
+def test_without_int16_the_search_stays_int8(built, impossible):
+    rec = _search(built, AccuracyTarget("logit_error", 0.0))
+    assert [c["name"] for c in rec["candidates"]] == [c["name"] for c in impossible["candidates"][:4]]
+    assert "int16" not in rec["chosen"]["name"]
+
+
+def test_the_stages_after_it_build_the_chosen_recipe(built, impossible, tmp_path):
+    """resolved(): the choice of search.json applied, the target gone; a missing or foreign
+    search.json is refused in one line."""
+    spec = dataclasses.replace(built.spec, quantizer=dataclasses.replace(
+        built.spec.quantizer, target=AccuracyTarget("logit_error", 0.0, int16=True)))
+    saved = tmp_path / "search.json"   # (the other tests rewrite the project's own)
+    saved.write_text(json.dumps(impossible))
+    got = recipes.resolved(spec, saved)
+    chosen = impossible["chosen"]["overrides"]
+    assert got.quantizer.target is None
+    assert got.quantizer.symmetric_activations == chosen["quantizer"].get("symmetric_activations", True)
+    assert got.calibration.adaround_iterations == chosen["calibration"].get("adaround_iterations", 0)
+    assert recipes.resolved(built.spec, None) is built.spec   # no target: the entry as written
+    other = dataclasses.replace(spec, quantizer=dataclasses.replace(spec.quantizer,
+                                                                    target=AccuracyTarget("cosine", 0.9)))
+    with pytest.raises(StaleArtifactError, match="run search:tiny first"):
+        recipes.resolved(other, saved)
+    with pytest.raises(StaleArtifactError, match="does not hold the search"):
+        recipes.resolved(spec, tmp_path / "missing.json")
+
+
+def test_choose_prefers_fewer_cycles_among_those_that_meet():
+    t = AccuracyTarget("cosine", 0.9)
+    tried = [{"name": "a", "value": 0.95, "cycles": 300}, {"name": "b", "value": 0.91, "cycles": 200},
+             {"name": "c", "value": 0.80, "cycles": 100}]
+    assert recipes.choose(t, tried) == (tried[1], None)
+    best, notice = recipes.choose(AccuracyTarget("cosine", 0.99), tried)
+    assert best is tried[0] and "misses by 0.04" in notice
