@@ -56,12 +56,15 @@ class Candidate:
 
 
 def int8_candidates(spec: ModelSpec) -> list[Candidate]:
-    """The int8 recipes of :data:`INT8_RECIPES` as candidates of ``spec`` (no int16 layer
-    but the entry's own ``int16_layers`` patterns)."""
+    """The recipes of :data:`INT8_RECIPES` as candidates of ``spec`` (no int16 layer but the
+    entry's own ``int16_layers`` patterns). A ``dtype = "int16"`` model gets the first only:
+    int16 activations are symmetric (the i16 kernels' rule), and the range search and
+    AdaRound are int8 methods."""
     off = {"mixed_precision": "off", "int16_cycles": None}
+    recipes = INT8_RECIPES[:1] if spec.dtype == "int16" else INT8_RECIPES
     return [Candidate(name, text, {"calibration": dict(o.get("calibration", {})),
                                    "quantizer": {**off, **o.get("quantizer", {})}})
-            for name, text, o in INT8_RECIPES]
+            for name, text, o in recipes]
 
 
 def int16_candidates(base: Candidate) -> list[Candidate]:

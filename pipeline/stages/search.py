@@ -121,7 +121,7 @@ class _Trial:
         self.work = Path(out).parent
         self.cache = self.work.parent / ".search"
         self.base = self._base_key()
-        self.cycles: dict[str, int] = {}   # int8 structure (symmetric or affine) -> cycles
+        self.cycles: dict[str, int] = {}   # "int8" -> the cycles of every all-int8 recipe
 
     def ladder(self) -> list[dict]:
         """Score the candidates in order until one meets the target; the records."""
@@ -163,7 +163,9 @@ class _Trial:
     def _measure(self, cand: search.Candidate) -> dict:
         """Run the candidate's folds; {"value", "cycles"}."""
         cspec = search.apply(self.spec, cand.overrides)
-        structure = "int16" if cspec.quantizer.mixed else str(cspec.quantizer.symmetric_activations)
+        # every all-int8 recipe runs the same kernel calls (a zero point costs no cycle: the conv
+        # kernels pad with it), so their cycles are measured once; int16 choices each time
+        structure = "int16" if cspec.quantizer.mixed else "int8"
         want_cycles = structure == "int16" or structure not in self.cycles
         root = Path(tempfile.mkdtemp(prefix=".search-", dir=self.work))
         out = np.zeros((len(self.x), *self.float_out.shape[1:]), np.float32)
@@ -182,11 +184,10 @@ class _Trial:
                 "cycles": int(self.cycles[structure])}
 
     def _base_key(self) -> str:
-        """What every candidate of this model depends on but its overrides."""
+        """What every candidate of this model depends on but its recipe and int16 choice
+        (:meth:`_key` adds those)."""
         spec = self.spec
-        fields = {f: dataclasses.asdict(getattr(spec, f)) for f in ("calibration", "quantizer", "preprocess",
-                                                                     "codegen", "target")}
-        fields["quantizer"].pop("target")
+        fields = {f: dataclasses.asdict(getattr(spec, f)) for f in ("preprocess", "codegen", "target")}
         code = sorted((Path(p).name, sha256_file(p)) for p in BY_NAME["search"].sources())
         images = [[(p.name, sha256_file(p)) for p in train] for train, _ in self.splits]
         return _digest({"float": sha256_file(self.float_pt2), "fields": fields, "dtype": spec.dtype,
@@ -195,7 +196,14 @@ class _Trial:
                         "code": code})
 
     def _key(self, cand: search.Candidate) -> str:
-        return _digest({"base": self.base, "overrides": cand.overrides})
+        """The candidate's cache key: the build it makes (the entry with its overrides), so
+        entries that differ only in fields the candidate sets or ignores share it."""
+        spec = search.apply(self.spec, cand.overrides)
+        built = {f: dataclasses.asdict(getattr(spec, f)) for f in ("calibration", "quantizer")}
+        if not spec.quantizer.mixed:   # all-int8: the int16 budgets and weights play no part
+            for k in ("int16_macs", "int16_cycles", "weight_dtype", "mixed_precision"):
+                built["quantizer"].pop(k)
+        return _digest({"base": self.base, "built": built})
 
 
 def _digest(obj) -> str:
