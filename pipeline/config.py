@@ -18,7 +18,7 @@ Schema (every key but ``builder`` and ``input_shape`` has a default)::
                                                    # or "segmentation": detections + [1, D, Hm, Wm] masks
     [weights]      see WeightsSpec
     [calibration]  see CalibrationSpec
-    [quantizer]    see QuantizerSpec
+    [quantizer]    see QuantizerSpec (target = { metric = "logit_error", max = 0.2 }: see AccuracyTarget)
     [codegen]      see CodegenSpec
     [evaluation]   set = "<calibration set>"       # labeled images for the accuracy report
     [profile]      see ProfileSpec
@@ -247,11 +247,19 @@ class AccuracyTarget:
     the calibration recipes and, with ``int16 = true``, int16 layer budgets, cheapest
     first by estimated C7x cycles, and the build uses the first that meets it.
     ``metric``: a key of :data:`ACCURACY_METRICS`; ``bound``: its ``max`` or ``min``
-    (as the metric says); ``int16``: int16 layers (with int16 weights) may be chosen."""
+    (as the metric says); ``int16``: int16 layers (with int16 weights) may be chosen;
+    ``max_mcycles``: a latency cap, millions of estimated C7x cycles per inference on the
+    entry's ``[target]`` (a candidate over it is never chosen; TIDL's
+    ``mixed_precision_factor`` bounds its int16 choice the same way), None = no cap."""
 
     metric: str
     bound: float
     int16: bool = False
+    max_mcycles: float | None = None
+
+    def within(self, cycles: int) -> bool:
+        """Whether ``cycles`` (estimated C7x cycles) is within ``max_mcycles``."""
+        return self.max_mcycles is None or cycles <= self.max_mcycles * 1e6
 
     @property
     def sense(self) -> str:
@@ -266,7 +274,8 @@ class AccuracyTarget:
 
     def text(self) -> str:
         """``logit_error <= 0.2`` (for people)."""
-        return f"{self.metric} {'<=' if self.sense == 'max' else '>='} {self.bound:g}"
+        cap = f" within {self.max_mcycles:g}M est. cycles" if self.max_mcycles is not None else ""
+        return f"{self.metric} {'<=' if self.sense == 'max' else '>='} {self.bound:g}{cap}"
 
 
 @dataclass(frozen=True)

@@ -247,9 +247,10 @@ def _quantizer(fail, data: dict, dtype: str) -> QuantizerSpec:
     return q
 
 def _accuracy_target(fail, table, task: str) -> AccuracyTarget | None:
-    """``[quantizer] target = { metric = "...", max | min = number, int16 = bool }`` checked
-    against the entry's task (:data:`pipeline.config.ACCURACY_METRICS`)."""
-    if table is None:
+    """``[quantizer] target = { metric = "...", max | min = number, int16 = bool, max_mcycles =
+    number }`` checked against the entry's task (:data:`pipeline.config.ACCURACY_METRICS`);
+    ``target = false``: none (a variant's way out of the target its ``extends`` base states)."""
+    if table is None or table is False:
         return None
     usage = "quantizer.target must be a table such as { metric = \"logit_error\", max = 0.2 }"
     if not isinstance(table, dict):
@@ -267,9 +268,13 @@ def _accuracy_target(fail, table, task: str) -> AccuracyTarget | None:
     int16 = table.pop("int16", False)
     if not isinstance(int16, bool):
         fail(f"quantizer.target.int16 must be true or false (whether int16 layers may be chosen), got {int16!r}")
+    cap = table.pop("max_mcycles", None)
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+        fail(f"quantizer.target.max_mcycles must be a positive number (millions of estimated C7x cycles), got {cap!r}")
     if table:
-        fail(f"unknown key(s) {sorted(table)} in quantizer.target; allowed: metric, {sense}, int16")
-    return AccuracyTarget(metric=metric, bound=float(bound), int16=int16)
+        fail(f"unknown key(s) {sorted(table)} in quantizer.target; allowed: metric, {sense}, int16, max_mcycles")
+    return AccuracyTarget(metric=metric, bound=float(bound), int16=int16,
+                          max_mcycles=None if cap is None else float(cap))
 
 def _section(fail, data: dict, key: str, cls):
     table = data.get(key, {})

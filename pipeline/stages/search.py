@@ -88,7 +88,8 @@ def summary_line(record: dict) -> str:
 
 def _target_text(t: dict) -> str:
     sense = "max" if "max" in t else "min"
-    return f"{t['metric']} {'<=' if sense == 'max' else '>='} {t[sense]:g}"
+    cap = f" within {t['max_mcycles']:g}M est. cycles" if t.get("max_mcycles") is not None else ""
+    return f"{t['metric']} {'<=' if sense == 'max' else '>='} {t[sense]:g}{cap}"
 
 
 def _splits(spec: ModelSpec, calib_dir: Path, images_dir: Path):
@@ -136,7 +137,8 @@ class _Trial:
             best = min(tried, key=lambda t: sign * t["value"])
             for cand in search.int16_candidates(search.Candidate(best["name"], best["text"], best["overrides"])):
                 tried.append(self.score(cand))
-                if tried[-1]["met"]:
+                # met, or over the cycle cap: a larger int16 budget only costs more cycles
+                if tried[-1]["met"] or not target.within(tried[-1]["cycles"]):
                     break
         return tried
 
@@ -154,7 +156,8 @@ class _Trial:
         else:
             cached = True
         rec = {**cand.to_json(), "metric": target.metric, "value": hit["value"], "cycles": hit["cycles"],
-               "met": target.met_by(hit["value"]), "seconds": hit["seconds"], "from_cache": cached}
+               "met": target.met_by(hit["value"]) and target.within(hit["cycles"]), "seconds": hit["seconds"],
+               "from_cache": cached}
         print(f"search {self.spec.name}: {cand.name}: {target.metric} {rec['value']:.4g}, "
               f"{rec['cycles'] / 1e6:.2f}M est. cycles{' (cached)' if cached else ''}"
               f"{', meets ' + target.text() if rec['met'] else ''}", file=sys.stderr)

@@ -55,6 +55,10 @@
                text(L - 3, Y(y1) + 4, y1.toPrecision(3), "end"), text(L - 3, Y(y0), y0.toPrecision(3), "end"),
                text(L, H - B + 12, (x0 / 1e6).toPrecision(3)), text(W - R, H - B + 12, (x1 / 1e6).toPrecision(3), "end"),
                text(W - R, Y(sd.bound) - 3, "target", "end"));
+    if (sd.max_cycles && sd.max_cycles > x0 && sd.max_cycles < x1) {   // the target's cycle cap
+      svg.append(s("line", { class: "bound", x1: X(sd.max_cycles), y1: T, x2: X(sd.max_cycles), y2: H - B }),
+                 text(X(sd.max_cycles) + 3, T + 8, "cap"));
+    }
     for (const d of c) {
       const dot = s("circle", { cx: X(d.cycles), cy: Y(d.value), r: d.chosen ? 5 : 3.5,
                                 fill: d.met ? "#2a8a3a" : "#999", stroke: d.chosen ? "#000" : "none", "stroke-width": 2 });

@@ -190,7 +190,9 @@ def read_search(path) -> dict | None:
     t = rec["target"]
     sense = "max" if "max" in t else "min"
     chosen = rec["chosen"]["name"]
-    return {"target": f"{t['metric']} {'<=' if sense == 'max' else '>='} {t[sense]:g}", "bound": t[sense],
+    cap = f" within {t['max_mcycles']:g}M est. cycles" if t.get("max_mcycles") is not None else ""
+    return {"target": f"{t['metric']} {'<=' if sense == 'max' else '>='} {t[sense]:g}{cap}", "bound": t[sense],
+            "max_cycles": None if t.get("max_mcycles") is None else t["max_mcycles"] * 1e6,
             "metric": t["metric"], "notice": rec.get("notice"), "summary": rec.get("summary", ""),
             "candidates": [{"name": c["name"], "value": c["value"], "cycles": c["cycles"], "met": c["met"],
                             "int16": "int16" in c["name"], "chosen": c["name"] == chosen}

@@ -113,3 +113,37 @@ def test_choose_prefers_fewer_cycles_among_those_that_meet():
     assert recipes.choose(t, tried) == (tried[1], None)
     best, notice = recipes.choose(AccuracyTarget("cosine", 0.99), tried)
     assert best is tried[0] and "misses by 0.04" in notice
+
+
+def test_a_cycle_cap_excludes_candidates_over_it():
+    tried = [{"name": "int8", "value": 0.30, "cycles": 4_000_000}, {"name": "i16 20%", "value": 0.20, "cycles": 5_000_000},
+             {"name": "i16 40%", "value": 0.15, "cycles": 11_000_000}]
+    best, notice = recipes.choose(AccuracyTarget("logit_error", 0.15, int16=True, max_mcycles=6), tried)
+    assert best is tried[1] and "the most accurate within the cycle cap, i16 20%" in notice
+    assert recipes.choose(AccuracyTarget("logit_error", 0.15, True), tried) == (tried[2], None)
+    best, notice = recipes.choose(AccuracyTarget("logit_error", 0.15, True, max_mcycles=1), tried)
+    assert best is tried[0] and notice.startswith("no candidate is within 1M est. cycles")
+
+
+def test_doit_builds_the_chosen_recipe_and_a_new_target_reruns_from_the_search(tmp_path):
+    """Through doit: the summary names the recipe; a second run is up to date; a stricter
+    target re-runs the search (its first candidate from the cache) and the stages after it."""
+    p = Project(tmp_path)
+    entry = '[quantizer]\ntarget = {{ metric = "logit_error", max = {bound} }}\n[evaluation]\nset = "setA"\n'
+    p.add_model("tiny", extra=entry.format(bound=1.0))
+    p.add_images("setA", 6)
+    first = p.doit("calibrate:tiny", "summary", timeout=900)
+    assert first.returncode == 0, first.out[-3000:]
+    assert "  recipe         percentile (logit_error " in first.out and "the cheapest of 1 tried" in first.out
+    again = p.doit("calibrate:tiny", timeout=900)
+    assert again.returncode == 0 and "search:tiny" in again.uptodate and not again.executed
+    p.add_model("tiny", extra=entry.format(bound=0.0))   # nothing meets it: every recipe is tried
+    stricter = p.doit("calibrate:tiny", timeout=900)
+    assert stricter.returncode == 0, stricter.out[-3000:]
+    assert {"search:tiny", "prepare:tiny", "calibrate:tiny"} <= set(stricter.executed)
+    rec = json.loads((p.root / "artifacts" / "tiny" / "search.json").read_text())
+    assert [c["from_cache"] for c in rec["candidates"]] == [True, False, False, False]
+    info = json.loads((p.root / "artifacts" / "tiny" / "calibration.json").read_text())
+    chosen = rec["chosen"]["overrides"]["calibration"]
+    assert bool(info["adaround"]) == bool(chosen.get("adaround_iterations"))
+    assert bool(info["range_search"]) == bool(chosen.get("range_search"))

@@ -412,7 +412,14 @@ def estimate_page(built, tmp_path_factory):
                                    "c": {"variant": "mmalib", "top1_agreement_with_float": 19,
                                          "mean_abs_logit_error_vs_float": 0.25,
                                          "relative_logit_error_vs_float": 0.09}}))
-    visualize_model("tiny", mans, out, estimate=d / "estimate.json", fidelity=holdout)
+    search = d / "search.json"   # a recipe search's record (stage search), three candidates tried
+    cands = [{"name": n, "value": v, "cycles": c, "met": m} for n, v, c, m in
+             [("percentile", 0.40, 4_000_000, False), ("affine+range+adaround", 0.27, 4_000_000, False),
+              ("affine+range+adaround+int16 5%", 0.20, 4_300_000, True)]]
+    search.write_text(json.dumps({"target": {"metric": "logit_error", "max": 0.22, "int16": True, "max_mcycles": None},
+                                  "candidates": cands, "chosen": cands[2], "notice": None,
+                                  "summary": "affine+range+adaround+int16 5% (...): the cheapest of 3 tried"}))
+    visualize_model("tiny", mans, out, estimate=d / "estimate.json", fidelity=holdout, search=search)
     return out, est
 
 
@@ -428,6 +435,9 @@ def test_estimate_reaches_the_page_data(estimate_page):
     assert data["profile"] is None
     assert data["fidelity"] == ["2-fold on imagenet20 (20 images), C mmalib vs float",
                                 "top-1 agreement 19/20, mean |logit error| 0.250 = 9% of float's spread"]
+    sd = data["search"]
+    assert sd["target"] == "logit_error <= 0.22" and sd["bound"] == 0.22
+    assert [(c["int16"], c["chosen"]) for c in sd["candidates"]] == [(False, False), (False, False), (True, True)]
 
 
 @needs_browser
@@ -443,6 +453,15 @@ def test_estimate_on_nodes_sidebar_details_and_profile_tab(estimate_page, driver
     assert side.startswith("Estimated on am67a:") and "FPS" in side and "not a measurement" in side, side
     held = driver.find_element(By.ID, "fidelity-line").text
     assert held.startswith("Held-out fidelity (2-fold on imagenet20") and "top-1 agreement 19/20" in held, held
+    # the recipe search's trade-off: a dot per candidate, the chosen one ringed, the ends named
+    search = driver.find_element(By.ID, "search-line").text
+    assert search.startswith("Recipe search (logit_error <= 0.22, held out)") and "cheapest of 3" in search, search
+    assert count(driver, "#search-plot circle") == 3
+    ringed = driver.execute_script("return [...document.querySelectorAll('#search-plot circle')]"
+                                   ".map(c => c.getAttribute('stroke'))")
+    assert ringed == ["none", "none", "#000"]
+    labels = driver.execute_script("return [...document.querySelectorAll('#search-plot text')].map(t => t.textContent)")
+    assert "int8" in labels and "int16 5%" in labels and "target" in labels
     top = est["variants"]["mmalib"]["top"]
     assert count(driver, "#estimate-top li") == len(top) <= 5
     memory = est["variants"]["mmalib"]["memory"]

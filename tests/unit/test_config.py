@@ -63,6 +63,17 @@ def test_defaults_and_roundtrip(tmp_path):
     (BASE + "[calibration]\nadaround_iterations = -5\n", "calibration.adaround_iterations must be an integer >= 0"),
     (BASE + "[calibration]\nexact_requantize = 1\n", "calibration.exact_requantize must be bool, got 1"),
     (BASE + '[quantizer]\nweight_dtype = "int16"\n', "sets the weights of int16 layers: it needs dtype = 'int16'"),
+    (BASE + '[quantizer]\ntarget = 0.2\n', "quantizer.target must be a table such as"),
+    (BASE + '[quantizer]\ntarget = { metric = "cosine", min = 0.9 }\n',
+     "quantizer.target.metric 'cosine' does not score a classification model; use one of logit_error, "
+     "relative_logit_error, top1_agreement"),
+    (BASE + '[quantizer]\ntarget = { metric = "logit_error", min = 0.2 }\n', "quantizer.target needs max = a number"),
+    (BASE + '[quantizer]\ntarget = { metric = "logit_error", max = 0.2, budget = 3 }\n',
+     "unknown key(s) ['budget'] in quantizer.target"),
+    (BASE + '[quantizer]\ntarget = { metric = "logit_error", max = 0.2, max_mcycles = 0 }\n',
+     "quantizer.target.max_mcycles must be a positive number"),
+    ('dtype = "int16"\n' + BASE + '[quantizer]\ntarget = { metric = "logit_error", max = 0.2, int16 = true }\n',
+     "mixed precision (int16_layers / mixed_precision) needs dtype = \"int8\""),
 ])
 def test_invalid_entry_names_file_and_fix(tmp_path, text, needle):
     (entry,) = load_models(write(tmp_path, "bad", text))
@@ -135,3 +146,18 @@ def test_profile_board_log_is_optional_validated_and_not_inherited(tmp_path):
         assert "profile.board_log must be the path of a text file" in str(e[name].error)
         assert f"{name}.toml" in str(e[name].error)
     assert "unknown key(s) ['log'] in [profile]" in str(e["bad_key"].error)
+
+
+def test_an_accuracy_target_is_parsed_and_makes_the_entry_mixed_only_with_int16(tmp_path):
+    text = BASE + '[quantizer]\ntarget = { metric = "logit_error", max = 0.2, int16 = true, max_mcycles = 6 }\n'
+    (spec,) = load_models(write(tmp_path, "m", text))
+    t = spec.quantizer.target
+    assert (t.metric, t.bound, t.int16, t.max_mcycles, t.sense) == ("logit_error", 0.2, True, 6.0, "max")
+    assert spec.quantizer.mixed and t.text() == "logit_error <= 0.2 within 6M est. cycles"
+    assert t.met_by(0.2) and not t.met_by(0.21) and not t.met_by(None)
+    assert t.within(6_000_000) and not t.within(6_000_001)
+    (plain,) = load_models(write(tmp_path, "m", BASE + '[quantizer]\ntarget = { metric = "top1_agreement", min = 0.9 }\n'))
+    assert not plain.quantizer.mixed and plain.quantizer.target.met_by(0.95)
+    write(tmp_path, "v", 'extends = "m"\n[quantizer]\ntarget = false\n')   # a variant opts out
+    variant = next(e for e in load_models(tmp_path / "models") if e.name == "v")
+    assert variant.quantizer.target is None
