@@ -172,7 +172,12 @@ def process_map(fn, jobs: dict, threads: int):
     order, from joblib's loky processes (``min(len(jobs), cores)`` at a time), each call
     with ``threads`` torch threads. ``fn`` must be a module-level function (pickled by
     reference). A call's exception is re-raised here."""
+    import warnings
+
     import joblib
+    # loky retires a worker whose memory grew (a model's weights) between two jobs and starts
+    # another, saying so with a UserWarning; no job is lost (the search's folds meet it)
+    warnings.filterwarnings("ignore", message="A worker stopped while some jobs were given to the executor")
     n_jobs = max(1, min(len(jobs), os.cpu_count() or 1))
     with joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered") as parallel:
         yield from parallel(joblib.delayed(_keyed_call)(key, fn, threads, args) for key, args in jobs.items())

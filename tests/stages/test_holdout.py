@@ -80,7 +80,7 @@ def test_folds_side_by_side_give_what_one_process_gives(built, monkeypatch):
     threads; with the same thread count in one process every number is the same."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: the folds never run side by side")
-    monkeypatch.setattr(holdout, "SIDE_BY_SIDE_BYTES", 0)   # the tiny model's folds too
+    monkeypatch.setattr(folds, "SIDE_BY_SIDE_BYTES", 0)   # the tiny model's folds too
     with torchenv.torch_threads(2):
         side = _run(built)                       # two folds of one thread each
     monkeypatch.setattr(folds.os, "cpu_count", lambda: 1)
