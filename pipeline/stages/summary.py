@@ -327,10 +327,10 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
     for note in report.get("notes", []):
         lines.append(f"  note           {note}")
     builds = {r["variant"]: r for r in (verify or {}).get("variants", [])}
-    if search:
-        lines.append(f"  recipe         {search['summary']} (search.json)")
     lines += (_detection_lines if detecting else _embedding_lines if embedding else _accuracy_lines)(
         report, builds, holdout)
+    if search:   # after the held-out numbers, which lead every model's block
+        lines.append(f"  recipe         {search['summary']} (search.json)")
     if mixed:
         lines.append(_mixed_line(mixed, manifests, siblings or {}))
     if "mmalib" in manifests:
