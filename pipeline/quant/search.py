@@ -112,20 +112,20 @@ def target_json(target) -> dict:
 
 def choose(target, tried: list[dict]) -> tuple[dict, str | None]:
     """(the chosen record of ``tried``, a notice or None). ``tried``: the measured candidates,
-    each with ``value`` (the metric) and ``cycles`` (estimated). The cheapest (fewest cycles,
+    each with ``value`` (the metric) and ``cycles`` (estimated; None when not measured). The cheapest (fewest cycles,
     then first tried) that meets ``target`` within its cycle cap; if none does, the most
     accurate within the cap (the cheapest when none is within it), with a one-line notice
     saying by how much it misses."""
-    within = [t for t in tried if target.within(t["cycles"])]
+    within = [t for t in tried if t["cycles"] is None or target.within(t["cycles"])]
     met = [t for t in within if target.met_by(t["value"])]
-    if met:
-        return min(met, key=lambda t: (t["cycles"], tried.index(t))), None
+    if met:   # cycles None: an int8-only search, where every candidate costs the same
+        return min(met, key=lambda t: (t["cycles"] or 0, tried.index(t))), None
     if not within:
         best = min(tried, key=lambda t: t["cycles"])
         return best, (f"no candidate is within {target.max_mcycles:g}M est. cycles: the cheapest, "
                       f"{best['name']}, takes {best['cycles'] / 1e6:.2f}M")
     sign = 1 if target.sense == "max" else -1
-    best = min(within, key=lambda t: (sign * t["value"], t["cycles"]))
+    best = min(within, key=lambda t: (sign * t["value"], t["cycles"] or 0))
     where = " within the cycle cap" if len(within) < len(tried) else ""
     return best, (f"no candidate meets {target.text()}: the most accurate{where}, {best['name']}, reaches "
                   f"{best['value']:.4g} (misses by {abs(best['value'] - target.bound):.3g})")

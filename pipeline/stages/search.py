@@ -10,15 +10,18 @@ evaluation set. A candidate is scored on its PyTorch Q/DQ model (kernel-exact re
 keeps the deployed C within a few output LSB of it; the holdout stage then scores the
 chosen build's C), and its estimated C7x cycles come from fold 0's deployed build
 (relax import, codegen with the staged memory plan, :func:`pipeline.perf.report.estimate_build`
-on the entry's ``[target]``). The search stops at the first candidate that meets the
+on the entry's ``[target]``). Every all-int8 recipe runs the same kernel calls, so an
+int8-only search without a cycle cap measures no cycles at all (None: the estimate stage
+gives the build's), and one with int16 measures them once for the int8 recipes. The search stops at the first candidate that meets the
 target; the choice is the one with the fewest cycles among those that meet it, else the
 most accurate with a one-line notice saying by how much it misses.
 
-Every measured candidate is kept in ``artifacts/.search/<key>.json`` (plain JSON: a
-score and a cycle count, no code), the key a hash of everything it depends on (the float
-program, the images, the entry's fields and overrides, this stage's code), so a second run
-or another model with the same sub-build (``mobilenet_v2`` and ``mobilenet_v2_mixed``
-share their int8 recipes) measures it once.
+Every measured candidate is kept in the run-cache (:mod:`pipeline.runcache`: a signed
+entry of one JSON file, a score and a cycle count, no code), its key a hash of everything
+it depends on (the float program, the images, the build it makes, this stage's code), so
+a second search or another model with the same sub-build (``mobilenet_v2`` and a variant
+with int16 allowed share the int8 recipes) measures it once; with the run-cache off,
+nothing is kept.
 
 ``search.json``: ``target``, ``method``, ``candidates`` (each: name, overrides, value,
 cycles, seconds, whether it met the target, whether it came from the cache), ``chosen``,
@@ -67,8 +70,9 @@ def search_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, images_dir: 
     chosen, notice = search.choose(target, tried)
     record = {"model": spec.name, "target": search.target_json(target), "method": method,
               "evaluation_set": spec.evaluation_set, "images": len(names), "scored_on": "PyTorch Q/DQ",
-              "cycles": "estimated C7x cycles of fold 0's deployed build (staged plan), "
-                        f"target {spec.target.name}",
+              "cycles": (f"estimated C7x cycles of fold 0's deployed build (staged plan), target {spec.target.name}"
+                         if trial.need_cycles else "not measured: every all-int8 recipe runs the same kernel "
+                                                   "calls (estimate.json gives the build's)"),
               "candidates": tried, "chosen": chosen, "notice": notice,
               "seconds": round(time.perf_counter() - t0, 1)}
     record["summary"] = summary_line(record)
@@ -82,8 +86,13 @@ def summary_line(record: dict) -> str:
     c = record["chosen"]
     why = record["notice"] or (f"the cheapest of {len(record['candidates'])} tried that meets "
                                f"{_target_text(record['target'])}")
-    return (f"{c['name']} ({c['metric']} {c['value']:.4g} held out, {c['cycles'] / 1e6:.2f}M est. cycles): "
+    return (f"{c['name']} ({c['metric']} {c['value']:.4g} held out{_mcycles(c['cycles'], ', ')}): "
             f"{why}")
+
+
+def _mcycles(cycles: int | None, lead: str = "") -> str:
+    """``, 4.04M est. cycles`` (nothing when the search measured none)."""
+    return "" if cycles is None else f"{lead}{cycles / 1e6:.2f}M est. cycles"
 
 
 def _target_text(t: dict) -> str:
@@ -120,9 +129,11 @@ class _Trial:
     def __init__(self, spec, float_pt2, splits, x, float_out, out: Path):
         self.spec, self.float_pt2, self.splits, self.x, self.float_out = spec, Path(float_pt2), splits, x, float_out
         self.work = Path(out).parent
-        self.cache = self.work.parent / ".search"
+        self.cache = _open_cache(self.work.parent)
         self.base = self._base_key()
         self.cycles: dict[str, int] = {}   # "int8" -> the cycles of every all-int8 recipe
+        target = spec.quantizer.target   # cycles decide only between int8 and int16, or against a cap
+        self.need_cycles = target.int16 or target.max_mcycles is not None
 
     def ladder(self) -> list[dict]:
         """Score the candidates in order until one meets the target; the records."""
@@ -138,7 +149,7 @@ class _Trial:
             for cand in search.int16_candidates(search.Candidate(best["name"], best["text"], best["overrides"])):
                 tried.append(self.score(cand))
                 # met, or over the cycle cap: a larger int16 budget only costs more cycles
-                if tried[-1]["met"] or not target.within(tried[-1]["cycles"]):
+                if tried[-1]["met"] or not target.within(tried[-1]["cycles"] or 0):
                     break
         return tried
 
@@ -146,20 +157,21 @@ class _Trial:
         """The candidate's record: held-out ``value`` of the target metric and ``cycles``."""
         target = self.spec.quantizer.target
         key = self._key(cand)
-        hit = _read_cached(self.cache / f"{key}.json")
-        if hit is None:
+        hit = self._cached(key)
+        if hit is not None and hit["cycles"] is None and self.need_cycles:
+            hit = None   # measured by an int8-only search, which skips the cycles: measure again
+        cached = hit is not None
+        if not cached:
             t0 = time.perf_counter()
             hit = self._measure(cand)
             hit["seconds"] = round(time.perf_counter() - t0, 1)
-            write_json(self.cache / f"{key}.json", hit)
-            cached = False
-        else:
-            cached = True
+            self._store(key, cand, hit)
         rec = {**cand.to_json(), "metric": target.metric, "value": hit["value"], "cycles": hit["cycles"],
-               "met": target.met_by(hit["value"]) and target.within(hit["cycles"]), "seconds": hit["seconds"],
+               "met": target.met_by(hit["value"]) and (hit["cycles"] is None or target.within(hit["cycles"])),
+               "seconds": hit["seconds"],
                "from_cache": cached}
-        print(f"search {self.spec.name}: {cand.name}: {target.metric} {rec['value']:.4g}, "
-              f"{rec['cycles'] / 1e6:.2f}M est. cycles{' (cached)' if cached else ''}"
+        print(f"search {self.spec.name}: {cand.name}: {target.metric} {rec['value']:.4g}"
+              f"{_mcycles(rec['cycles'], ', ')}{' (cached)' if cached else ''}"
               f"{', meets ' + target.text() if rec['met'] else ''}", file=sys.stderr)
         return rec
 
@@ -169,7 +181,7 @@ class _Trial:
         # every all-int8 recipe runs the same kernel calls (a zero point costs no cycle: the conv
         # kernels pad with it), so their cycles are measured once; int16 choices each time
         structure = "int16" if cspec.quantizer.mixed else "int8"
-        want_cycles = structure == "int16" or structure not in self.cycles
+        want_cycles = self.need_cycles and (structure == "int16" or structure not in self.cycles)
         root = Path(tempfile.mkdtemp(prefix=".search-", dir=self.work))
         out = np.zeros((len(self.x), *self.float_out.shape[1:]), np.float32)
         jobs = [(cspec, self.float_pt2, None, train, self.x[rows], root / f"fold{f}", None,
@@ -183,8 +195,30 @@ class _Trial:
                 shutil.rmtree(root / f"fold{f}", ignore_errors=True)
         finally:
             shutil.rmtree(root, ignore_errors=True)
+        cycles = self.cycles.get(structure) if self.need_cycles else None
         return {"value": search.measure(self.spec.quantizer.target.metric, self.float_out, out),
-                "cycles": int(self.cycles[structure])}
+                "cycles": None if cycles is None else int(cycles)}
+
+    def _cached(self, key: str) -> dict | None:
+        """The candidate's measurement from the run-cache, or None."""
+        if self.cache is None:
+            return None
+        with tempfile.TemporaryDirectory(dir=self.work, prefix=".search-hit-") as tmp:
+            if not self.cache.restore(key, Path(tmp), [CANDIDATE_FILE]):
+                return None
+            return _read_cached(Path(tmp) / CANDIDATE_FILE)
+
+    def _store(self, key: str, cand: search.Candidate, hit: dict) -> None:
+        """Keep a measurement in the run-cache (a full or read-only cache is skipped)."""
+        if self.cache is None:
+            return
+        with tempfile.TemporaryDirectory(dir=self.work, prefix=".search-put-") as tmp:
+            write_json(Path(tmp) / CANDIDATE_FILE, hit)
+            try:
+                self.cache.store(key, Path(tmp), [CANDIDATE_FILE], {"stage": "search", "model": self.spec.name,
+                                                                      "candidate": cand.name})
+            except OSError as e:
+                print(f"run-cache: cannot store a search candidate in {self.cache.root}: {e}", file=sys.stderr)
 
     def _base_key(self) -> str:
         """What every candidate of this model depends on but its recipe and int16 choice
@@ -209,6 +243,23 @@ class _Trial:
         return _digest({"base": self.base, "built": built})
 
 
+#: the one file of a candidate's run-cache entry
+CANDIDATE_FILE = "candidate.json"
+
+
+def _open_cache(artifacts: Path):
+    """The project's run-cache (:func:`pipeline.runcache.cache_root`), or None when it is
+    off or its secret is unusable (the doit layer says why once)."""
+    from .. import runcache
+    root = runcache.cache_root(artifacts)
+    if root is None:
+        return None
+    try:
+        return runcache.RunCache(root, runcache.load_secret(root))
+    except runcache.CacheSecretError:
+        return None
+
+
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -223,5 +274,6 @@ def _read_cached(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     ok = (isinstance(got, dict) and isinstance(got.get("value"), (int, float)) and not isinstance(got["value"], bool)
-          and isinstance(got.get("cycles"), int) and isinstance(got.get("seconds"), (int, float)))
+          and (got.get("cycles") is None or type(got["cycles"]) is int)
+          and isinstance(got.get("seconds"), (int, float)))
     return {"value": float(got["value"]), "cycles": got["cycles"], "seconds": got["seconds"]} if ok else None

@@ -41,7 +41,9 @@
   // the target as a dashed line, the chosen one ringed, the int8 and int16 ends labelled
   function searchPlot(sd) {
     const W = 280, H = 186, L = 56, R = 12, T = 24, B = 30;
-    const c = sd.candidates;
+    // an int8-only search measures no cycles (every recipe runs the same calls): the build's estimate
+    const build0 = est() ? est().total_cycles : 0;
+    const c = sd.candidates.map((d) => Object.assign({}, d, { cycles: d.cycles === null ? build0 : d.cycles }));
     const xs = c.map((d) => d.cycles), ys = c.map((d) => d.value).concat([sd.bound]);
     const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
     const X = (v) => L + (x1 > x0 ? (v - x0) / (x1 - x0) : 0.5) * (W - L - R);

@@ -21,10 +21,15 @@ from pipeline.stages.registry import get
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("search")
+    # the run-cache (artifacts/.cache) keeps the candidates, signed with this project's secret
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DOIT_C7X_CACHE_SECRET", str(root / "cache-secret"))
+    mp.delenv("DOIT_C7X_CACHE", raising=False)
     p = Project(root)
     p.add_model("tiny", extra='[evaluation]\nset = "setA"\n')
     p.add_images("setA", 6)
-    return build_through(root, last="export")
+    yield build_through(root, last="export")
+    mp.undo()
 
 
 def _search(ctx, target: AccuracyTarget) -> dict:
@@ -53,6 +58,10 @@ def test_an_impossible_target_measures_every_candidate_and_says_by_how_much_it_m
     assert len(int8) <= 2 and min(c["cycles"] for c in rec["candidates"][4:]) > min(int8)
     assert json.loads(built.layout.search.read_text())["summary"] == rec["summary"]
     assert not list(built.layout.dir.glob(".search-*")), "fold folders must be removed"
+    # each candidate is one signed run-cache entry of one JSON file, under the artifacts' cache
+    entries = list((built.layout.dir.parent / ".cache" / "entries").glob("*/*/entry.json"))
+    metas = [json.loads(e.read_text())["meta"] for e in entries]
+    assert sorted(m["candidate"] for m in metas if m.get("stage") == "search") == sorted(names)
 
 
 def test_a_target_int8_meets_stops_at_the_first_recipe_and_the_second_run_is_cached(built, impossible):
@@ -83,6 +92,11 @@ def test_without_int16_the_search_stays_int8(built, impossible):
     rec = _search(built, AccuracyTarget("logit_error", 0.0))
     assert [c["name"] for c in rec["candidates"]] == [c["name"] for c in impossible["candidates"][:4]]
     assert "int16" not in rec["chosen"]["name"]
+    # every all-int8 recipe runs the same calls: an int8-only search measures no cycles (the
+    # candidates above came from the int16 search's measurements; another metric measures anew)
+    fresh = _search(built, AccuracyTarget("top1_agreement", 1.0 + 1e-9))
+    assert all(c["cycles"] is None and not c["from_cache"] for c in fresh["candidates"])
+    assert "not measured" in fresh["cycles"] and "est. cycles" not in fresh["summary"]
 
 
 def test_the_stages_after_it_build_the_chosen_recipe(built, impossible, tmp_path):
