@@ -40,7 +40,7 @@
   // search.json: held-out error (y) against estimated cycles (x) of every candidate tried,
   // the target as a dashed line, the chosen one ringed, the int8 and int16 ends labelled
   function searchPlot(sd) {
-    const W = 280, H = 186, L = 56, R = 12, T = 24, B = 30;
+    const W = 300, H = 210, L = 52, R = 14, T = 24, B = 30;
     // an int8-only search measures no cycles (every recipe runs the same calls): the build's estimate
     const build0 = est() ? est().total_cycles : 0;
     const c = sd.candidates.map((d) => Object.assign({}, d, { cycles: d.cycles === null ? build0 : d.cycles }));
@@ -56,7 +56,7 @@
                text(W - R, H - 4, "est. C7x cycles (M)", "end"), text(2, 10, sd.metric + " (held out)"),
                text(L - 3, Y(y1) + 4, y1.toPrecision(3), "end"), text(L - 3, Y(y0), y0.toPrecision(3), "end"),
                text(L, H - B + 12, (x0 / 1e6).toPrecision(3)), text(W - R, H - B + 12, (x1 / 1e6).toPrecision(3), "end"),
-               text(W - R, Y(sd.bound) - 3, "target", "end"));
+               text(L + 3, Y(sd.bound) - 3, "target"));
     if (sd.max_cycles && sd.max_cycles > x0 && sd.max_cycles < x1) {   // the target's cycle cap
       svg.append(s("line", { class: "bound", x1: X(sd.max_cycles), y1: T, x2: X(sd.max_cycles), y2: H - B }),
                  text(X(sd.max_cycles) + 3, T + 8, "cap"));
@@ -69,7 +69,7 @@
       svg.append(dot);
     }
     const int8 = c.filter((d) => !d.int16), int16 = c.filter((d) => d.int16);
-    if (int8.length) svg.append(text(X(int8[0].cycles) + 6, Y(int8[int8.length - 1].value) - 6, "int8"));
+    if (int8.length) svg.append(text(X(int8[0].cycles) + 8, Y(int8[0].value) + 4, "int8 recipes"));
     if (int16.length) { const e = int16[int16.length - 1]; svg.append(text(X(e.cycles) - 6, Y(e.value) - 6, "int16 " + e.name.split("int16 ")[1], "end")); }
     return svg;
   }
