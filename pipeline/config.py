@@ -272,6 +272,16 @@ class AccuracyTarget:
             return False
         return value <= self.bound if self.sense == "max" else value >= self.bound
 
+    @classmethod
+    def from_record(cls, record: dict) -> "AccuracyTarget":
+        """The target of a ``search.json`` ``target`` record (:meth:`to_record`)."""
+        sense = ACCURACY_METRICS[record["metric"]][1]
+        return cls(record["metric"], record[sense], record.get("int16", False), record.get("max_mcycles"))
+
+    def to_record(self) -> dict:
+        """``{"metric", "max" | "min", "int16", "max_mcycles"}``: what search.json records."""
+        return {"metric": self.metric, self.sense: self.bound, "int16": self.int16, "max_mcycles": self.max_mcycles}
+
     def text(self) -> str:
         """``logit_error <= 0.2`` (for people)."""
         cap = f" within {self.max_mcycles:g}M est. cycles" if self.max_mcycles is not None else ""

@@ -21,7 +21,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..config import ACCURACY_METRICS, ModelSpec
+from ..config import ModelSpec
 
 #: the int8 recipes, cheapest calibration first: (name, what it adds, overrides). Each adds
 #: a step of the method measured on MobileNetV2 (README, "Accuracy"; docs/guide.md).
@@ -98,16 +98,12 @@ def resolved(spec: ModelSpec, recipe: Path | None) -> ModelSpec:
         record = json.loads(Path(recipe).read_text()) if recipe else None
     except (OSError, ValueError):
         record = None
-    if not record or record.get("target") != target_json(target):
+    if not record or record.get("target") != target.to_record():
         raise StaleArtifactError(f"model {spec.name!r}: {recipe} does not hold the search for "
                                  f"{target.text()}; run search:{spec.name} first")
     return apply(spec, record["chosen"]["overrides"])
 
 
-def target_json(target) -> dict:
-    """The target as search.json records it."""
-    return {"metric": target.metric, ACCURACY_METRICS[target.metric][1]: target.bound, "int16": target.int16,
-            "max_mcycles": target.max_mcycles}
 
 
 def choose(target, tried: list[dict]) -> tuple[dict, str | None]:

@@ -16,7 +16,9 @@ import numpy as np
 import torch
 
 from .. import torchenv
-from ..config import ModelSpec
+from ..config import ModelSpec, list_images
+from ..data.images import select_images
+from ..errors import CalibrationDataError
 from .context import StageContext
 from .registry import BY_NAME
 
@@ -36,6 +38,35 @@ def method_of(spec: ModelSpec, calib_images: list[Path], eval_images: list[Path]
         return "separate"
     shared = {p.resolve() for p in calib_images} & {p.resolve() for p in eval_images}
     return "k-fold" if shared else "separate"
+
+
+def evaluation_images(spec: ModelSpec, calib_dir: Path, images_dir: Path) -> tuple[str, list[Path], list[Path]]:
+    """(method, the evaluation images, the calibration images) of a held-out estimate:
+    "k-fold" or "separate" (:func:`method_of`). Raises :class:`CalibrationDataError` when the
+    evaluation folder holds no images."""
+    eval_images = list_images(images_dir, strict=True)
+    if not eval_images:
+        raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images; "
+                                   f"add images or set [evaluation] set in {spec.source}")
+    calib_images = select_images(calib_dir, spec.calibration, spec.name) if spec.calibration.source == "images" else []
+    return method_of(spec, calib_images, eval_images), eval_images, calib_images
+
+
+def kfold_splits(spec: ModelSpec, calib_images: list[Path], eval_images: list[Path],
+                 images_dir: Path) -> list[tuple[list[Path], list[int]]]:
+    """Per fold of ``[evaluation] folds`` (:func:`folds_of`): (the calibration images it trains
+    on: every one not held out, the rows of ``eval_images`` it holds out). Raises
+    :class:`CalibrationDataError` when there are fewer evaluation images than folds."""
+    k = spec.evaluation_folds
+    if len(eval_images) < k:
+        raise CalibrationDataError(f"model {spec.name!r}: {len(eval_images)} evaluation images in {images_dir} "
+                                   f"cannot make {k} folds; add images or lower [evaluation] folds in {spec.source}")
+    index = {p: i for i, p in enumerate(eval_images)}
+    splits = []
+    for test in folds_of(eval_images, k):
+        held = {p.resolve() for p in test}
+        splits.append(([p for p in calib_images if p.resolve() not in held], [index[p] for p in test]))
+    return splits
 
 
 def _link(src: Path, dst: Path) -> None:

@@ -34,13 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ModelSpec, list_images
+from ..config import ModelSpec
 from ..data import fidelity
-from ..data.images import label_of, load_images, select_images
-from ..errors import CalibrationDataError
+from ..data.images import label_of, load_images
 from ..fsutil import write_json
 from ..quant.search import resolved
-from .folds import folds_of, method_of, run_folds
+from .folds import evaluation_images, kfold_splits, run_folds
 
 
 def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
@@ -63,12 +62,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     from ..data.torch_outputs import outputs_note, run_program_outputs
     spec = resolved(spec, recipe)   # [quantizer] target: the recipe the search chose
 
-    eval_images = list_images(images_dir, strict=True)
-    if not eval_images:
-        raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images; "
-                                   f"add images or set [evaluation] set in {spec.source}")
-    calib_images = select_images(calib_dir, spec.calibration, spec.name) if spec.calibration.source == "images" else []
-    method = method_of(spec, calib_images, eval_images)
+    method, eval_images, calib_images = evaluation_images(spec, calib_dir, images_dir)
     record = {"model": spec.name, "method": method, "evaluation_set": spec.evaluation_set,
               "calibration_set": spec.calibration.set if spec.calibration.source == "images" else None}
     if method == "separate":
@@ -76,28 +70,21 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
                           "numbers (report.json, verify.json) are held out")
         write_json(out, record)
         return record
-    k = spec.evaluation_folds
-    if len(eval_images) < k:
-        raise CalibrationDataError(f"model {spec.name!r}: {len(eval_images)} evaluation images in {images_dir} "
-                                   f"cannot make {k} folds; add images or lower [evaluation] folds in {spec.source}")
+    splits = kfold_splits(spec, calib_images, eval_images, images_dir)
+    k = len(splits)
     t0 = time.perf_counter()
     x = load_images(eval_images, spec.preprocess, desc=f"holdout {spec.name}", model=spec.name)
     float_outs = [t.numpy() for t in run_program_outputs(float_pt2, x, spec.name)]
     float_logits = float_outs[0]
-    index = {p: i for i, p in enumerate(eval_images)}
     qdq_outs = [np.zeros_like(a) for a in float_outs]
     c_outs = [np.zeros_like(a) for a in float_outs]
-    folds = folds_of(eval_images, k)
     fold_records, outputs = [], 1
     work_root = Path(tempfile.mkdtemp(prefix=".holdout-", dir=out.parent))
     jobs = []
-    for f, test_paths in enumerate(folds):
-        held = {p.resolve() for p in test_paths}
-        train = [p for p in calib_images if p.resolve() not in held]
-        rows = [index[p] for p in test_paths]
+    for f, (train, rows) in enumerate(splits):
         jobs.append((rows, (spec, float_pt2, (prepared_state, prepared_table), train, x[rows],
                             work_root / f"fold{f}", int16_selection)))
-        fold_records.append({"fold": f, "calibrated_on": len(train), "held_out": [p.name for p in test_paths]})
+        fold_records.append({"fold": f, "calibrated_on": len(train), "held_out": [eval_images[r].name for r in rows]})
     try:
         for f, got in run_folds([a for _, a in jobs]):
             rows = jobs[f][0]

@@ -42,12 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ModelSpec, list_images
-from ..data.images import load_images, select_images
-from ..errors import CalibrationDataError
+from ..config import AccuracyTarget, ModelSpec
+from ..data.images import load_images
 from ..fsutil import sha256_file, write_json
 from ..quant import search
-from .folds import folds_of, method_of, run_folds
+from .folds import evaluation_images, kfold_splits, run_folds
 from .registry import BY_NAME
 
 
@@ -68,7 +67,7 @@ def search_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, images_dir: 
     trial = _Trial(spec, float_pt2, splits, x, float_out, out)
     tried = trial.ladder()
     chosen, notice = search.choose(target, tried)
-    record = {"model": spec.name, "target": search.target_json(target), "method": method,
+    record = {"model": spec.name, "target": target.to_record(), "method": method,
               "evaluation_set": spec.evaluation_set, "images": len(names), "scored_on": "PyTorch Q/DQ",
               "cycles": (f"estimated C7x cycles of fold 0's deployed build (staged plan), target {spec.target.name}"
                          if trial.need_cycles else "not measured: every all-int8 recipe runs the same kernel "
@@ -85,7 +84,7 @@ def summary_line(record: dict) -> str:
     """One line: the recipe chosen and why (or the notice)."""
     c = record["chosen"]
     why = record["notice"] or (f"the cheapest of {len(record['candidates'])} tried that meets "
-                               f"{_target_text(record['target'])}")
+                               f"{AccuracyTarget.from_record(record['target']).text()}")
     return (f"{c['name']} ({c['metric']} {c['value']:.4g} held out{_mcycles(c['cycles'], ', ')}): "
             f"{why}")
 
@@ -95,32 +94,13 @@ def _mcycles(cycles: int | None, lead: str = "") -> str:
     return "" if cycles is None else f"{lead}{cycles / 1e6:.2f}M est. cycles"
 
 
-def _target_text(t: dict) -> str:
-    sense = "max" if "max" in t else "min"
-    cap = f" within {t['max_mcycles']:g}M est. cycles" if t.get("max_mcycles") is not None else ""
-    return f"{t['metric']} {'<=' if sense == 'max' else '>='} {t[sense]:g}{cap}"
-
-
 def _splits(spec: ModelSpec, calib_dir: Path, images_dir: Path):
-    """([(training images, rows of the scored images)], the scored images, method)."""
-    eval_images = list_images(images_dir, strict=True)
-    if not eval_images:
-        raise CalibrationDataError(f"model {spec.name!r}: evaluation folder {images_dir} holds no images; "
-                                   f"add images or set [evaluation] set in {spec.source}")
-    calib_images = select_images(calib_dir, spec.calibration, spec.name)
-    method = method_of(spec, calib_images, eval_images)
+    """([(training images, rows of the scored images)], the scored images, method): the
+    holdout stage's folds, or the whole calibration set against a separate evaluation set."""
+    method, eval_images, calib_images = evaluation_images(spec, calib_dir, images_dir)
     if method == "separate":
         return [(calib_images, list(range(len(eval_images))))], eval_images, method
-    k = spec.evaluation_folds
-    if len(eval_images) < k:
-        raise CalibrationDataError(f"model {spec.name!r}: {len(eval_images)} evaluation images in {images_dir} "
-                                   f"cannot make {k} folds; add images or lower [evaluation] folds in {spec.source}")
-    index = {p: i for i, p in enumerate(eval_images)}
-    splits = []
-    for test in folds_of(eval_images, k):
-        held = {p.resolve() for p in test}
-        splits.append(([p for p in calib_images if p.resolve() not in held], [index[p] for p in test]))
-    return splits, eval_images, "k-fold"
+    return kfold_splits(spec, calib_images, eval_images, images_dir), eval_images, method
 
 
 class _Trial:

@@ -30,6 +30,8 @@ import json
 import math
 from pathlib import Path
 
+from ..config import AccuracyTarget
+
 _TIME_KEYS = ("median", "time", "median_ns", "median_cycles", "value", "mean")
 
 
@@ -187,13 +189,10 @@ def read_search(path) -> dict | None:
     if not path or not Path(path).is_file():
         return None
     rec = json.loads(Path(path).read_text())
-    t = rec["target"]
-    sense = "max" if "max" in t else "min"
+    t = AccuracyTarget.from_record(rec["target"])
     chosen = rec["chosen"]["name"]
-    cap = f" within {t['max_mcycles']:g}M est. cycles" if t.get("max_mcycles") is not None else ""
-    return {"target": f"{t['metric']} {'<=' if sense == 'max' else '>='} {t[sense]:g}{cap}", "bound": t[sense],
-            "max_cycles": None if t.get("max_mcycles") is None else t["max_mcycles"] * 1e6,
-            "metric": t["metric"], "notice": rec.get("notice"), "summary": rec.get("summary", ""),
+    return {"target": t.text(), "bound": t.bound, "max_cycles": None if t.max_mcycles is None else t.max_mcycles * 1e6,
+            "metric": t.metric, "notice": rec.get("notice"), "summary": rec.get("summary", ""),
             "candidates": [{"name": c["name"], "value": c["value"], "cycles": c["cycles"], "met": c["met"],
                             "int16": "int16" in c["name"], "chosen": c["name"] == chosen}
                            for c in rec["candidates"]]}

@@ -461,7 +461,7 @@ def test_estimate_on_nodes_sidebar_details_and_profile_tab(estimate_page, driver
                                    ".map(c => c.getAttribute('stroke'))")
     assert ringed == ["none", "none", "#000"]
     labels = driver.execute_script("return [...document.querySelectorAll('#search-plot text')].map(t => t.textContent)")
-    assert "int8" in labels and "int16 5%" in labels and "target" in labels
+    assert "int8 recipes" in labels and "int16 5%" in labels and "target" in labels
     top = est["variants"]["mmalib"]["top"]
     assert count(driver, "#estimate-top li") == len(top) <= 5
     memory = est["variants"]["mmalib"]["memory"]
