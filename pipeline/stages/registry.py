@@ -159,9 +159,12 @@ def _mixed_doc(ctx: StageContext) -> str:
     return "int8/int16 mixed precision: " + ", ".join(parts) + " -> mixed_precision.json"
 
 
-def _target_text(ctx: StageContext) -> str:
+def _search_doc(ctx: StageContext) -> str:
     t = ctx.spec.quantizer.target
-    return t.text() if t else "no target"
+    if t is None:
+        return "recipe search: no [quantizer] target"
+    cycles = ", est. cycles" if t.int16 or t.max_mcycles is not None else ""   # int8-only: the same for all
+    return f"recipe search for {t.text()} ({ctx.spec.evaluation_folds}-fold held out{cycles}) -> search.json"
 
 
 STAGES: tuple[Stage, ...] = (
@@ -193,8 +196,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=lambda c: {"out": c.layout.search},
         options=lambda c: {"spec": c.spec, "calib_dir": calib_dir(c), "images_dir": eval_dir(c)},
         applies=lambda c: c.spec.quantizer.target is not None,
-        task_doc=lambda c: f"recipe search for {_target_text(c)} ({c.spec.evaluation_folds}-fold held out, "
-                           f"est. cycles) -> search.json",
+        task_doc=_search_doc,
     ),
     Stage(
         # Only for mixed-precision entries. The choice alone goes to int16_layers.json, so
