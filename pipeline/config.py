@@ -257,9 +257,10 @@ class AccuracyTarget:
     int16: bool = False
     max_mcycles: float | None = None
 
-    def within(self, cycles: int) -> bool:
-        """Whether ``cycles`` (estimated C7x cycles) is within ``max_mcycles``."""
-        return self.max_mcycles is None or cycles <= self.max_mcycles * 1e6
+    def within(self, cycles: int | None) -> bool:
+        """Whether ``cycles`` (estimated C7x cycles) is within ``max_mcycles``; None (not
+        measured: an int8-only search without a cap) is."""
+        return self.max_mcycles is None or cycles is None or cycles <= self.max_mcycles * 1e6
 
     @property
     def sense(self) -> str:

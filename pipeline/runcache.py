@@ -94,6 +94,21 @@ def cache_root(artifacts: Path) -> Path | None:
     return Path(value).resolve() if value else Path(artifacts) / ".cache"
 
 
+_SAID: set[str] = set()
+
+
+def open_cache(root: Path) -> "RunCache | None":
+    """The cache at ``root`` with this user's secret, or None when the secret is unusable
+    (:class:`CacheSecretError`: its one line is printed once per process, not once per stage)."""
+    try:
+        return RunCache(Path(root), load_secret(Path(root)))
+    except CacheSecretError as e:
+        if str(e) not in _SAID:
+            _SAID.add(str(e))
+            print(f"run-cache: off: {e}", file=sys.stderr)
+        return None
+
+
 def parse_size(text: str) -> int:
     """Bytes of a size such as ``500M``, ``20G`` or ``1048576`` (binary units).
 

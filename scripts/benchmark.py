@@ -16,7 +16,8 @@ Issue 26: the staged memory plan against its targets (scripts/bench_memory.py).
 Issue 27: 30 kill -9 trials of a tiny project (scripts/kill_trials.py).
 Issue 30: a cold build with the calibration methods against one without
 (scripts/bench_methods.py).
-``--sections`` picks some of: list, stages, estimate, memory, runcache, dask, calibration, methods, kill.
+``--sections`` picks some of: list, stages, estimate, memory, runcache, dask, calibration, methods, search,
+kill.
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ def bench_runs(spec, L, x, summaries) -> None:
 VERIFY_GOAL = 1.5  # (verify + evaluate) / codegen, MobileNetV2 int8, 20 images, 2 cores (issue 13)
 VERIFY_REPEATS = 3  # codegen, evaluate and verify are timed this many times; the median ratio is the figure
 
-SECTIONS = ("list", "stages", "estimate", "memory", "runcache", "dask", "calibration", "methods", "kill")
+SECTIONS = ("list", "stages", "estimate", "memory", "runcache", "dask", "calibration", "methods", "search",
+            "kill")
 
 
 def main() -> None:
@@ -220,6 +222,9 @@ def main() -> None:
     if "methods" in sections:
         from bench_methods import bench_method_cost
         bench_method_cost(args.model)
+    if "search" in sections:
+        from bench_search import bench_search
+        bench_search(args.model)
     if "kill" in sections:
         from kill_trials import trials
         trials(30, seed=7)

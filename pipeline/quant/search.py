@@ -104,15 +104,13 @@ def resolved(spec: ModelSpec, recipe: Path | None) -> ModelSpec:
     return apply(spec, record["chosen"]["overrides"])
 
 
-
-
 def choose(target, tried: list[dict]) -> tuple[dict, str | None]:
     """(the chosen record of ``tried``, a notice or None). ``tried``: the measured candidates,
-    each with ``value`` (the metric) and ``cycles`` (estimated; None when not measured). The cheapest (fewest cycles,
-    then first tried) that meets ``target`` within its cycle cap; if none does, the most
+    each with ``value`` (the metric) and ``cycles`` (estimated; None when not measured). The
+    cheapest (fewest cycles, then first tried) that meets ``target`` within its cycle cap; if none does, the most
     accurate within the cap (the cheapest when none is within it), with a one-line notice
     saying by how much it misses."""
-    within = [t for t in tried if t["cycles"] is None or target.within(t["cycles"])]
+    within = [t for t in tried if target.within(t["cycles"])]
     met = [t for t in within if target.met_by(t["value"])]
     if met:   # cycles None: an int8-only search, where every candidate costs the same
         return min(met, key=lambda t: (t["cycles"] or 0, tried.index(t))), None

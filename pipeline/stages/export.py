@@ -15,7 +15,7 @@ from .. import torchenv
 from ..config import ModelSpec
 from ..errors import CalibrationDataError, ConfigError, UnsupportedOpError, WeightsNotFoundError, brief
 from ..frontend.provenance import tag_program
-from ..fsutil import portable_path, write_json
+from ..fsutil import portable_path, write_json, write_text
 from ..weights import check_weights_hash, resolve_weights
 
 
@@ -207,8 +207,7 @@ def _export(spec: ModelSpec, model: torch.nn.Module, out: Path) -> torch.export.
             ep = torch.export.export(model, (example,), dynamic_shapes=({0: Dim("batch", min=1, max=MAX_BATCH)},))
     except Exception as e:  # data-dependent control flow, unsupported Python: torch's long report
         log = Path(out).parent / "export-error.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text("".join(report) + f"\n{type(e).__name__}: {e}\n")
+        write_text(log, "".join(report) + f"\n{type(e).__name__}: {e}\n")
         raise UnsupportedOpError(
             f"model {spec.name!r}: torch.export cannot trace {spec.builder!r} with input "
             f"{list(spec.input_shape)} and a dynamic batch ({brief(e)}); make forward() traceable "

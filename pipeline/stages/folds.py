@@ -87,10 +87,10 @@ def _fold_spec(spec: ModelSpec) -> ModelSpec:
     return dataclasses.replace(spec, calibration=dataclasses.replace(spec.calibration, num_images=0, set=FOLD_SET))
 
 
-#: The calibration-dependent part of the flow a fold re-runs, in record order. A
-#: fixed int16 choice and the prepared model are the model's own (linked); an
-#: automatic int16 choice depends on the images, so the fold makes its own.
-#: the stages a fold runs, in order: the holdout record's ``runs`` (its code is this stage's code too)
+#: The calibration-dependent part of the flow a fold re-runs, in record order: the holdout
+#: record's ``runs`` (their code is that stage's code too). A fixed int16 choice and the
+#: prepared model are the model's own (linked); an automatic int16 choice depends on the
+#: images, so the fold makes its own.
 FOLD_STAGES = BY_NAME["holdout"].runs
 
 

@@ -129,7 +129,7 @@ class _Trial:
             for cand in search.int16_candidates(search.Candidate(best["name"], best["text"], best["overrides"])):
                 tried.append(self.score(cand))
                 # met, or over the cycle cap: a larger int16 budget only costs more cycles
-                if tried[-1]["met"] or not target.within(tried[-1]["cycles"] or 0):
+                if tried[-1]["met"] or not target.within(tried[-1]["cycles"]):
                     break
         return tried
 
@@ -147,8 +147,7 @@ class _Trial:
             hit["seconds"] = round(time.perf_counter() - t0, 1)
             self._store(key, cand, hit)
         rec = {**cand.to_json(), "metric": target.metric, "value": hit["value"], "cycles": hit["cycles"],
-               "met": target.met_by(hit["value"]) and (hit["cycles"] is None or target.within(hit["cycles"])),
-               "seconds": hit["seconds"],
+               "met": target.met_by(hit["value"]) and target.within(hit["cycles"]), "seconds": hit["seconds"],
                "from_cache": cached}
         print(f"search {self.spec.name}: {cand.name}: {target.metric} {rec['value']:.4g}"
               f"{_mcycles(rec['cycles'], ', ')}{' (cached)' if cached else ''}"
@@ -229,15 +228,10 @@ CANDIDATE_FILE = "candidate.json"
 
 def _open_cache(artifacts: Path):
     """The project's run-cache (:func:`pipeline.runcache.cache_root`), or None when it is
-    off or its secret is unusable (the doit layer says why once)."""
+    off or its secret is unusable (:func:`pipeline.runcache.open_cache` says why, once)."""
     from .. import runcache
     root = runcache.cache_root(artifacts)
-    if root is None:
-        return None
-    try:
-        return runcache.RunCache(root, runcache.load_secret(root))
-    except runcache.CacheSecretError:
-        return None
+    return None if root is None else runcache.open_cache(root)
 
 
 def _digest(obj) -> str:

@@ -67,19 +67,9 @@ def _cache_key(stage, model, stamp, records, cache) -> str | None:
                               [records[d][2] for d in stamp["deps"]], cache["outs"])
 
 
-_SAID: set[str] = set()
-
-
 def _open_cache(cache: dict) -> runcache.RunCache | None:
-    """The run-cache with its secret, or None (one line) when the secret is unusable."""
-    root = Path(cache["root"])
-    try:
-        return runcache.RunCache(root, runcache.load_secret(root))
-    except runcache.CacheSecretError as e:
-        if str(e) not in _SAID:  # once per process, not once per stage
-            _SAID.add(str(e))
-            print(f"run-cache: off: {e}", file=sys.stderr)
-        return None
+    """The run-cache with its secret, or None (one line, once) when the secret is unusable."""
+    return runcache.open_cache(Path(cache["root"]))
 
 
 def _restore(cache: dict, key: str) -> bool:
