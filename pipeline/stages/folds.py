@@ -103,7 +103,7 @@ def _deployed_only(args: dict, variant: str) -> dict:
 
 def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path] | None, train: list[Path],
              test: torch.Tensor, work: Path, int16_selection: Path | None, through: str = "host_build",
-             cycles: bool = False) -> dict:
+             cycles: bool = False, sensitivity: Path | None = None) -> dict:
     """Calibrate on ``train`` and run ``test`` [N, 3, H, W] float32 through the Q/DQ model
     and the deployed build's host C. Returns {"qdq": [...], "c": [...]}: one float32
     [N, ...] array per model output, in return order (output 0: the logits), and
@@ -115,7 +115,9 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path] | Non
     ``prepared`` None: the fold prepares its own model (the search's candidates differ in
     it). ``through``: the last stage run ("convert": the Q/DQ model only, no "c");
     ``cycles``: also "cycles", the estimated C7x cycles of the fold's deployed build on
-    the entry's target (:func:`pipeline.perf.report.estimate_build`; needs codegen)."""
+    the entry's target (:func:`pipeline.perf.report.estimate_build`; needs codegen).
+    ``sensitivity``: the file where the fold's automatic int16 choice keeps its
+    sensitivity pass for the next int16 budget (``mixed_precision_model``'s argument)."""
     from ..layout import Layout, variants
 
     fspec = _fold_spec(spec)
@@ -137,6 +139,8 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path] | Non
             args = _deployed_only(stage.args(ctx), variant)
             if name == "calibrate":   # the fold's calibration.json is thrown away: no per-layer SQNR
                 args["diagnose"] = False
+            if name == "mixed_precision" and sensitivity is not None:
+                args["sensitivity"] = sensitivity
             stage.function()(**args)
     return _fold_outputs(spec, ctx, variant, test, through, cycles)
 

@@ -51,9 +51,16 @@ BATCH = 32
 
 
 def mixed_precision_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, out: Path,
-                          out_selection: Path, recipe: Path | None = None) -> dict:
+                          out_selection: Path, recipe: Path | None = None, sensitivity: Path | None = None) -> dict:
     """Choose the int16 layers of ``spec`` and write ``out`` (mixed_precision.json)
     and ``out_selection`` (int16_layers.json), both atomically; return the record.
+
+    ``sensitivity``: a file that keeps the sensitivity pass (its ranked tensor edges and
+    the all-int8/all-int16 errors) for calls that differ only in the int16 budget
+    (``int16_macs``/``int16_cycles``): read when it was made for the same float program,
+    images and recipe (:func:`_sensitivity_key`), else measured and written. The search
+    stage gives one per fold, so its int16 budgets share one pass; the stage itself
+    passes none. A reused pass records no ``errors.chosen`` (it needs the simulator).
 
     Raises :class:`ConfigError` for a pattern that matches no layer, manual
     patterns over the ``int16_macs`` budget, or a quantizer other than ours;
@@ -80,7 +87,8 @@ def mixed_precision_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, out
                           f"{budget:g}; raise int16_{unit} or list fewer layers")
     cal = spec.calibration
     images = select_images(calib_dir, cal, spec.name) if cal.source == "images" else []
-    chosen, candidates, errors, n_used, t_sens, method = _measure_and_choose(spec, ep, layers, manual, images)
+    chosen, candidates, errors, n_used, t_sens, method = _measure_and_choose(
+        spec, ep, layers, manual, images, sensitivity and (Path(sensitivity), _sensitivity_key(spec, float_pt2, images)))
     record = _record(spec, layers, manual, chosen, candidates, errors, method, images, n_used, t0)
     record["seconds_sensitivity"] = t_sens  # the pass over every tensor edge and the choice
     by_id = {layer.id: layer for layer in layers}
@@ -89,9 +97,9 @@ def mixed_precision_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, out
     print(f"mixed_precision {spec.name}: {len(chosen)}/{len(layers)} layers int16 "
           f"({record['int16_share']:.1%} of MACs"
           + (f", {record['int16_cycles_share']:.1%} of estimated cycles" if "int16_cycles_share" in record else "")
-          + f", {record['method']}), logit MSE int8 "
-          f"{errors['all_int8']['mse']:.4g} -> chosen {errors['chosen']['mse']:.4g} (int16 "
-          f"{errors['all_int16']['mse']:.4g}), {record['seconds']} s", file=sys.stderr)
+          + f", {record['method']}), logit MSE int8 {errors['all_int8']['mse']:.4g}"
+          + (f" -> chosen {errors['chosen']['mse']:.4g}" if errors.get("chosen") else " (sensitivity reused)")
+          + f" (int16 {errors['all_int16']['mse']:.4g}), {record['seconds']} s", file=sys.stderr)
     return record
 
 
@@ -101,10 +109,45 @@ def budget_of(spec: ModelSpec) -> tuple[str, float]:
     return ("cycles", q.int16_cycles) if q.int16_cycles is not None else ("macs", q.int16_macs)
 
 
-def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: list[Path]):
+def _sensitivity_key(spec: ModelSpec, float_pt2: Path, images: list[Path]) -> str:
+    """What a sensitivity pass depends on: the float program, the images, the recipe and
+    every quantizer field but the int16 budget (which only the greedy choice reads)."""
+    import dataclasses
+    import hashlib
+    import json
+    from ..fsutil import sha256_file
+    quantizer = {k: v for k, v in dataclasses.asdict(spec.quantizer).items() if k not in ("int16_macs", "int16_cycles")}
+    return hashlib.sha256(json.dumps({
+        "float": sha256_file(float_pt2), "images": [(p.name, sha256_file(p)) for p in images],
+        "calibration": dataclasses.asdict(spec.calibration), "quantizer": quantizer, "dtype": spec.dtype,
+        "preprocess": dataclasses.asdict(spec.preprocess)}, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _reused(keep: tuple[Path, str] | None):
+    """(candidates, errors, images used, method) from a kept sensitivity pass, or None."""
+    import json
+    if not keep or not keep[0].is_file():
+        return None
+    got = json.loads(keep[0].read_text())
+    if got.get("key") != keep[1]:
+        return None
+    return ([mixed.TensorCandidate(c["producer"], c["consumer"], tuple(c["layers"]), c["error"], c["gain"])
+             for c in got["candidates"]], got["errors"], got["images"], got["method"])
+
+
+def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: list[Path],
+                        keep: tuple[Path, str] | None = None):
     """(chosen ids, candidates, errors, images used, seconds of the sensitivity pass, the
-    calibrate steps run on the all-int8 model first)."""
+    calibrate steps run on the all-int8 model first). ``keep``: (file, key) of a
+    sensitivity pass to reuse or write (:func:`mixed_precision_model`'s ``sensitivity``)."""
     q = spec.quantizer
+    unit, budget = budget_of(spec)
+    reused = _reused(keep) if q.mixed_precision == "auto" else None
+    if reused is not None:
+        candidates, errors, n_used, method = reused
+        gap = errors["all_int8"]["mse"] - errors["all_int16"]["mse"]
+        chosen = mixed.choose(candidates, layers, budget, fixed=manual, min_gain=mixed.MIN_GAIN * gap, unit=unit)
+        return chosen, candidates, dict(errors), n_used, 0.0, method
     batches = list(calibration_batches(spec, images))
     sim, method = _simulator(spec, ep, batches)
     x = torch.cat(batches)[:MAX_IMAGES]
@@ -118,11 +161,18 @@ def _measure_and_choose(spec: ModelSpec, ep, layers, manual: list[str], images: 
     if q.mixed_precision == "auto":
         candidates = _sensitivity(sim, x, metric, ids, errors["all_int16"]["mse"])
         gap = errors["all_int8"]["mse"] - errors["all_int16"]["mse"]
-        unit, budget = budget_of(spec)
         chosen = mixed.choose(candidates, layers, budget, fixed=manual, min_gain=mixed.MIN_GAIN * gap, unit=unit)
+        if keep:
+            write_json(keep[0], {"key": keep[1], "errors": errors, "images": len(x), "method": method,
+                                 "candidates": [_edge_json(c) for c in candidates]})
     seconds = round(time.perf_counter() - t0, 2)
     errors["chosen"] = metric.of(sim, x, frozenset(chosen))
     return chosen, candidates, errors, len(x), seconds, method
+
+
+def _edge_json(c: "mixed.TensorCandidate") -> dict:
+    """A ranked tensor edge as JSON."""
+    return {"producer": c.producer, "consumer": c.consumer, "layers": list(c.layers), "error": c.error, "gain": c.gain}
 
 
 def _simulator(spec: ModelSpec, ep, batches: list[torch.Tensor]):

@@ -116,7 +116,15 @@ class _Trial:
         self.need_cycles = target.int16 or target.max_mcycles is not None
 
     def ladder(self) -> list[dict]:
-        """Score the candidates in order until one meets the target; the records."""
+        """Score the candidates in order until one meets the target; the records. The int16
+        budgets of one fold share its sensitivity pass (kept in a folder removed at the end)."""
+        self.kept = Path(tempfile.mkdtemp(prefix=".search-sensitivity-", dir=self.work))
+        try:
+            return self._ladder()
+        finally:
+            shutil.rmtree(self.kept, ignore_errors=True)
+
+    def _ladder(self) -> list[dict]:
         target = self.spec.quantizer.target
         tried = []
         for cand in search.int8_candidates(self.spec):
@@ -164,7 +172,8 @@ class _Trial:
         root = Path(tempfile.mkdtemp(prefix=".search-", dir=self.work))
         out = np.zeros((len(self.x), *self.float_out.shape[1:]), np.float32)
         jobs = [(cspec, self.float_pt2, None, train, self.x[rows], root / f"fold{f}", None,
-                 "codegen" if (f == 0 and want_cycles) else "convert", f == 0 and want_cycles)
+                 "codegen" if (f == 0 and want_cycles) else "convert", f == 0 and want_cycles,
+                 self.kept / f"fold{f}.json")
                 for f, (train, rows) in enumerate(self.splits)]
         try:
             for f, got in run_folds(jobs):

@@ -268,6 +268,34 @@ def test_auto_choice_within_int16_cycles(tmp_path):
     assert record["int16_cycles_share"] == pytest.approx(sum(cycles[i] for i in record["chosen"]) / total, abs=1e-4)
 
 
+
+def test_a_kept_sensitivity_pass_serves_another_budget_as_a_fresh_one_would(tmp_path):
+    """The search's int16 budgets of one fold share one pass (``sensitivity``): the reused
+    pass chooses what a fresh pass with that budget chooses; another recipe measures anew."""
+    import dataclasses
+    from pipeline.stages.mixed_precision import mixed_precision_model
+    spec, _ = stage_setup(tmp_path, TinyNet(outlier=300.0), 'mixed_precision = "auto"\nint16_cycles = 0.2')
+    float_pt2, cal, kept = tmp_path / "float.pt2", tmp_path / "calib_data" / "cal", tmp_path / "kept.json"
+
+    def with_budget(s, budget, tag):
+        s = dataclasses.replace(s, quantizer=dataclasses.replace(s.quantizer, int16_cycles=budget))
+        return mixed_precision_model(s, float_pt2, cal, tmp_path / f"m_{tag}.json", tmp_path / f"s_{tag}.json",
+                                     sensitivity=kept)
+
+    first = with_budget(spec, 0.2, "first")
+    assert kept.is_file() and first["errors"]["chosen"] and first["seconds_sensitivity"] > 0
+    reused = with_budget(spec, 0.55, "reused")
+    fresh = mixed_precision_model(dataclasses.replace(spec, quantizer=dataclasses.replace(
+        spec.quantizer, int16_cycles=0.55)), float_pt2, cal, tmp_path / "m_fresh.json", tmp_path / "s_fresh.json")
+    assert "chosen" not in reused["errors"] and reused["seconds_sensitivity"] == 0
+    assert reused["candidates"] == fresh["candidates"] and reused["chosen"] == fresh["chosen"]
+    assert len(reused["chosen"]) >= len(first["chosen"])
+    # another recipe is another pass: measured, and kept in its place
+    other = dataclasses.replace(spec, calibration=dataclasses.replace(spec.calibration, observer="minmax"))
+    again = with_budget(other, 0.55, "other")
+    assert again["errors"]["chosen"] and again["seconds_sensitivity"] > 0
+
+
 @pytest.mark.parametrize("body, message", [
     ('mixed_precision = "auto"\nint16_cycles = 0.1\nint16_macs = 0.1', "set one budget"),
     ('int16_cycles = 0.1\nint16_layers = ["features.0.*"]', "int16_cycles is a budget of mixed_precision"),
