@@ -12,7 +12,9 @@ chosen build's C), and its estimated C7x cycles come from fold 0's deployed buil
 (relax import, codegen with the staged memory plan, :func:`pipeline.perf.report.estimate_build`
 on the entry's ``[target]``). Every all-int8 recipe runs the same kernel calls, so an
 int8-only search without a cycle cap measures no cycles at all (None: the estimate stage
-gives the build's), and one with int16 measures them once for the int8 recipes. The search stops at the first candidate that meets the
+gives the build's), and one with int16 measures them once for the int8 recipes (also when
+the scores come from an int8-only search's cache entries: only the cycles are measured then, on
+fold 0). The int16 budgets of one fold share one sensitivity pass. The search stops at the first candidate that meets the
 target; the choice is the one with the fewest cycles among those that meet it, else the
 most accurate with a one-line notice saying by how much it misses.
 
@@ -46,7 +48,7 @@ from ..config import AccuracyTarget, ModelSpec
 from ..data.images import load_images
 from ..fsutil import sha256_file, write_json
 from ..quant import search
-from .folds import evaluation_images, kfold_splits, run_folds
+from .folds import evaluation_images, kfold_splits, run_fold, run_folds
 from .registry import BY_NAME
 
 
@@ -147,7 +149,9 @@ class _Trial:
         key = self._key(cand)
         hit = self._cached(key)
         if hit is not None and hit["cycles"] is None and self.need_cycles:
-            hit = None   # measured by an int8-only search, which skips the cycles: measure again
+            # scored by an int8-only search, which skips the cycles: keep the score, add the cycles
+            hit = {**hit, "cycles": self._cycles_only(cand)}
+            self._store(key, cand, hit)
         cached = hit is not None
         if not cached:
             t0 = time.perf_counter()
@@ -186,6 +190,22 @@ class _Trial:
         cycles = self.cycles.get(structure) if self.need_cycles else None
         return {"value": search.measure(self.spec.quantizer.target.metric, self.float_out, out),
                 "cycles": None if cycles is None else int(cycles)}
+
+    def _cycles_only(self, cand: search.Candidate) -> int:
+        """The estimated cycles of ``cand``'s build, for a score that came without them: every
+        all-int8 recipe's are measured once, on fold 0 of the candidate (through codegen)."""
+        cspec = search.apply(self.spec, cand.overrides)
+        structure = "int16" if cspec.quantizer.mixed else "int8"
+        if structure == "int16" or structure not in self.cycles:
+            train, rows = self.splits[0]
+            root = Path(tempfile.mkdtemp(prefix=".search-", dir=self.work))
+            try:
+                got = run_fold(cspec, self.float_pt2, None, train, self.x[rows], root / "fold0", None,
+                               "codegen", True, self.kept / "fold0.json")
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            self.cycles[structure] = int(got["cycles"])
+        return self.cycles[structure]
 
     def _cached(self, key: str) -> dict | None:
         """The candidate's measurement from the run-cache, or None."""

@@ -97,6 +97,11 @@ def test_without_int16_the_search_stays_int8(built, impossible):
     fresh = _search(built, AccuracyTarget("top1_agreement", 1.0 + 1e-9))
     assert all(c["cycles"] is None and not c["from_cache"] for c in fresh["candidates"])
     assert "not measured" in fresh["cycles"] and "est. cycles" not in fresh["summary"]
+    # a search that needs cycles keeps those scores and measures the int8 cycles once
+    again = _search(built, AccuracyTarget("top1_agreement", 1.0 + 1e-9, int16=True))
+    int8 = again["candidates"][:4]
+    assert all(c["from_cache"] for c in int8) and [c["value"] for c in int8] == [c["value"] for c in fresh["candidates"]]
+    assert {c["cycles"] for c in int8} == {impossible["candidates"][0]["cycles"]}
 
 
 def test_the_stages_after_it_build_the_chosen_recipe(built, impossible, tmp_path):
