@@ -240,6 +240,11 @@ ACCURACY_METRICS = {
 }
 
 
+#: ``[quantizer] target.per_image`` holds on the images where float has at least this many
+#: confident detections (the accuracy-target issue's floor: "every photo with >= 3 detections")
+PER_IMAGE_MIN_DETECTIONS = 3
+
+
 @dataclass(frozen=True)
 class AccuracyTarget:
     """The held-out accuracy a build must reach (``[quantizer] target = { metric =
@@ -250,12 +255,16 @@ class AccuracyTarget:
     (as the metric says); ``int16``: int16 layers (with int16 weights) may be chosen;
     ``max_mcycles``: a latency cap, millions of estimated C7x cycles per inference on the
     entry's ``[target]`` (a candidate over it is never chosen; TIDL's
-    ``mixed_precision_factor`` bounds its int16 choice the same way), None = no cap."""
+    ``mixed_precision_factor`` bounds its int16 choice the same way), None = no cap.
+    ``per_image`` (``detections_matched`` only): a floor on every held-out image where float
+    has at least :data:`PER_IMAGE_MIN_DETECTIONS` confident detections, the share of them
+    matched on that image (:func:`pipeline.quant.search.worst_image`); None = no floor."""
 
     metric: str
     bound: float
     int16: bool = False
     max_mcycles: float | None = None
+    per_image: float | None = None
 
     def within(self, cycles: int | None) -> bool:
         """Whether ``cycles`` (estimated C7x cycles) is within ``max_mcycles``; None (not
@@ -267,9 +276,13 @@ class AccuracyTarget:
         """"max" (lower is better) or "min" (higher is better)."""
         return ACCURACY_METRICS[self.metric][1]
 
-    def met_by(self, value: float | None) -> bool:
-        """Whether a measured ``value`` of the metric meets the target (None never does)."""
+    def met_by(self, value: float | None, worst: float | None = None) -> bool:
+        """Whether a measured ``value`` of the metric meets the target (None never does), and
+        ``worst``, the lowest per-image share, the ``per_image`` floor (None: no image with
+        enough detections, nothing to hold)."""
         if value is None:
+            return False
+        if self.per_image is not None and worst is not None and worst < self.per_image:
             return False
         return value <= self.bound if self.sense == "max" else value >= self.bound
 
@@ -277,16 +290,21 @@ class AccuracyTarget:
     def from_record(cls, record: dict) -> "AccuracyTarget":
         """The target of a ``search.json`` ``target`` record (:meth:`to_record`)."""
         sense = ACCURACY_METRICS[record["metric"]][1]
-        return cls(record["metric"], record[sense], record.get("int16", False), record.get("max_mcycles"))
+        return cls(record["metric"], record[sense], record.get("int16", False), record.get("max_mcycles"),
+                   record.get("per_image"))
 
     def to_record(self) -> dict:
-        """``{"metric", "max" | "min", "int16", "max_mcycles"}``: what search.json records."""
-        return {"metric": self.metric, self.sense: self.bound, "int16": self.int16, "max_mcycles": self.max_mcycles}
+        """``{"metric", "max" | "min", "int16", "max_mcycles"}`` and ``per_image`` when set:
+        what search.json records."""
+        rec = {"metric": self.metric, self.sense: self.bound, "int16": self.int16, "max_mcycles": self.max_mcycles}
+        return rec if self.per_image is None else {**rec, "per_image": self.per_image}
 
     def text(self) -> str:
         """``logit_error <= 0.2`` (for people)."""
         cap = f" within {self.max_mcycles:g}M est. cycles" if self.max_mcycles is not None else ""
-        return f"{self.metric} {'<=' if self.sense == 'max' else '>='} {self.bound:g}{cap}"
+        floor = (f" and >= {self.per_image:g} on every image with >= {PER_IMAGE_MIN_DETECTIONS} detections"
+                 if self.per_image is not None else "")
+        return f"{self.metric} {'<=' if self.sense == 'max' else '>='} {self.bound:g}{floor}{cap}"
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import (ACCURACY_METRICS, DTYPES, IMAGENET_PREPROCESS, PREPROCESS_PRESETS, TASKS, CalibrationSpec, CodegenSpec,
-                     AccuracyTarget, ModelSpec, PreprocessSpec, ProfileSpec, QuantizerSpec, TargetSpec, WeightsSpec,
-                     check_model_name)
+from .config import (ACCURACY_METRICS, DTYPES, IMAGENET_PREPROCESS, PER_IMAGE_MIN_DETECTIONS, PREPROCESS_PRESETS,
+                     TASKS, AccuracyTarget, CalibrationSpec, CodegenSpec, ModelSpec, PreprocessSpec, ProfileSpec,
+                     QuantizerSpec, TargetSpec, WeightsSpec, check_model_name)
 from .errors import ConfigError
 
 
@@ -248,7 +248,7 @@ def _quantizer(fail, data: dict, dtype: str) -> QuantizerSpec:
 
 def _accuracy_target(fail, table, task: str) -> AccuracyTarget | None:
     """``[quantizer] target = { metric = "...", max | min = number, int16 = bool, max_mcycles =
-    number }`` checked against the entry's task (:data:`pipeline.config.ACCURACY_METRICS`);
+    number, per_image = share }`` checked against the entry's task (:data:`pipeline.config.ACCURACY_METRICS`);
     ``target = false``: none (a variant's way out of the target its ``extends`` base states)."""
     if table is None or table is False:
         return None
@@ -271,10 +271,19 @@ def _accuracy_target(fail, table, task: str) -> AccuracyTarget | None:
     cap = table.pop("max_mcycles", None)
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
         fail(f"quantizer.target.max_mcycles must be a positive number (millions of estimated C7x cycles), got {cap!r}")
+    floor = table.pop("per_image", None)
+    if floor is not None and metric != "detections_matched":
+        fail(f"quantizer.target.per_image is a floor of detections_matched on every image; "
+             f"metric {metric!r} has none")
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor <= 1):
+        fail(f"quantizer.target.per_image must be a share in [0, 1] (of float's detections matched on every "
+             f"image with >= {PER_IMAGE_MIN_DETECTIONS}), got {floor!r}")
     if table:
-        fail(f"unknown key(s) {sorted(table)} in quantizer.target; allowed: metric, {sense}, int16, max_mcycles")
+        fail(f"unknown key(s) {sorted(table)} in quantizer.target; allowed: metric, {sense}, int16, max_mcycles"
+             + (", per_image" if metric == "detections_matched" else ""))
     return AccuracyTarget(metric=metric, bound=float(bound), int16=int16,
-                          max_mcycles=None if cap is None else float(cap))
+                          max_mcycles=None if cap is None else float(cap),
+                          per_image=None if floor is None else float(floor))
 
 def _section(fail, data: dict, key: str, cls):
     table = data.get(key, {})

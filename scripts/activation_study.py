@@ -72,8 +72,8 @@ def first(out):
 
 class Calls:
     """Forward hooks on ``leaves`` that name each output ``module#k`` (its k-th call in a
-    pass: torchvision's ResNet calls one ReLU three times) and hand it to ``fn(key, out)``,
-    which may return a replacement."""
+    pass: torchvision's ResNet calls one ReLU three times) and hand it to ``fn(key, out,
+    inputs)``, which may return a replacement."""
 
     def __init__(self, leaves: dict, fn):
         self.count: dict[str, int] = {}
@@ -83,7 +83,7 @@ class Calls:
         def hook(_m, _i, out):
             k = self.count.get(name, 0)
             self.count[name] = k + 1
-            return fn(f"{name}#{k}", out) if torch.is_tensor(out) and out.is_floating_point() else None
+            return fn(f"{name}#{k}", out, _i) if torch.is_tensor(out) and out.is_floating_point() else None
         return hook
 
     def __call__(self, model, x):
@@ -95,18 +95,17 @@ class Calls:
         return out
 
 
-def observe(model, leaves, x, make) -> dict:
-    """{point: observer} after one pass over ``x``; ``make(out)`` builds an observer for
-    the output ``out`` (None: not observed)."""
+def observe(model, leaves, x, make, skip=frozenset()) -> dict:
+    """{point: observer} after one pass over ``x``, but for the points in ``skip``;
+    ``make(out)`` builds an observer for the output ``out``."""
     obs = {}
 
-    def see(key, out):
+    def see(key, out, _inputs):
         if key not in obs:
             obs[key] = make(out)
-        if obs[key] is not None:
-            obs[key](out)
+        obs[key](out)
     Calls(leaves, see)(model, x)
-    return {k: o for k, o in obs.items() if o is not None}
+    return {k: o for k, o in obs.items() if k not in skip}
 
 
 def fake_quant(o, obs):
@@ -119,7 +118,23 @@ def fake_quant(o, obs):
 
 def run(model, leaves, x, chosen: dict):
     """Output 0 with the points in ``chosen`` {point: observer} fake-quantized."""
-    return Calls(leaves, lambda key, out: fake_quant(out, chosen[key]) if key in chosen else None)(model, x)
+    return Calls(leaves, lambda key, out, _i: fake_quant(out, chosen[key]) if key in chosen else None)(model, x)
+
+
+def fused(model, leaves, x) -> set[str]:
+    """The conv/linear outputs that only a ReLU or ReLU6 reads next: PT2E quantizes conv +
+    ReLU once, at the ReLU's output (the BatchNorm between them is folded)."""
+    made, seen, out = {}, [], set()
+
+    def see(key, t, inputs):
+        seen.append(t)   # kept alive: ids stay unique through the pass
+        module = leaves[key.split("#")[0]]
+        if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+            made[id(t)] = key
+        elif isinstance(module, (torch.nn.ReLU, torch.nn.ReLU6)) and inputs and id(inputs[0]) in made:
+            out.add(made[id(inputs[0])])
+    Calls(leaves, see)(model, x[:1])
+    return out
 
 
 def score(task: str, out, ref) -> str:
@@ -156,12 +171,13 @@ def main() -> None:
             ch_axis=1, qscheme=torch.per_channel_symmetric, **sym) if out.dim() == 4
             else MinMaxObserver(qscheme=torch.per_tensor_symmetric, **sym)),
     }
+    skip = fused(model, leaves, x)
     int16 = observe(model, leaves, x, lambda out: MinMaxObserver(
-        qscheme=torch.per_tensor_symmetric, dtype=torch.int16, quant_min=-32768, quant_max=32767))
+        qscheme=torch.per_tensor_symmetric, dtype=torch.int16, quant_min=-32768, quant_max=32767), skip)
     print(f"{spec.name}: {len(int16)} activation points, {len(x)} images (in-sample ranges, float weights)")
     seen = {}
     for name, make in observers.items():
-        seen[name] = observe(model, leaves, x, make)
+        seen[name] = observe(model, leaves, x, make, skip)
         print(f"  int8 {name:32s} {score(spec.task, run(model, leaves, x, seen[name]), ref)}")
     print(f"  int16 everywhere{'':22s} {score(spec.task, run(model, leaves, x, int16), ref)}")
     base = seen["per-tensor, 99.99th percentile"]

@@ -87,8 +87,15 @@ def summary_line(record: dict) -> str:
     c = record["chosen"]
     why = record["notice"] or (f"the cheapest of {len(record['candidates'])} tried that meets "
                                f"{AccuracyTarget.from_record(record['target']).text()}")
-    return (f"{c['name']} ({c['metric']} {c['value']:.4g} held out{_mcycles(c['cycles'], ', ')}): "
+    return (f"{c['name']} ({c['metric']} {c['value']:.4g}{_worst(c)} held out{_mcycles(c['cycles'], ', ')}): "
             f"{why}")
+
+
+def _worst(rec: dict) -> str:
+    """``, worst image 0.75`` for a detector's candidate (nothing without an image of
+    enough detections, or for another metric)."""
+    w = rec.get("worst_image")
+    return "" if w is None else f", worst image {w:.3g}"
 
 
 def _mcycles(cycles: int | None, lead: str = "") -> str:
@@ -158,10 +165,11 @@ class _Trial:
             hit = self._measure(cand)
             hit["seconds"] = round(time.perf_counter() - t0, 1)
             self._store(key, cand, hit)
-        rec = {**cand.to_json(), "metric": target.metric, "value": hit["value"], "cycles": hit["cycles"],
-               "met": target.met_by(hit["value"]) and target.within(hit["cycles"]), "seconds": hit["seconds"],
-               "from_cache": cached}
-        print(f"search {self.spec.name}: {cand.name}: {target.metric} {rec['value']:.4g}"
+        worst = {"worst_image": hit.get("worst")} if target.metric == "detections_matched" else {}
+        rec = {**cand.to_json(), "metric": target.metric, "value": hit["value"], **worst, "cycles": hit["cycles"],
+               "met": target.met_by(hit["value"], hit.get("worst")) and target.within(hit["cycles"]),
+               "seconds": hit["seconds"], "from_cache": cached}
+        print(f"search {self.spec.name}: {cand.name}: {target.metric} {rec['value']:.4g}{_worst(rec)}"
               f"{_mcycles(rec['cycles'], ', ')}{' (cached)' if cached else ''}"
               f"{', meets ' + target.text() if rec['met'] else ''}", file=sys.stderr)
         return rec
@@ -188,7 +196,9 @@ class _Trial:
         finally:
             shutil.rmtree(root, ignore_errors=True)
         cycles = self.cycles.get(structure) if self.need_cycles else None
-        return {"value": search.measure(self.spec.quantizer.target.metric, self.float_out, out),
+        metric = self.spec.quantizer.target.metric
+        worst = {"worst": search.worst_image(self.float_out, out)} if metric == "detections_matched" else {}
+        return {"value": search.measure(metric, self.float_out, out), **worst,
                 "cycles": None if cycles is None else int(cycles)}
 
     def _cycles_only(self, cand: search.Candidate) -> int:
@@ -276,7 +286,12 @@ def _read_cached(path: Path) -> dict | None:
         got = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ok = (isinstance(got, dict) and isinstance(got.get("value"), (int, float)) and not isinstance(got["value"], bool)
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    ok = (isinstance(got, dict) and number(got.get("value"))
           and (got.get("cycles") is None or type(got["cycles"]) is int)
-          and isinstance(got.get("seconds"), (int, float)))
-    return {"value": float(got["value"]), "cycles": got["cycles"], "seconds": got["seconds"]} if ok else None
+          and (got.get("worst") is None or number(got["worst"])) and number(got.get("seconds")))
+    if not ok:
+        return None
+    worst = {"worst": float(got["worst"])} if got.get("worst") is not None else {}
+    return {"value": float(got["value"]), **worst, "cycles": got["cycles"], "seconds": got["seconds"]}

@@ -134,6 +134,25 @@ def test_choose_prefers_fewer_cycles_among_those_that_meet():
     assert best is tried[0] and "misses by 0.04" in notice
 
 
+def test_a_per_image_floor_excludes_a_candidate_that_loses_one_image():
+    import numpy as np
+    t = AccuracyTarget("detections_matched", 0.9, per_image=0.75)
+    tried = [{"name": "a", "value": 0.95, "worst_image": 0.67, "cycles": None},
+             {"name": "b", "value": 0.92, "worst_image": 0.8, "cycles": None}]
+    assert recipes.choose(t, tried) == (tried[1], None)
+    best, notice = recipes.choose(t, tried[:1])
+    assert best is tried[0] and notice.endswith("(worst image 0.67, misses the per-image floor by 0.08)")
+    # worst_image: over the images where float has >= 3 confident detections ([N, D, 6] rows:
+    # x1, y1, x2, y2, score, class), the lowest share matched
+    box = [[0, 0, 10, 10, 0.9, 1], [20, 20, 30, 30, 0.8, 1], [40, 40, 50, 50, 0.7, 2], [60, 60, 70, 70, 0.6, 3]]
+    empty = [[0, 0, 0, 0, 0, 0]]
+    ref = np.array([box + empty, box[:2] + empty * 3], np.float32)        # 4 and 2 detections
+    got = ref.copy()
+    got[0, 3, 5] = 0                                                      # one of image 0's four lost
+    got[1] = 0                                                            # image 1 has only 2: not held
+    assert recipes.worst_image(ref, got) == 0.75 and recipes.worst_image(ref[1:], got[1:]) is None
+
+
 def test_a_cycle_cap_excludes_candidates_over_it():
     tried = [{"name": "int8", "value": 0.30, "cycles": 4_000_000}, {"name": "i16 20%", "value": 0.20, "cycles": 5_000_000},
              {"name": "i16 40%", "value": 0.15, "cycles": 11_000_000}]

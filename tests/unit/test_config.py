@@ -72,6 +72,10 @@ def test_defaults_and_roundtrip(tmp_path):
      "unknown key(s) ['budget'] in quantizer.target"),
     (BASE + '[quantizer]\ntarget = { metric = "logit_error", max = 0.2, max_mcycles = 0 }\n',
      "quantizer.target.max_mcycles must be a positive number"),
+    (BASE + '[quantizer]\ntarget = { metric = "logit_error", max = 0.2, per_image = 0.5 }\n',
+     "quantizer.target.per_image is a floor of detections_matched on every image; metric 'logit_error' has none"),
+    ('task = "detection"\n' + BASE + '[quantizer]\ntarget = { metric = "detections_matched", min = 0.9, '
+     'per_image = 1.5 }\n', "quantizer.target.per_image must be a share in [0, 1]"),
     ('dtype = "int16"\n' + BASE + '[quantizer]\ntarget = { metric = "logit_error", max = 0.2, int16 = true }\n',
      "mixed precision (int16_layers / mixed_precision) needs dtype = \"int8\""),
 ])
@@ -161,3 +165,13 @@ def test_an_accuracy_target_is_parsed_and_makes_the_entry_mixed_only_with_int16(
     write(tmp_path, "v", 'extends = "m"\n[quantizer]\ntarget = false\n')   # a variant opts out
     variant = next(e for e in load_models(tmp_path / "models") if e.name == "v")
     assert variant.quantizer.target is None
+
+
+def test_a_detection_target_can_hold_every_image_to_a_floor(tmp_path):
+    text = ('task = "detection"\n' + BASE +
+            '[quantizer]\ntarget = { metric = "detections_matched", min = 0.9, per_image = 0.75 }\n')
+    (spec,) = load_models(write(tmp_path, "d", text))
+    t = spec.quantizer.target
+    assert t.per_image == 0.75 and t.text() == "detections_matched >= 0.9 and >= 0.75 on every image with >= 3 detections"
+    assert t.met_by(0.95, 0.8) and t.met_by(0.95, None) and not t.met_by(0.95, 0.67) and not t.met_by(0.85, 0.9)
+    assert type(t).from_record(t.to_record()) == t
