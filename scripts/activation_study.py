@@ -5,8 +5,9 @@
 The holdout and layers stages say how far a build is from float and at which
 layer; this study says why, by counterfactuals the C7x build cannot run. The
 float model (conv-BN folded, as PT2E folds it) gets int8 fake quantization at
-every module's output (convs, activations, pools, linears; weights stay float)
-on the entry's calibration images, with ranges from torchao observers:
+every module's output (convs, activations, pools, linears; a conv that only a
+ReLU reads is quantized once, at the ReLU's output, as PT2E does; weights stay
+float) on the entry's calibration images, with ranges from torchao observers:
 
 - per-tensor, max |x| (``MinMaxObserver``) and the 99.99th percentile of |x|
   (our default observer, :class:`pipeline.quant.observers.PercentileObserver`):
