@@ -182,14 +182,39 @@ def run_folds(jobs: list[tuple]):
     relax import, codegen and gcc build; MobileNetV2's holdout, measured:
     scripts/benchmark.py --sections methods). A fold's numbers may then differ in
     float summation order from a one-process run, as they do across machines with
-    other core counts. Inside a task on a Dask worker they run one after another,
-    in the slot the cluster gave the stage. A fold's exception is re-raised here."""
+    other core counts. Inside a task on a Dask worker (the project's Dask executor) they
+    are tasks of that cluster, side by side on its workers, through
+    ``distributed.worker_client()`` as the calibrate stage's shards are
+    (:mod:`pipeline.quant.shards`). Folds may finish in any order. A fold's exception
+    is re-raised here."""
     from ..quant.shards import on_dask_worker
+    if jobs and on_dask_worker():
+        yield from _on_dask(jobs)
+        return
     n_jobs = min(len(jobs), os.cpu_count() or 1)
     small = Path(jobs[0][1]).stat().st_size < SIDE_BY_SIDE_BYTES if jobs else True
-    if n_jobs < 2 or small or on_dask_worker():
+    if n_jobs < 2 or small:
         for f, a in enumerate(jobs):
             yield f, run_fold(*a)
         return
     threads = max(1, torch.get_num_threads() // n_jobs)
     yield from torchenv.process_map(run_fold, dict(enumerate(jobs)), threads)
+
+
+def _on_dask(jobs: list[tuple]):
+    """Yield (fold index, result) as the folds finish as tasks of the cluster (the calling
+    task secedes from its worker's pool while it waits, so a one-worker cluster runs them too)."""
+    from distributed import as_completed, worker_client
+    threads = torch.get_num_threads()
+    with worker_client() as client:
+        futures = {client.submit(_fold_task, threads, *a, pure=False): f for f, a in enumerate(jobs)}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+
+
+def _fold_task(threads: int, *a) -> dict:
+    """:func:`run_fold` in a Dask worker process, set up as every stage process is, with the
+    calling stage's torch thread count."""
+    torchenv.setup()
+    with torchenv.torch_threads(threads):
+        return run_fold(*a)

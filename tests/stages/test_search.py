@@ -125,6 +125,28 @@ def test_the_stages_after_it_build_the_chosen_recipe(built, impossible, tmp_path
         recipes.resolved(spec, tmp_path / "missing.json")
 
 
+def _search_on_worker(ctx, target):
+    """Runs inside a Dask worker: the search's folds become tasks of the cluster."""
+    from pipeline.quant.shards import on_dask_worker
+    assert on_dask_worker()
+    return _search(ctx, target)
+
+
+def test_on_a_dask_worker_the_folds_are_tasks_of_the_cluster(built, impossible, monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    monkeypatch.setenv("DOIT_C7X_CACHE", "off")   # measured again, not read from the run-cache
+    target = AccuracyTarget("logit_error", 0.0)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, worker_dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client, distributed.get_task_stream(client) as stream:
+        rec = client.submit(_search_on_worker, built, target, pure=False).result(timeout=600)
+    folds = [t for t in stream.data if t["key"].startswith("_fold_task")]
+    assert len(folds) == 4 * 2 and len({t["worker"] for t in folds}) == 2   # 4 recipes x 2 folds, both workers
+    # the same scores as the local search (float sums may differ in order across processes)
+    local = {c["name"]: c["value"] for c in impossible["candidates"][:4]}
+    assert all(c["value"] == pytest.approx(local[c["name"]], rel=1e-3) for c in rec["candidates"])
+
+
 def test_choose_prefers_fewer_cycles_among_those_that_meet():
     t = AccuracyTarget("cosine", 0.9)
     tried = [{"name": "a", "value": 0.95, "cycles": 300}, {"name": "b", "value": 0.91, "cycles": 200},
