@@ -25,6 +25,9 @@ alone: new measurements with the same choice write the same bytes, so
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -34,7 +37,7 @@ import torch
 from ..config import ModelSpec
 from ..data.images import select_images
 from ..errors import ConfigError
-from ..fsutil import write_json
+from ..fsutil import sha256_file, write_json
 from ..quant import mixed
 from ..data.batches import calibration_batches
 from ..target import spec_target
@@ -112,10 +115,6 @@ def budget_of(spec: ModelSpec) -> tuple[str, float]:
 def _sensitivity_key(spec: ModelSpec, float_pt2: Path, images: list[Path]) -> str:
     """What a sensitivity pass depends on: the float program, the images, the recipe and
     every quantizer field but the int16 budget (which only the greedy choice reads)."""
-    import dataclasses
-    import hashlib
-    import json
-    from ..fsutil import sha256_file
     quantizer = {k: v for k, v in dataclasses.asdict(spec.quantizer).items() if k not in ("int16_macs", "int16_cycles")}
     return hashlib.sha256(json.dumps({
         "float": sha256_file(float_pt2), "images": [(p.name, sha256_file(p)) for p in images],
@@ -125,7 +124,6 @@ def _sensitivity_key(spec: ModelSpec, float_pt2: Path, images: list[Path]) -> st
 
 def _reused(keep: tuple[Path, str] | None):
     """(candidates, errors, images used, method) from a kept sensitivity pass, or None."""
-    import json
     if not keep or not keep[0].is_file():
         return None
     got = json.loads(keep[0].read_text())
