@@ -14,8 +14,9 @@ on the entry's ``[target]``). Every all-int8 recipe runs the same kernel calls, 
 int8-only search without a cycle cap measures no cycles at all (None: the estimate stage
 gives the build's), and one with int16 measures them once for the int8 recipes (also when
 the scores come from an int8-only search's cache entries: only the cycles are measured then, on
-fold 0). The int16 budgets of one fold share one sensitivity pass. The search stops at the first candidate that meets the
-target; the choice is the one with the fewest cycles among those that meet it, else the
+fold 0). The int16 budgets of one fold share one sensitivity pass. The search stops at the first
+candidate that meets the target (on a Dask cluster it measures :func:`window` candidates at once, their
+folds as tasks of the cluster, and keeps the records up to the first that meets it); the choice is the one with the fewest cycles among those that meet it, else the
 most accurate with a one-line notice saying by how much it misses.
 
 Every measured candidate is kept in the run-cache (:mod:`pipeline.runcache`: a signed
@@ -135,36 +136,53 @@ class _Trial:
 
     def _ladder(self) -> list[dict]:
         target = self.spec.quantizer.target
-        tried = []
-        for cand in search.int8_candidates(self.spec):
-            tried.append(self.score(cand))
-            if tried[-1]["met"]:
-                return tried
-        if target.int16:
+        tried = self._in_order(search.int8_candidates(self.spec), lambda r: r["met"])
+        if target.int16 and not tried[-1]["met"]:
             sign = 1 if target.sense == "max" else -1
             best = min(tried, key=lambda t: sign * t["value"])
-            for cand in search.int16_candidates(search.Candidate(best["name"], best["text"], best["overrides"])):
-                tried.append(self.score(cand))
-                # met, or over the cycle cap: a larger int16 budget only costs more cycles
-                if tried[-1]["met"] or not target.within(tried[-1]["cycles"]):
-                    break
+            base = search.Candidate(best["name"], best["text"], best["overrides"])
+            # met, or over the cycle cap: a larger int16 budget only costs more cycles
+            tried += self._in_order(search.int16_candidates(base),
+                                    lambda r: r["met"] or not target.within(r["cycles"]))
         return tried
+
+    def _in_order(self, cands: list, stop) -> list[dict]:
+        """The records of ``cands`` in order, up to the first for which ``stop`` holds.
+        :func:`window` of them are measured at once (their folds side by side on a Dask
+        cluster); the ones measured after the stop are kept in the run-cache, not in the
+        records, so the result is the same on any executor."""
+        out, size = [], window(len(self.splits))
+        for i in range(0, len(cands), size):
+            for rec in self.score_many(cands[i:i + size]):
+                out.append(rec)
+                if stop(rec):
+                    return out
+        return out
+
+    def score_many(self, cands: list) -> list[dict]:
+        """The candidates' records (:meth:`score`), the ones not cached measured together."""
+        keys = [self._key(c) for c in cands]
+        hits = [self._cached(k) for k in keys]
+        for cand, key, hit in zip(cands, keys, hits):
+            if hit is not None and hit["cycles"] is None and self.need_cycles:
+                # scored by an int8-only search, which skips the cycles: keep the score, add the cycles
+                hit["cycles"] = self._cycles_only(cand)
+                self._store(key, cand, hit)
+        todo = [i for i, h in enumerate(hits) if h is None]
+        t0 = time.perf_counter()
+        measured = self._measure([cands[i] for i in todo])
+        for i, hit in zip(todo, measured):
+            hit["seconds"] = round(time.perf_counter() - t0, 1)   # with others: their window's time
+            self._store(keys[i], cands[i], hit)
+            hits[i] = hit
+        return [self._record(c, h, cached=i not in todo) for i, (c, h) in enumerate(zip(cands, hits))]
 
     def score(self, cand: search.Candidate) -> dict:
         """The candidate's record: held-out ``value`` of the target metric and ``cycles``."""
+        return self.score_many([cand])[0]
+
+    def _record(self, cand: search.Candidate, hit: dict, cached: bool) -> dict:
         target = self.spec.quantizer.target
-        key = self._key(cand)
-        hit = self._cached(key)
-        if hit is not None and hit["cycles"] is None and self.need_cycles:
-            # scored by an int8-only search, which skips the cycles: keep the score, add the cycles
-            hit = {**hit, "cycles": self._cycles_only(cand)}
-            self._store(key, cand, hit)
-        cached = hit is not None
-        if not cached:
-            t0 = time.perf_counter()
-            hit = self._measure(cand)
-            hit["seconds"] = round(time.perf_counter() - t0, 1)
-            self._store(key, cand, hit)
         worst = {"worst_image": hit.get("worst")} if target.metric == "detections_matched" else {}
         rec = {**cand.to_json(), "metric": target.metric, "value": hit["value"], **worst, "cycles": hit["cycles"],
                "met": target.met_by(hit["value"], hit.get("worst")) and target.within(hit["cycles"]),
@@ -174,32 +192,40 @@ class _Trial:
               f"{', meets ' + target.text() if rec['met'] else ''}", file=sys.stderr)
         return rec
 
-    def _measure(self, cand: search.Candidate) -> dict:
-        """Run the candidate's folds; {"value", "cycles"}."""
-        cspec = search.apply(self.spec, cand.overrides)
+    def _measure(self, cands: list) -> list[dict]:
+        """Run every fold of every candidate in one :func:`run_folds`; {"value", "cycles"} each."""
+        specs = [search.apply(self.spec, c.overrides) for c in cands]
         # every all-int8 recipe runs the same kernel calls (a zero point costs no cycle: the conv
         # kernels pad with it), so their cycles are measured once; int16 choices each time
-        structure = "int16" if cspec.quantizer.mixed else "int8"
-        want_cycles = self.need_cycles and (structure == "int16" or structure not in self.cycles)
+        structures = ["int16" if s.quantizer.mixed else "int8" for s in specs]
+        timed = {st for st in structures if st in self.cycles}
+        want = []
+        for st in structures:
+            want.append(self.need_cycles and (st == "int16" or st not in timed))
+            timed.add(st)
         root = Path(tempfile.mkdtemp(prefix=".search-", dir=self.work))
-        out = np.zeros((len(self.x), *self.float_out.shape[1:]), np.float32)
-        jobs = [(cspec, self.float_pt2, None, train, self.x[rows], root / f"fold{f}", None,
-                 "codegen" if (f == 0 and want_cycles) else "convert", f == 0 and want_cycles,
-                 self.kept / f"fold{f}.json")
-                for f, (train, rows) in enumerate(self.splits)]
+        outs = [np.zeros((len(self.x), *self.float_out.shape[1:]), np.float32) for _ in cands]
+        cycles: list[int | None] = [self.cycles.get(st) for st in structures]
+        index = [(c, f) for c in range(len(cands)) for f in range(len(self.splits))]
+        jobs = [(specs[c], self.float_pt2, None, self.splits[f][0], self.x[self.splits[f][1]], root / f"c{c}fold{f}",
+                 None, "codegen" if (f == 0 and want[c]) else "convert", f == 0 and want[c], self.kept / f"fold{f}.json")
+                for c, f in index]
         try:
-            for f, got in run_folds(jobs):
-                out[self.splits[f][1]] = got["qdq"][0]
+            for j, got in run_folds(jobs):
+                c, f = index[j]
+                outs[c][self.splits[f][1]] = got["qdq"][0]
                 if "cycles" in got:
-                    self.cycles[structure] = got["cycles"]
-                shutil.rmtree(root / f"fold{f}", ignore_errors=True)
+                    cycles[c] = self.cycles[structures[c]] = int(got["cycles"])
+                shutil.rmtree(root / f"c{c}fold{f}", ignore_errors=True)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        cycles = self.cycles.get(structure) if self.need_cycles else None
         metric = self.spec.quantizer.target.metric
-        worst = {"worst": search.worst_image(self.float_out, out)} if metric == "detections_matched" else {}
-        return {"value": search.measure(metric, self.float_out, out), **worst,
-                "cycles": None if cycles is None else int(cycles)}
+        results = []
+        for c, out in enumerate(outs):
+            cyc = (cycles[c] if cycles[c] is not None else self.cycles.get(structures[c])) if self.need_cycles else None
+            worst = {"worst": search.worst_image(self.float_out, out)} if metric == "detections_matched" else {}
+            results.append({"value": search.measure(metric, self.float_out, out), **worst, "cycles": cyc})
+        return results
 
     def _cycles_only(self, cand: search.Candidate) -> int:
         """The estimated cycles of ``cand``'s build, for a score that came without them: every
@@ -259,6 +285,17 @@ class _Trial:
             for k in ("int16_macs", "int16_cycles", "weight_dtype", "mixed_precision"):
                 built["quantizer"].pop(k)
         return _digest({"base": self.base, "built": built})
+
+
+def window(folds: int) -> int:
+    """How many candidates the search measures at once: on a Dask worker (the project's Dask
+    executor), as many as the cluster has workers for all their folds (at least one); else one,
+    whose folds already fill the local cores."""
+    from ..quant.shards import on_dask_worker
+    if not on_dask_worker():
+        return 1
+    from distributed import get_client
+    return max(1, len(get_client().scheduler_info()["workers"]) // max(1, folds))
 
 
 #: the one file of a candidate's run-cache entry
