@@ -12,8 +12,9 @@ float) on the entry's calibration images, with ranges from torchao observers:
 - per-tensor, max |x| (``MinMaxObserver``) and the 99.99th percentile of |x|
   (our default observer, :class:`pipeline.quant.observers.PercentileObserver`):
   one scale per tensor, what the C7x kernels read;
-- per-channel, max |x| (``PerChannelMinMaxObserver``, axis 1): a scale per channel,
-  which the kernels do not offer for activations;
+- per-channel, max |x| (``PerChannelMinMaxObserver``, axis 1 of NCHW, the last
+  axis of a transformer's tokens): a scale per channel, which the kernels do not
+  offer for activations;
 - int16 everywhere, and int16 for the ``--top`` tensors that cost most alone.
 
 A per-channel row far better than the per-tensor rows means the channels of some
@@ -113,7 +114,8 @@ def fake_quant(o, obs):
     """``o`` through int8/int16 fake quantization with ``obs``'s scales (per tensor or per channel)."""
     scale, zp = obs.calculate_qparams()
     if scale.numel() > 1:
-        return torch.fake_quantize_per_channel_affine(o, scale.float(), zp.int(), 1, obs.quant_min, obs.quant_max)
+        return torch.fake_quantize_per_channel_affine(o, scale.float(), zp.int(), obs.ch_axis, obs.quant_min,
+                                                      obs.quant_max)
     return torch.fake_quantize_per_tensor_affine(o, float(scale), int(zp), obs.quant_min, obs.quant_max)
 
 
@@ -167,9 +169,10 @@ def main() -> None:
     observers = {
         "per-tensor, max |x|": lambda out: MinMaxObserver(qscheme=torch.per_tensor_symmetric, **sym),
         "per-tensor, 99.99th percentile": lambda out: PercentileObserver(qscheme=torch.per_tensor_symmetric, **sym),
-        # NCHW outputs: a scale per channel; a linear's [N, F] keeps one per tensor
+        # a scale per channel: axis 1 of NCHW, the last axis of tokens [N, T, C]; a linear's
+        # [N, F] output keeps one per tensor
         "per-channel, max |x|": lambda out: (PerChannelMinMaxObserver(
-            ch_axis=1, qscheme=torch.per_channel_symmetric, **sym) if out.dim() == 4
+            ch_axis={4: 1, 3: 2}[out.dim()], qscheme=torch.per_channel_symmetric, **sym) if out.dim() in (3, 4)
             else MinMaxObserver(qscheme=torch.per_tensor_symmetric, **sym)),
     }
     skip = fused(model, leaves, x)
