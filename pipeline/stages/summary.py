@@ -12,6 +12,7 @@ import math
 import re
 from pathlib import Path
 
+from ..config import PER_IMAGE_MIN_DETECTIONS
 from ..fsutil import write_json
 
 
@@ -176,8 +177,8 @@ def per_image_line(rows: list[dict], kind: str, label: str) -> str | None:
     if not got:
         return None
     low = min(got)
-    many = [f for f, _, n in got if n >= 3]
-    busy = f"; lowest with >= 3 detections {min(many):.2f}" if many else ""
+    many = [f for f, _, n in got if n >= PER_IMAGE_MIN_DETECTIONS]   # the images a target's per_image floor holds
+    busy = f"; lowest with >= {PER_IMAGE_MIN_DETECTIONS} detections {min(many):.2f}" if many else ""
     return (f"  per image      {label} matched fraction: mean {sum(f for f, _, _ in got) / len(got):.2f} over "
             f"{len(got)} images with float detections, lowest {low[0]:.2f} ({low[1]}, {low[2]} detection"
             f"{'s' if low[2] != 1 else ''})"
