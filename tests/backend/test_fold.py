@@ -359,3 +359,30 @@ def test_a_bias_beyond_int32_under_a_relu_is_clipped_when_the_relu_zeroes_it_eit
     accs = np.array([[-256, 0, 256]], np.int64)
     np.testing.assert_array_equal(requantize(accs, out.astype(np.int64), scale, shift, "int8", act=(0, 127)),
                                   requantize(accs, folded.astype(np.int64), scale, shift, "int8", act=(0, 127)))
+
+
+def test_a_near_dead_channel_is_requantized_at_a_floor_instead_of_declining_the_layer():
+    """EfficientNet-Lite0's stem (measured): a channel of weights about 2e-6 and bias -5.9 is always
+    0 after ReLU6; with an affine output (zero point -128) its folded bias left int32 and the conv
+    fell back to the scalar path. Floored, it folds, and the kernel gives that channel's 0 (-128)
+    for every input, as float does; the live channel is untouched."""
+    from pipeline.backend.kernels.reference import requantize
+    from pipeline.backend.passes.graph import QDQ
+    from pipeline.backend.passes.weighted import DEAD_CHANNEL_FLOOR, Weights, _fold_i8_at, fold_weighted
+    from pipeline.backend.refusal import Declined
+    rng = np.random.default_rng(0)
+    q = rng.integers(-127, 128, size=(2, 3, 3, 3)).astype(np.int8)
+    scale = np.array([0.05, 2.4e-6 / 127], np.float32)
+    data = QDQ(None, np.array(0.016, np.float32), np.array(-10), 0, "int8")
+    out = QDQ(None, np.array(6 / 255, np.float32), np.array(-128), 0, "int8")
+    relu6 = (-128, 127)
+    with pytest.raises(Declined, match="folded bias of channel 1 .* is outside the int32 range"):
+        _fold_i8_at(Weights(q, scale, np.zeros(2, np.int64)), np.array([0.3, -5.9]), data, out, relu6)
+    folded = fold_weighted(Weights(q, scale, np.zeros(2, np.int64)), np.array([0.3, -5.9]), data, out, "int8", relu6)
+    assert folded.note and "1 near-dead channel(s) [1]" in folded.note
+    assert folded.bias.dtype == np.int32 and np.array_equal(folded.w[0], q[0])   # the live channel as it was
+    assert np.abs(folded.w[1]).max() <= round(127 * scale[1] / (scale[0] * DEAD_CHANNEL_FLOOR)) + 1
+    x = rng.integers(-128, 128, size=(200, 27)).astype(np.int64)
+    acc = folded.w.reshape(2, -1).astype(np.int64) @ x.T             # [C, images]
+    got = requantize(acc, folded.bias, folded.scale, folded.shift, np.int8, act=relu6)
+    assert (got[1] == -128).all()

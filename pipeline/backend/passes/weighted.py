@@ -19,7 +19,7 @@ eligible.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tvm import relax
@@ -192,13 +192,50 @@ PRESCALE_NOTE = ("int8 weights widened to int16 and pre-scaled per output channe
                  "(bias scaled by k too): requant multiplier k*scale/2^shift instead of scale/2^shift")
 
 
+#: when an int8 layer's fold leaves int32, its channels whose weight scale is below this share of
+#: the layer's largest are re-quantized at that floor and the fold tried again (``docs/reference.md``,
+#: "Folding"): a dead channel (BatchNorm variance 0, weights about 0) gets a tiny scale, and
+#: ``b / (d_s w_s)`` then leaves int32 once the output has a zero point. Measured: EfficientNet-Lite0's
+#: stem, a channel of max |w| 2.4e-6 (2.4e-7 of the largest), bias -5.9, always 0 after ReLU6.
+DEAD_CHANNEL_FLOOR = 2.0 ** -16
+
+
 def _fold_i8(weights: Weights, bias, data: QDQ, out: QDQ, act_range: tuple[int, int] | None = None) -> Folded:
     """int8 (``docs/reference.md``, "Folding"):
-    ``bias_i32 = round(b/(d_s w_s)) - d_zp sum W + round(o_zp o_s/(d_s w_s))``."""
+    ``bias_i32 = round(b/(d_s w_s)) - d_zp sum W + round(o_zp o_s/(d_s w_s))``; when a value
+    leaves int32, once more with the near-dead channels at :data:`DEAD_CHANNEL_FLOOR` (noted)."""
+    try:
+        return _fold_i8_at(weights, bias, data, out, act_range)
+    except Declined:
+        floored, channels = _floored(weights)
+        if not channels:
+            raise
+        folded = _fold_i8_at(floored, bias, data, out, act_range)
+        return replace(folded, note=(
+            f"{len(channels)} near-dead channel(s) {channels[:8]} re-quantized at {DEAD_CHANNEL_FLOOR:g} of the "
+            f"largest weight scale: their folded bias left int32"))
+
+
+def _fold_i8_at(weights: Weights, bias, data: QDQ, out: QDQ, act_range) -> Folded:
     scale, shift = fold.requant_params(data.s, weights.scale, out.s)
     b = fold.fold_bias_i8(bias, data.s, data.z, weights.q, weights.scale, out.s, out.z,
                           requant=(scale, shift, act_range or fold.dtype_range("int8")))
     return Folded(weights.q, b, scale, shift)
+
+
+def _floored(weights: Weights) -> tuple[Weights, list[int]]:
+    """``weights`` with every channel whose scale is below :data:`DEAD_CHANNEL_FLOOR` of the
+    largest re-quantized at that floor (``q' = round(q s / s')``, in int8), and those channels."""
+    s = weights.scale.astype(np.float64).reshape(-1)
+    floor = float(s.max()) * DEAD_CHANNEL_FLOOR
+    low = np.flatnonzero(s < floor)
+    if not low.size:
+        return weights, []
+    new = s.copy()
+    new[low] = floor
+    ratio = (s / new).reshape(-1, *([1] * (weights.q.ndim - 1)))
+    q = np.clip(np.rint(weights.q.astype(np.float64) * ratio), -128, 127).astype(weights.q.dtype)
+    return Weights(q, new.astype(np.float32), weights.zp), [int(c) for c in low]
 
 
 def _fold_i16_full(weights: Weights, bias, data: QDQ, out: QDQ) -> Folded:
