@@ -1,6 +1,6 @@
 """The trained zoo end to end (docs/zoo.md): the two EfficientNets and YOLO11n-seg from PyPI wheels
-through `doit zoo` in a fresh project, held out by 2-fold on imagenet20 and the scenes (about 9 minutes
-on 2 cores), and the DINOv2 builder against its ONNX file. Marked slow; CI runs them (`scripts/setup.sh --tests` installs the wheels).
+through `doit zoo` in a fresh project, held out by 2-fold on imagenet20 and the scenes (about 12 minutes
+on 2 cores, EfficientNet-Lite0's recipe search included), and the DINOv2 builder against its ONNX file. Marked slow; CI runs them (`scripts/setup.sh --tests` installs the wheels).
 ResNet-50 and DINOv2 take 10 and 25 minutes more through every stage: `doit zoo` builds them, their
 numbers are in docs/zoo.md, and CI's budget leaves them out."""
 
@@ -69,8 +69,12 @@ def test_lite0_is_the_trained_imagenet_network_and_stays_close_held_out(built):
     p, _ = built
     h = load(p, "efficientnet_lite0", "holdout.json")
     assert h["method"] == "k-fold" and h["float_top1"] == 17 and h["labeled"] == 20
-    # measured: C agreement 20/20, mean |logit error| 0.13 = 11% of float's spread
-    assert h["c"]["top1_agreement_with_float"] >= 19 and h["c"]["relative_logit_error_vs_float"] < 0.15
+    # its entry's target, relative_logit_error <= 0.10: the search's choice meets it on the Q/DQ
+    # model, and the C build it makes stays within it (measured: affine+range+adaround, Q/DQ
+    # 0.068, C 20/20 and 0.072; the defaults gave 0.107 and 0.13)
+    s = load(p, "efficientnet_lite0", "search.json")
+    assert s["chosen"]["met"] and s["notice"] is None
+    assert h["c"]["top1_agreement_with_float"] >= 19 and h["c"]["relative_logit_error_vs_float"] <= 0.10
 
 
 def test_binary_classifier_is_scored_by_its_sign_without_imagenet_labels(built):
