@@ -127,10 +127,22 @@ def run_shards(jobs: list[tuple[list[Path], dict]], bar, spec: ModelSpec, float_
 
 def _run_dask(args: dict[int, tuple]):
     """Yield (job index, states) as the shard tasks finish on the cluster."""
+    yield from dask_map(calibrate_shard, args)
+
+
+def dask_map(fn, args: dict, threads: int | None = None, name: str | None = None):
+    """Yield (key, ``fn(*args[key])``) as tasks of the cluster finish, from inside a task on a
+    Dask worker (``distributed.worker_client()``: the calling task secedes while it waits, so a
+    one-worker cluster runs them too). Each task sets its worker process up as a stage process
+    and computes with ``threads`` torch threads (default: the caller's; :func:`_with_threads`
+    says why). ``fn`` must be importable by name (a module-level function); ``name``: the
+    tasks' key prefix on the cluster (its dashboard and task stream)."""
+    import uuid
     from distributed import as_completed, worker_client
-    threads = torch.get_num_threads()
+    threads = torch.get_num_threads() if threads is None else threads
     with worker_client() as client:
-        futures = {client.submit(_with_threads, threads, *a, pure=False): i for i, a in args.items()}
+        futures = {client.submit(_with_threads, threads, fn, *a, pure=False,
+                                 key=f"{name or fn.__name__}-{uuid.uuid4().hex}"): k for k, a in args.items()}
         for fut in as_completed(futures):
             yield futures[fut], fut.result()
 
@@ -142,8 +154,8 @@ def _run_local(args: dict[int, tuple]):
     yield from torchenv.process_map(calibrate_shard, args, torch.get_num_threads())
 
 
-def _with_threads(threads: int, *a) -> dict:
-    """:func:`calibrate_shard` with ``threads`` torch threads, the head's: a conv or
+def _with_threads(threads: int, fn, *a):
+    """``fn(*a)`` (:func:`calibrate_shard`, a holdout fold) with ``threads`` torch threads, the head's: a conv or
     linear layer's summation order depends on the thread count, and minmax is only
     bit-exact when every batch is computed as in one process. (On 2 cores, two
     shards then run 2 threads each: oversubscribed, but exact. torch's thread count
@@ -152,4 +164,4 @@ def _with_threads(threads: int, *a) -> dict:
     from .. import torchenv
     torchenv.setup()   # a worker process: set up as every stage process is, then the head's threads
     with torchenv.torch_threads(threads):
-        return calibrate_shard(*a)
+        return fn(*a)

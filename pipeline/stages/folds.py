@@ -202,19 +202,7 @@ def run_folds(jobs: list[tuple]):
 
 
 def _on_dask(jobs: list[tuple]):
-    """Yield (fold index, result) as the folds finish as tasks of the cluster (the calling
-    task secedes from its worker's pool while it waits, so a one-worker cluster runs them too)."""
-    from distributed import as_completed, worker_client
-    threads = torch.get_num_threads()
-    with worker_client() as client:
-        futures = {client.submit(_fold_task, threads, *a, pure=False): f for f, a in enumerate(jobs)}
-        for fut in as_completed(futures):
-            yield futures[fut], fut.result()
-
-
-def _fold_task(threads: int, *a) -> dict:
-    """:func:`run_fold` in a Dask worker process, set up as every stage process is, with the
-    calling stage's torch thread count."""
-    torchenv.setup()
-    with torchenv.torch_threads(threads):
-        return run_fold(*a)
+    """Yield (fold index, result) as the folds finish as tasks of the cluster
+    (:func:`pipeline.quant.shards.dask_map`, the calibrate stage's shards' way)."""
+    from ..quant.shards import dask_map
+    yield from dask_map(run_fold, dict(enumerate(jobs)), name="_fold_task")
