@@ -34,7 +34,7 @@ from torchao.quantization.pt2e.quantizer import (FixedQParamsQuantizationSpec, Q
                                                  QuantizationSpec, Quantizer, SharedQuantizationSpec)
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
-from . import rules, specs
+from . import rules, saturation, specs
 from .layer_scale import fold_layer_scales
 
 _PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
@@ -127,6 +127,7 @@ class C7xMMAQuantizer(Quantizer):
                            "int16": (self.activation_spec if dtype == "int16"
                                      else specs.activation_spec("int16", True, observer_cls,
                                                                 self.observer_kwargs))}
+        self._observer_cls, self._bounded_specs = observer_cls, {}
         self._node_dtype: dict[Node, str] = {}
         # int8 layers always take int8 weights; weight_dtype is the int16 layers'
         self._weight_specs = {"int8": specs.weight_spec("int8"), "int16": specs.weight_spec(self.weight_dtype)}
@@ -176,6 +177,48 @@ class C7xMMAQuantizer(Quantizer):
         its layer id is in ``int16_layers``)."""
         return self._act_specs[self._dtype_of(node)]
 
+    def _out_act(self, node: Node):
+        """The output spec of ``node`` when observed: the act spec of its dtype, bounded
+        (:mod:`pipeline.quant.saturation`) when only saturating activations read it."""
+        bounds = []
+        for user in node.users:
+            kind = self._saturating(user)
+            if kind is None or user.args[0] is not node:
+                return self._act(node)
+            bounds.append(saturation.input_bound(kind, self._dtype_of(user)))
+        return self._bounded(self._dtype_of(node), max(bounds)) if bounds else self._act(node)
+
+    def _saturating(self, node: Node) -> str | None:
+        """The saturating kind of ``node`` when this quantizer annotates it as one, else None."""
+        kind = saturation.SATURATING.get(node.target) if node.op == "call_function" else None
+        if kind == "sigmoid" and not rules.is_se_gate(node):
+            return None
+        return kind
+
+    def _bounded(self, dtype: str, bound: float):
+        """The act spec of ``dtype`` with a saturation bound: one object per (dtype, bound),
+        so a producer's output and its reader's input compare equal and share one observer."""
+        if (dtype, bound) not in self._bounded_specs:
+            kwargs = {**self.observer_kwargs, "bound": bound}
+            self._bounded_specs[dtype, bound] = specs.activation_spec(
+                dtype, self._act_specs[dtype].qscheme == torch.per_tensor_symmetric,
+                saturation.BOUNDED[self._observer_cls], kwargs)
+        return self._bounded_specs[dtype, bound]
+
+    def _input_act(self, node: Node, src: Node):
+        """The spec of ``node``'s input ``src``: the act spec, bounded when ``node`` saturates
+        and the bound costs no requantize (``src`` unobserved, observed in another dtype
+        anyway, or already bounded the same way by :meth:`_out_act`)."""
+        kind, dtype = self._saturating(node), self._dtype_of(node)
+        if kind is None:
+            return self._act(node)
+        bounded = self._bounded(dtype, saturation.input_bound(kind, dtype))
+        ann = src.meta.get(Q_ANNOTATION_KEY)
+        produced = ann.output_qspec if ann is not None else None
+        if produced is None or produced is bounded or self._output_dtype(src, dtype) != dtype:
+            return bounded
+        return self._act(node)
+
     def _dtype_of(self, node: Node) -> str:
         if node not in self._node_dtype:
             self._node_dtype[node] = "int16" if _layer_id(node) in self.int16_layers else self.dtype
@@ -202,14 +245,13 @@ class C7xMMAQuantizer(Quantizer):
         # args[0] (bias) stays float; the weight operand is per-tensor like an activation.
         _, mat1, mat2 = node.args[:3]
         act = self._act(node)
-        self._set(node, {mat1: act, mat2: act}, act)
+        self._set(node, {mat1: act, mat2: act}, self._out_act(node))
 
     @annotates(rules.INDEPENDENT, rules.LAYER_NORM)
     def _annotate_independent(self, node: Node) -> None:
         src = node.args[0]
         if rules.is_float_tensor(src):
-            act = self._act(node)
-            self._set(node, {src: act}, act)
+            self._set(node, {src: self._input_act(node, src)}, self._out_act(node))
 
     @annotates(rules.SE_GATE)
     def _annotate_se_gate(self, node: Node) -> None:
@@ -293,9 +335,9 @@ class C7xMMAQuantizer(Quantizer):
         dtype), else the act spec."""
         act = self._fusable_activation(node)
         if act is None:
-            return self._act(node)
+            return self._out_act(node)
         self._node_dtype[act] = self._dtype_of(node)
-        self._set(act, {}, self._act(node))
+        self._set(act, {}, self._out_act(act))
         return None
 
     def _fusable_activation(self, node: Node) -> Node | None:
