@@ -84,8 +84,8 @@ class C7xMMAQuantizer(Quantizer):
     Mixed precision: every annotated node has one activation dtype, int16 if
     its layer id is listed (a fused activation takes its producer's), else
     int8; a transparent op takes its source's, so no boundary falls inside a
-    shared-observer group. All inputs of a node are observed in the node's own
-    dtype, so PT2E puts a second observer where an int8 output feeds an int16
+    shared-observer group; an average pool of an int16 producer is int16 too.
+    All inputs of a node are observed in the node's own dtype, so PT2E puts a second observer where an int8 output feeds an int16
     input (or the reverse) and ``convert_pt2e`` writes ``q(dq(x, int8), int16)``:
     the requantize the backend turns into one kernel.
 
@@ -251,6 +251,8 @@ class C7xMMAQuantizer(Quantizer):
     def _annotate_independent(self, node: Node) -> None:
         src = node.args[0]
         if rules.is_float_tensor(src):
+            if node.target in rules.AVERAGE_POOLS and self._output_dtype(src, "") == "int16":
+                self._node_dtype[node] = "int16"   # mixed precision: no requantize of an int16 layer's output
             self._set(node, {src: self._input_act(node, src)}, self._out_act(node))
 
     @annotates(rules.SE_GATE)

@@ -83,6 +83,9 @@ INDEPENDENT = frozenset({
     aten.mean.dim, aten.tanh.default, aten.tanh_.default,
 })
 LAYER_NORM = frozenset({aten.layer_norm.default})
+#: the average pools of INDEPENDENT: in mixed precision they take an int16 producer's dtype
+#: (the int16 pool kernels need one dtype in and out; docs/reference.md, "Quantizer rules")
+AVERAGE_POOLS = frozenset({aten.adaptive_avg_pool2d.default, aten.avg_pool2d.default, aten.mean.dim})
 TRANSPARENT = frozenset({
     aten.relu.default, aten.relu_.default, aten.max_pool2d.default, aten.view.default,
     aten.permute.default, aten.flatten.using_ints,

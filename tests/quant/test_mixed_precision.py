@@ -145,7 +145,9 @@ def test_boundaries_follow_the_edge_rule(sim):
     by_edge = {(sim.edges[k].producer, sim.edges[k].consumer): v for k, v in needs.items()}
     assert by_edge[("hardtanh__2", "conv2d_3")] == ("conv2d_2", "conv2d_3")
     assert by_edge[("x", "conv2d")] == ("conv2d",) and by_edge[("linear", "output")] == ("linear",)
-    assert ("conv2d_5", "adaptive_avg_pool2d") not in by_edge  # the pool is never int16
+    # the pool follows an int16 producer (quantizer: no requantize before an average pool)
+    assert by_edge[("conv2d_5", "adaptive_avg_pool2d")] == ("conv2d_5",)
+    assert sim.dtypes(frozenset({"conv2d_5"}))[("conv2d_5", "adaptive_avg_pool2d")] == ("int16",)
     weights = {e.consumer: k for k, e in enumerate(sim.edges) if e.weight}
     assert sorted(weights) == ["conv2d", "conv2d_1", "conv2d_2", "conv2d_3", "conv2d_4", "conv2d_5", "linear"]
     if sim.weight_dtype == "int16":  # an int16 layer's weights are int16, an int8 layer's int8
