@@ -239,6 +239,29 @@ def _mixed_line(mixed: dict, manifests: dict, siblings: dict[str, dict]) -> str:
     return line
 
 
+#: the share by which the deployed build's estimated cycles may differ from what the search
+#: costed its recipe at (fold 0's build, calibrated on part of the images) before the summary says so
+RECIPE_CYCLES_TOLERANCE = 0.01
+
+
+def recipe_check(search: dict, estimate: dict | None) -> list[str]:
+    """A line when the deployed build's estimated cycles (``estimate.json``, mmalib) differ
+    from those ``search.json`` costed the chosen recipe at by more than
+    :data:`RECIPE_CYCLES_TOLERANCE`: the search ranks candidates on the premise that every
+    int8 recipe runs the same kernel calls, which a recipe can break (a layer its scales push
+    off the kernels). Nothing when they agree or either is missing."""
+    chosen = search["chosen"]
+    build = (estimate or {}).get("variants", {}).get("mmalib")
+    if chosen.get("cycles") is None or not build:
+        return []
+    costed, got = chosen["cycles"], build["total_cycles"]
+    if abs(got - costed) <= RECIPE_CYCLES_TOLERANCE * costed:
+        return []
+    return [f"  recipe check   the search costed {chosen['name']} at {costed / 1e6:.2f}M est. cycles (fold 0's "
+            f"build); the deployed build estimates {got / 1e6:.2f}M ({(got - costed) / costed:+.1%}): its "
+            f"ranking of the candidates may not hold; see offload.html for layers off the kernels"]
+
+
 def estimate_lines(estimate: dict) -> list[str]:
     """The model's estimated C7x latency per build, its five costliest layers with
     the reason, and the board log's error when there is one (``estimate.json``)."""
@@ -332,6 +355,7 @@ def model_lines(name: str, report: dict, verify: dict | None, manifests: dict[st
         report, builds, holdout)
     if search:   # after the held-out numbers, which lead every model's block
         lines.append(f"  recipe         {search['summary']} (search.json)")
+        lines += recipe_check(search, estimate)
     if mixed:
         lines.append(_mixed_line(mixed, manifests, siblings or {}))
     if "mmalib" in manifests:

@@ -47,3 +47,26 @@ def test_a_classifier_without_a_label_among_its_classes_shows_no_top1():
     text = "\n".join(model_lines("b", report, None, {}, holdout=holdout))
     assert "no image labeled with one of the model's classes" in text and "top-1 float 0/0" not in text
     assert "0.500 (42% of float's spread)" in text and "C mmalib 3/3, 0.600 (44% of float's spread)" in text
+
+
+def _search(cycles):
+    return {"summary": "affine (cosine 0.96 held out): ...", "chosen": {"name": "affine", "cycles": cycles}}
+
+
+def _estimate(total):
+    return {"variants": {"mmalib": {"total_cycles": total}}}
+
+
+@pytest.mark.parametrize("costed, built, flagged", [
+    (4_000_000, 4_000_000, False),      # the premise held: the same kernel calls
+    (4_000_000, 4_030_000, False),      # within 1%
+    (6_100_000, 10_740_000, True),      # Lite0's stem off the kernels with an affine recipe
+    (None, 10_740_000, False),          # an int8-only search costs no candidate
+])
+def test_the_summary_flags_a_build_the_search_costed_otherwise(costed, built, flagged):
+    from pipeline.stages.summary import recipe_check
+    lines = recipe_check(_search(costed), _estimate(built))
+    assert bool(lines) == flagged
+    if flagged:
+        assert "affine at 6.10M est. cycles" in lines[0] and "10.74M (+76.1%)" in lines[0]
+    assert recipe_check(_search(costed), None) == []
