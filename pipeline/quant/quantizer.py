@@ -101,7 +101,9 @@ class C7xMMAQuantizer(Quantizer):
     shape ops sharing their input's observer; *ours*: a sigmoid that is a
     squeeze-excitation gate (own output observer, :func:`rules.is_se_gate`) and an int8
     softmax over the last axis (input observed, output fixed at scale 1/256, zero point -128).
-    cat, mul, any other sigmoid and group_norm stay float. Everything observed is a float32 tensor; the Q/DQ dtype is
+    cat, mul, any other sigmoid and group_norm stay float. A tensor that only tanh, an SE
+    gate or hardsigmoid reads is observed within the input bound past which their output
+    saturates (:mod:`pipeline.quant.saturation`). Everything observed is a float32 tensor; the Q/DQ dtype is
     int8 or int16 as configured.
     """
 

@@ -247,9 +247,10 @@ RECIPE_CYCLES_TOLERANCE = 0.01
 def recipe_check(search: dict, estimate: dict | None) -> list[str]:
     """A line when the deployed build's estimated cycles (``estimate.json``, mmalib) differ
     from those ``search.json`` costed the chosen recipe at by more than
-    :data:`RECIPE_CYCLES_TOLERANCE`: the search ranks candidates on the premise that every
-    int8 recipe runs the same kernel calls, which a recipe can break (a layer its scales push
-    off the kernels). Nothing when they agree or either is missing."""
+    :data:`RECIPE_CYCLES_TOLERANCE`, with the likely cause: the search ranks int8 recipes on
+    the premise that they run the same kernel calls, which a recipe can break (a layer its
+    scales push off the kernels), and an int16 budget's layers are chosen again on all the
+    calibration images. Nothing when they agree or either is missing."""
     chosen = search["chosen"]
     build = (estimate or {}).get("variants", {}).get("mmalib")
     if chosen.get("cycles") is None or not build:
@@ -257,9 +258,12 @@ def recipe_check(search: dict, estimate: dict | None) -> list[str]:
     costed, got = chosen["cycles"], build["total_cycles"]
     if abs(got - costed) <= RECIPE_CYCLES_TOLERANCE * costed:
         return []
+    why = ("the deployed build chose its int16 layers again, on every calibration image (mixed_precision.json)"
+           if chosen.get("overrides", {}).get("quantizer", {}).get("mixed_precision") == "auto"
+           else "the search took every int8 recipe to run the same kernel calls; see offload.html for layers "
+                "off the kernels")
     return [f"  recipe check   the search costed {chosen['name']} at {costed / 1e6:.2f}M est. cycles (fold 0's "
-            f"build); the deployed build estimates {got / 1e6:.2f}M ({(got - costed) / costed:+.1%}): its "
-            f"ranking of the candidates may not hold; see offload.html for layers off the kernels"]
+            f"build); the deployed build estimates {got / 1e6:.2f}M ({(got - costed) / costed:+.1%}): {why}"]
 
 
 def estimate_lines(estimate: dict) -> list[str]:

@@ -69,4 +69,13 @@ def test_the_summary_flags_a_build_the_search_costed_otherwise(costed, built, fl
     assert bool(lines) == flagged
     if flagged:
         assert "affine at 6.10M est. cycles" in lines[0] and "10.74M (+76.1%)" in lines[0]
+        assert "off the kernels" in lines[0]
     assert recipe_check(_search(costed), None) == []
+
+
+def test_the_recipe_check_of_an_int16_budget_names_the_new_choice():
+    from pipeline.stages.summary import recipe_check
+    search = {"chosen": {"name": "affine+int16 40%", "cycles": 66_950_000,
+                         "overrides": {"quantizer": {"mixed_precision": "auto", "int16_cycles": 0.4}}}}
+    (line,) = recipe_check(search, _estimate(54_410_000))
+    assert "(-18.7%)" in line and "chose its int16 layers again" in line
