@@ -85,9 +85,10 @@ class C7xMMAQuantizer(Quantizer):
     its layer id is listed (a fused activation takes its producer's), else
     int8; a transparent op takes its source's, so no boundary falls inside a
     shared-observer group; an average pool of an int16 producer is int16 too.
-    All inputs of a node are observed in the node's own dtype, so PT2E puts a second observer where an int8 output feeds an int16
-    input (or the reverse) and ``convert_pt2e`` writes ``q(dq(x, int8), int16)``:
-    the requantize the backend turns into one kernel.
+    All inputs of a node are observed in the node's own dtype, so PT2E puts a
+    second observer where an int8 output feeds an int16 input (or the reverse)
+    and ``convert_pt2e`` writes ``q(dq(x, int8), int16)``: the requantize the
+    backend turns into one kernel.
 
     Attributes ``activation_spec`` and ``weight_spec`` hold the two
     QuantizationSpecs (see :mod:`pipeline.quant.specs` for ranges and schemes).
@@ -103,8 +104,8 @@ class C7xMMAQuantizer(Quantizer):
     softmax over the last axis (input observed, output fixed at scale 1/256, zero point -128).
     cat, mul, any other sigmoid and group_norm stay float. A tensor that only tanh, an SE
     gate or hardsigmoid reads is observed within the input bound past which their output
-    saturates (:mod:`pipeline.quant.saturation`). Everything observed is a float32 tensor; the Q/DQ dtype is
-    int8 or int16 as configured.
+    saturates (:mod:`pipeline.quant.saturation`). Everything observed is a float32
+    tensor; the Q/DQ dtype is int8 or int16 as configured.
     """
 
     def __init__(self, dtype: str = "int8", symmetric_activations: bool = True,
