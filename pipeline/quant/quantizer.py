@@ -224,7 +224,10 @@ class C7xMMAQuantizer(Quantizer):
 
     def _dtype_of(self, node: Node) -> str:
         if node not in self._node_dtype:
-            self._node_dtype[node] = "int16" if _layer_id(node) in self.int16_layers else self.dtype
+            dtype = "int16" if _layer_id(node) in self.int16_layers else self.dtype
+            if node.target in rules.AVERAGE_POOLS and self._output_dtype(node.args[0], dtype) == "int16":
+                dtype = "int16"   # mixed precision: no requantize of an int16 layer's output before a pool
+            self._node_dtype[node] = dtype
         return self._node_dtype[node]
 
     @annotates(rules.WEIGHTED)
@@ -254,8 +257,6 @@ class C7xMMAQuantizer(Quantizer):
     def _annotate_independent(self, node: Node) -> None:
         src = node.args[0]
         if rules.is_float_tensor(src):
-            if node.target in rules.AVERAGE_POOLS and self._output_dtype(src, "") == "int16":
-                self._node_dtype[node] = "int16"   # mixed precision: no requantize of an int16 layer's output
             self._set(node, {src: self._input_act(node, src)}, self._out_act(node))
 
     @annotates(rules.SE_GATE)

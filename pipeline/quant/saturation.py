@@ -77,8 +77,7 @@ class _Bounded:
         hi = min((self.quant_max - z) * s, float(self.max_val))
         if lo >= -self.bound and hi <= self.bound:
             return scale, zp
-        lo, hi = min(max(lo, -self.bound), 0.0), max(min(hi, self.bound), 0.0)
-        return self._calculate_qparams(torch.tensor(lo), torch.tensor(hi))
+        return self._calculate_qparams(torch.tensor(max(lo, -self.bound)), torch.tensor(min(hi, self.bound)))
 
     def extra_repr(self) -> str:
         return f"bound={self.bound:.6g}, " + super().extra_repr()
