@@ -49,6 +49,7 @@ class Layout:
         self.torch_outputs = self.dir / "torch_outputs.npz"  # evaluate's PyTorch outputs, verify reads them
         self.holdout = self.dir / "holdout.json"  # k-fold held-out accuracy
         self.search = self.dir / "search.json"  # the recipe chosen for [quantizer] target
+        self.search_folds = self.dir / "search_folds.npz"  # the chosen recipe's held-out outputs
         self.verify = self.dir / "verify.json"
         self.layers_json = self.dir / "layers.json"  # layers: per-layer numerics
         self.host_record = self.dir / "host" / "build.json"

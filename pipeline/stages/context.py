@@ -155,6 +155,11 @@ def recipe(ctx: StageContext) -> Path | None:
     of every stage that builds the model with the recipe chosen there."""
     return ctx.layout.search if ctx.spec.quantizer.target is not None else None
 
+def search_folds(ctx: StageContext) -> Path | None:
+    """``search_folds.npz`` of an entry with ``[quantizer] target`` (None otherwise): the
+    chosen recipe's held-out outputs, which the holdout stage reuses."""
+    return ctx.layout.search_folds if ctx.spec.quantizer.target is not None else None
+
 def selection(ctx: StageContext) -> Path | None:
     """``int16_layers.json`` of a mixed-precision model (None otherwise): a file dep
     of every stage that rebuilds the prepared model."""

@@ -103,7 +103,7 @@ def _deployed_only(args: dict, variant: str) -> dict:
 
 def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path] | None, train: list[Path],
              test: torch.Tensor, work: Path, int16_selection: Path | None, through: str = "host_build",
-             cycles: bool = False, sensitivity: Path | None = None) -> dict:
+             cycles: bool = False, sensitivity: Path | None = None, after: str | None = None) -> dict:
     """Calibrate on ``train`` and run ``test`` [N, 3, H, W] float32 through the Q/DQ model
     and the deployed build's host C. Returns {"qdq": [...], "c": [...]}: one float32
     [N, ...] array per model output, in return order (output 0: the logits), and
@@ -117,23 +117,20 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path] | Non
     ``cycles``: also "cycles", the estimated C7x cycles of the fold's deployed build on
     the entry's target (:func:`pipeline.perf.report.estimate_build`; needs codegen).
     ``sensitivity``: the file where the fold's automatic int16 choice keeps its
-    sensitivity pass for the next int16 budget (``mixed_precision_model``'s argument)."""
+    sensitivity pass for the next int16 budget (``mixed_precision_model``'s argument).
+    ``after``: resume a fold an earlier call left in ``work`` (run through that stage): only
+    the stages after it run (the search finishes its chosen candidate's folds so)."""
     from ..layout import Layout, variants
 
     fspec = _fold_spec(spec)
     ctx = StageContext(spec=fspec, layout=Layout(work, spec.name), root=work, calib_root=work / "calib_data")
-    for p in train:
-        _link(p, ctx.calib_root / fspec.calibration.set / p.name)
-    _link(float_pt2, ctx.layout.float_pt2)
     # an automatic int16 choice is data-driven: the fold redoes it (and so its own prepare)
     own = prepared is None or spec.quantizer.mixed_precision == "auto"
-    if not own:
-        _link(prepared[0], ctx.layout.prepared)
-        _link(prepared[1], ctx.layout.prepared_table)
-        if int16_selection is not None:
-            _link(int16_selection, ctx.layout.int16_selection)
+    if after is None:
+        _link_inputs(ctx, train, float_pt2, None if own else prepared, int16_selection)
     variant = variants(spec)[0]
-    for name in FOLD_STAGES[:FOLD_STAGES.index(through) + 1]:
+    first = 0 if after is None else FOLD_STAGES.index(after) + 1
+    for name in FOLD_STAGES[first:FOLD_STAGES.index(through) + 1]:
         stage = BY_NAME[name]
         if stage.applies(ctx) and (own or name not in ("mixed_precision", "prepare")):
             args = _deployed_only(stage.args(ctx), variant)
@@ -143,6 +140,20 @@ def run_fold(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path] | Non
                 args["sensitivity"] = sensitivity
             stage.function()(**args)
     return _fold_outputs(spec, ctx, variant, test, through, cycles)
+
+
+def _link_inputs(ctx: StageContext, train: list[Path], float_pt2: Path, prepared: tuple[Path, Path] | None,
+                 int16_selection: Path | None) -> None:
+    """Link a new fold's inputs into its work folder: its training images, the float program,
+    and (``prepared`` not None) the model's own prepared model and int16 choice."""
+    for p in train:
+        _link(p, ctx.calib_root / ctx.spec.calibration.set / p.name)
+    _link(float_pt2, ctx.layout.float_pt2)
+    if prepared is not None:
+        _link(prepared[0], ctx.layout.prepared)
+        _link(prepared[1], ctx.layout.prepared_table)
+        if int16_selection is not None:
+            _link(int16_selection, ctx.layout.int16_selection)
 
 
 def _fold_outputs(spec: ModelSpec, ctx: StageContext, variant: str, test: torch.Tensor, through: str,

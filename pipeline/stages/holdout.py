@@ -20,6 +20,12 @@ gives the held-out estimate a user will see on new photos:
 A model with several outputs is scored on output 0, as evaluate and verify
 score it (``note`` says so); a segmentation model's masks (output 1) are scored too.
 
+For an entry with ``[quantizer] target`` the search stage has already calibrated the
+chosen recipe on these folds: it runs them on through the C build and leaves their
+outputs in ``search_folds.npz``, which this stage scores instead of running the folds
+again (``folds_from`` says so). When the choice came from the run-cache there are no
+such outputs, and the folds run here.
+
 Fold artifacts live in a temporary folder under ``artifacts/<model>/`` and are
 removed afterwards, whatever happens; only ``holdout.json`` is kept.
 """
@@ -52,9 +58,12 @@ def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None
 
 def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepared_table: Path,
                   calib_dir: Path, images_dir: Path, out: Path, int16_selection: Path | None = None,
-                  recipe: Path | None = None) -> dict:
+                  recipe: Path | None = None, search_folds: Path | None = None) -> dict:
     """Write ``holdout.json``: the held-out accuracy of the Q/DQ model and of the
     deployed build's C, by k-fold cross-validation or from a separate set (module doc).
+    ``search_folds``: the search's outputs of the chosen recipe's folds
+    (:func:`pipeline.stages.search.read_fold_outputs`), used instead of running the folds
+    again when they were made for this choice and these folds.
 
     Raises :class:`CalibrationDataError` when the evaluation folder is empty or holds
     fewer images than ``[evaluation] folds``."""
@@ -78,24 +87,16 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     float_logits = float_outs[0]
     qdq_outs = [np.zeros_like(a) for a in float_outs]
     c_outs = [np.zeros_like(a) for a in float_outs]
-    fold_records, outputs = [], 1
-    work_root = Path(tempfile.mkdtemp(prefix=".holdout-", dir=out.parent))
-    jobs = []
-    for f, (train, rows) in enumerate(splits):
-        jobs.append((rows, (spec, float_pt2, (prepared_state, prepared_table), train, x[rows],
-                            work_root / f"fold{f}", int16_selection)))
-        fold_records.append({"fold": f, "calibrated_on": len(train), "held_out": [eval_images[r].name for r in rows]})
-    try:
-        for f, got in run_folds([a for _, a in jobs]):
-            rows = jobs[f][0]
-            for i, (q, c) in enumerate(zip(got["qdq"], got["c"])):
-                qdq_outs[i][rows], c_outs[i][rows] = q, c
-            outputs = got["outputs"]
-            shutil.rmtree(work_root / f"fold{f}", ignore_errors=True)   # done: free its disk now
-            print(f"holdout {spec.name}: fold {f + 1}/{k} done (calibrated on {fold_records[f]['calibrated_on']}, "
-                  f"held out {len(rows)})", file=sys.stderr)
-    finally:
-        shutil.rmtree(work_root, ignore_errors=True)
+    fold_records = [{"fold": f, "calibrated_on": len(train), "held_out": [eval_images[r].name for r in rows]}
+                    for f, (train, rows) in enumerate(splits)]
+    reused = _from_search(recipe, search_folds, eval_images, splits)
+    if reused is not None:
+        qdq_outs, c_outs = reused["qdq"], reused["c"]
+        record["folds_from"] = "search (search_folds.npz: the chosen recipe's folds, run on through the C build)"
+    else:
+        _run_folds(spec, float_pt2, (prepared_state, prepared_table), int16_selection, splits, x, fold_records,
+                   out.parent, qdq_outs, c_outs)
+    outputs = len(qdq_outs)
     record.update({"folds": k, "images": len(eval_images), "folds_detail": fold_records})
     if outputs_note(outputs) and spec.task != "segmentation":   # its masks are scored too
         record["note"] = outputs_note(outputs)
@@ -113,6 +114,37 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     record["seconds"] = round(time.perf_counter() - t0, 1)
     write_json(out, record)
     return record
+
+
+def _from_search(recipe: Path | None, search_folds: Path | None, eval_images: list[Path],
+                 splits: list) -> dict | None:
+    """The search's outputs of these folds of the chosen recipe, or None (module doc)."""
+    if recipe is None or search_folds is None:
+        return None
+    import json
+    from .search import read_fold_outputs
+    chosen = json.loads(Path(recipe).read_text())["chosen"]["overrides"]
+    return read_fold_outputs(search_folds, chosen, [p.name for p in eval_images], [rows for _, rows in splits])
+
+
+def _run_folds(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], int16_selection: Path | None,
+               splits: list, x, fold_records: list[dict], where: Path, qdq_outs: list, c_outs: list) -> None:
+    """Run every fold (:func:`pipeline.stages.folds.run_folds`) in a temporary folder under
+    ``where``, removed afterwards; fill ``qdq_outs`` / ``c_outs`` (one array per model output)
+    at each fold's held-out rows."""
+    work_root = Path(tempfile.mkdtemp(prefix=".holdout-", dir=where))
+    jobs = [(spec, float_pt2, prepared, train, x[rows], work_root / f"fold{f}", int16_selection)
+            for f, (train, rows) in enumerate(splits)]
+    try:
+        for f, got in run_folds(jobs):
+            rows = splits[f][1]
+            for i, (q, c) in enumerate(zip(got["qdq"], got["c"])):
+                qdq_outs[i][rows], c_outs[i][rows] = q, c
+            shutil.rmtree(work_root / f"fold{f}", ignore_errors=True)   # done: free its disk now
+            print(f"holdout {spec.name}: fold {f + 1}/{len(splits)} done (calibrated on "
+                  f"{fold_records[f]['calibrated_on']}, held out {len(rows)})", file=sys.stderr)
+    finally:
+        shutil.rmtree(work_root, ignore_errors=True)
 
 
 def detection_scores(variant: str, eval_images: list[Path], float_out: np.ndarray, qdq: np.ndarray,

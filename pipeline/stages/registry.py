@@ -29,7 +29,7 @@ from ..layout import variants
 from ..toolchain import host_cpu
 from .context import (StageContext, batchnorm_inputs, board_log, board_log_deps, board_log_name, builder_versions,
                       builds, calib_dir, cross_compile_outputs, eval_dir, field_value, files, first_variant, image_names,
-                      manifests, memory_budget, mixed, mmalib_files, realistic, recipe, selection, task_param,
+                      manifests, memory_budget, mixed, mmalib_files, realistic, recipe, search_folds, selection, task_param,
                       versions)
 
 PKG = Path(__file__).resolve().parent.parent
@@ -186,14 +186,14 @@ STAGES: tuple[Stage, ...] = (
         # (its records' code is this stage's code too) and writes the choice.
         name="search", doc="the cheapest recipe / int16 layers that meet [quantizer] target (held out)",
         func="pipeline.stages.search:search_model",
-        runs=("mixed_precision", "prepare", "calibrate", "convert", "relax_import", "codegen"),
+        runs=("mixed_precision", "prepare", "calibrate", "convert", "relax_import", "codegen", "host_build"),
         params=QUANT + ("calibration", "preprocess", "codegen", "evaluation_set", "evaluation_folds", "target"),
         versions=("torch", "torchao", "apache-tvm"),
         extra=lambda c: {"images": image_names(c.calibration_images),
                          "evaluation_images": image_names(c.evaluation_images)},
         inputs=lambda c: {"float_pt2": c.layout.float_pt2},
         reads=lambda c: [*c.calibration_images, *c.evaluation_images],
-        outputs=lambda c: {"out": c.layout.search},
+        outputs=lambda c: {"out": c.layout.search, "folds_out": c.layout.search_folds},
         options=lambda c: {"spec": c.spec, "calib_dir": calib_dir(c), "images_dir": eval_dir(c)},
         applies=lambda c: c.spec.quantizer.target is not None,
         task_doc=_search_doc,
@@ -336,7 +336,7 @@ STAGES: tuple[Stage, ...] = (
                          **({"target": field_value(c.spec, "target")} if c.spec.quantizer.int16_cycles else {})},
         inputs=lambda c: {"float_pt2": c.layout.float_pt2, "prepared_state": c.layout.prepared,
                           "prepared_table": c.layout.prepared_table, "int16_selection": selection(c),
-                          "recipe": recipe(c)},
+                          "recipe": recipe(c), "search_folds": search_folds(c)},
         reads=lambda c: [*c.calibration_images, *c.evaluation_images],
         outputs=lambda c: {"out": c.layout.holdout},
         options=lambda c: {"spec": c.spec, "calib_dir": calib_dir(c), "images_dir": eval_dir(c)},

@@ -30,6 +30,12 @@ nothing is kept.
 cycles, seconds, whether it met the target, whether it came from the cache), ``chosen``,
 ``notice`` and ``summary``. The stages that build the model read the choice from it
 (:func:`pipeline.quant.search.resolved`).
+
+``search_folds.npz``: the folds of the candidate chosen so far stay on disk; once the
+choice is made, its folds run on through the C build (relax import, codegen, host build)
+and their held-out Q/DQ and C outputs are written here, so the holdout stage scores them
+instead of calibrating the same folds again. A choice from the run-cache has no folds: the
+file is then empty and the holdout stage runs its own.
 """
 
 from __future__ import annotations
@@ -53,8 +59,11 @@ from .folds import evaluation_images, kfold_splits, run_fold, run_folds
 from .registry import BY_NAME
 
 
-def search_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, images_dir: Path, out: Path) -> dict:
+def search_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, images_dir: Path, out: Path,
+                 folds_out: Path) -> dict:
     """Write ``search.json`` (module doc) for ``spec``'s ``[quantizer] target``; return it.
+    Also write ``folds_out`` (``search_folds.npz``, :func:`write_fold_outputs`): the chosen
+    candidate's held-out outputs, for the holdout stage.
 
     Raises :class:`CalibrationDataError` when the evaluation folder is empty or holds fewer
     images than ``[evaluation] folds``, and ConfigError when the entry has no target."""
@@ -67,9 +76,10 @@ def search_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, images_dir: 
     x = load_images(names, spec.preprocess, desc=f"search {spec.name}", model=spec.name)
     from ..data.torch_outputs import run_program_outputs
     float_out = run_program_outputs(float_pt2, x, spec.name)[0].numpy()
-    trial = _Trial(spec, float_pt2, splits, x, float_out, out)
-    tried = trial.ladder()
-    chosen, notice = search.choose(target, tried)
+    with _Trial(spec, float_pt2, splits, x, float_out, out) as trial:
+        tried = trial.ladder()
+        chosen, notice = search.choose(target, tried)
+        trial.finish(chosen, method, names, folds_out)
     record = {"model": spec.name, "target": target.to_record(), "method": method,
               "evaluation_set": spec.evaluation_set, "images": len(names), "scored_on": "PyTorch Q/DQ",
               "cycles": (f"estimated C7x cycles of fold 0's deployed build (staged plan), target {spec.target.name}"
@@ -114,7 +124,9 @@ def _splits(spec: ModelSpec, calib_dir: Path, images_dir: Path):
 
 
 class _Trial:
-    """Scores candidates of one model: its folds, float outputs and candidate cache."""
+    """Scores candidates of one model: its folds, float outputs and candidate cache. A
+    context manager: its temporary folder (the int16 budgets' shared sensitivity passes, the
+    folds of the candidate chosen so far) is removed on exit."""
 
     def __init__(self, spec, float_pt2, splits, x, float_out, out: Path):
         self.spec, self.float_pt2, self.splits, self.x, self.float_out = spec, Path(float_pt2), splits, x, float_out
@@ -124,17 +136,19 @@ class _Trial:
         self.cycles: dict[str, int] = {}   # "int8" -> the cycles of every all-int8 recipe
         target = spec.quantizer.target   # cycles decide only between int8 and int16, or against a cap
         self.need_cycles = target.int16 or target.max_mcycles is not None
+        self.left: dict[str, tuple[Path, list[str]]] = {}   # candidate -> its fold folders' root, last stage run
+
+    def __enter__(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix=".search-", dir=self.work))
+        self.kept = self.tmp / "sensitivity"
+        self.kept.mkdir()
+        return self
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def ladder(self) -> list[dict]:
-        """Score the candidates in order until one meets the target; the records. The int16
-        budgets of one fold share its sensitivity pass (kept in a folder removed at the end)."""
-        self.kept = Path(tempfile.mkdtemp(prefix=".search-sensitivity-", dir=self.work))
-        try:
-            return self._ladder()
-        finally:
-            shutil.rmtree(self.kept, ignore_errors=True)
-
-    def _ladder(self) -> list[dict]:
+        """Score the candidates in order until one meets the target; the records."""
         target = self.spec.quantizer.target
         tried = self._in_order(search.int8_candidates(self.spec), lambda r: r["met"])
         if target.int16 and not tried[-1]["met"]:
@@ -143,21 +157,54 @@ class _Trial:
             base = search.Candidate(best["name"], best["text"], best["overrides"])
             # met, or over the cycle cap: a larger int16 budget only costs more cycles
             tried += self._in_order(search.int16_candidates(base),
-                                    lambda r: r["met"] or not target.within(r["cycles"]))
+                                    lambda r: r["met"] or not target.within(r["cycles"]), tried)
         return tried
 
-    def _in_order(self, cands: list, stop) -> list[dict]:
+    def _in_order(self, cands: list, stop, before: list[dict] = ()) -> list[dict]:
         """The records of ``cands`` in order, up to the first for which ``stop`` holds.
         :func:`window` of them are measured at once (their folds side by side on a Dask
         cluster); the ones measured after the stop are kept in the run-cache, not in the
-        records, so the result is the same on any executor."""
+        records, so the result is the same on any executor. After each window only the folds
+        of the choice so far (``before`` and these records) are kept."""
         out, size = [], window(len(self.splits))
         for i in range(0, len(cands), size):
-            for rec in self.score_many(cands[i:i + size]):
-                out.append(rec)
-                if stop(rec):
-                    return out
+            recs = self.score_many(cands[i:i + size])
+            stopped = next((j for j, r in enumerate(recs) if stop(r)), None)
+            out += recs if stopped is None else recs[:stopped + 1]
+            self._keep_only(search.choose(self.spec.quantizer.target, [*before, *out])[0]["name"])
+            if stopped is not None:
+                break
         return out
+
+    def _keep_only(self, name: str) -> None:
+        """Remove the fold folders of every candidate but ``name``."""
+        for other in [n for n in self.left if n != name]:
+            shutil.rmtree(self.left.pop(other)[0], ignore_errors=True)
+
+    def finish(self, chosen: dict, method: str, names: list[Path], out: Path) -> None:
+        """Write ``out`` (:func:`write_fold_outputs`): the chosen candidate's folds, still on
+        disk from its measurement, run on through the host C build, so the holdout stage
+        need not calibrate them again. An empty file when there is nothing to finish: the
+        choice came from the run-cache, or the scored images are a separate set (the
+        holdout stage measures nothing then)."""
+        left = self.left.get(chosen["name"])
+        if left is None or method != "k-fold":
+            write_fold_outputs(out, None)
+            return
+        root, done = left
+        spec = search.apply(self.spec, chosen["overrides"])
+        jobs = [(spec, self.float_pt2, None, train, self.x[rows], root / f"fold{f}", None, "host_build", False, None,
+                 done[f]) for f, (train, rows) in enumerate(self.splits)]
+        outs: dict[str, list[np.ndarray]] = {}
+        for f, got in run_folds(jobs):
+            rows = self.splits[f][1]
+            for kind in ("qdq", "c"):
+                arrays = outs.setdefault(kind, [np.zeros((len(self.x), *a.shape[1:]), np.float32)
+                                                for a in got[kind]])
+                for whole, part in zip(arrays, got[kind]):
+                    whole[rows] = part
+        write_fold_outputs(out, {"overrides": chosen["overrides"], "images": [p.name for p in names],
+                                 "rows": [rows for _, rows in self.splits]}, outs)
 
     def score_many(self, cands: list) -> list[dict]:
         """The candidates' records (:meth:`score`), the ones not cached measured together."""
@@ -203,22 +250,20 @@ class _Trial:
         for st in structures:
             want.append(self.need_cycles and (st == "int16" or st not in timed))
             timed.add(st)
-        root = Path(tempfile.mkdtemp(prefix=".search-", dir=self.work))
+        roots = [Path(tempfile.mkdtemp(prefix="candidate-", dir=self.tmp)) for _ in cands]
         outs = [np.zeros((len(self.x), *self.float_out.shape[1:]), np.float32) for _ in cands]
         cycles: list[int | None] = [self.cycles.get(st) for st in structures]
         index = [(c, f) for c in range(len(cands)) for f in range(len(self.splits))]
-        jobs = [(specs[c], self.float_pt2, None, self.splits[f][0], self.x[self.splits[f][1]], root / f"c{c}fold{f}",
-                 None, "codegen" if (f == 0 and want[c]) else "convert", f == 0 and want[c], self.kept / f"fold{f}.json")
-                for c, f in index]
-        try:
-            for j, got in run_folds(jobs):
-                c, f = index[j]
-                outs[c][self.splits[f][1]] = got["qdq"][0]
-                if "cycles" in got:
-                    cycles[c] = self.cycles[structures[c]] = int(got["cycles"])
-                shutil.rmtree(root / f"c{c}fold{f}", ignore_errors=True)
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+        through = {(c, f): "codegen" if (f == 0 and want[c]) else "convert" for c, f in index}
+        jobs = [(specs[c], self.float_pt2, None, self.splits[f][0], self.x[self.splits[f][1]], roots[c] / f"fold{f}",
+                 None, through[c, f], f == 0 and want[c], self.kept / f"fold{f}.json") for c, f in index]
+        for j, got in run_folds(jobs):
+            c, f = index[j]
+            outs[c][self.splits[f][1]] = got["qdq"][0]
+            if "cycles" in got:
+                cycles[c] = self.cycles[structures[c]] = int(got["cycles"])
+        for c, cand in enumerate(cands):   # kept while it may be the choice (:meth:`_keep_only`)
+            self.left[cand.name] = (roots[c], [through[c, f] for f in range(len(self.splits))])
         metric = self.spec.quantizer.target.metric
         results = []
         for c, out in enumerate(outs):
@@ -300,6 +345,37 @@ def window(folds: int) -> int:
 
 #: the one file of a candidate's run-cache entry
 CANDIDATE_FILE = "candidate.json"
+
+
+def write_fold_outputs(path: Path, meta: dict | None, outs: dict[str, list[np.ndarray]] | None = None) -> None:
+    """Write ``search_folds.npz`` atomically: ``meta`` (JSON: the chosen ``overrides``, the
+    scored ``images``' names in order, each fold's held-out ``rows``) and, per model output
+    ``i``, ``qdq<i>`` / ``c<i>`` (float32 ``[N, ...]``, image ``n`` from the fold that held it
+    out). ``meta`` None: an empty file (nothing to reuse)."""
+    from ..fsutil import atomic_path
+    arrays = {} if meta is None else {"meta": np.array(json.dumps(meta))}
+    for kind, outputs in (outs or {}).items():
+        arrays.update({f"{kind}{i}": a for i, a in enumerate(outputs)})
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+
+def read_fold_outputs(path: Path | None, overrides: dict, images: list[str],
+                      rows: list[list[int]]) -> dict[str, list[np.ndarray]] | None:
+    """The outputs of ``search_folds.npz`` (:func:`write_fold_outputs`) when they were made
+    for this choice (``overrides``), these ``images`` and these folds' ``rows``; else None
+    (no file, an empty one, or another choice). Loads no pickle."""
+    if path is None or not Path(path).exists():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        if "meta" not in z.files:
+            return None
+        meta = json.loads(str(z["meta"]))
+        if meta != {"overrides": overrides, "images": images, "rows": rows}:
+            return None
+        outputs = sum(name.startswith("qdq") for name in z.files)
+        return {kind: [z[f"{kind}{i}"] for i in range(outputs)] for kind in ("qdq", "c")}
 
 
 def _open_cache(artifacts: Path):

@@ -164,3 +164,36 @@ def test_segmentation_scores_match_instances_and_their_masks():
     assert rec["c"]["detections_vs_float"]["confident"]["matched"] == 2
     row = rec["per_image"][0]
     assert (row["float_instances"], row["c_instances_matched"], row["c_mask_iou"], row["qdq_mask_iou"]) == (2, 2, 0.5, 1.0)
+
+
+def test_a_target_entry_scores_the_search_folds_and_gets_what_its_own_folds_give(built, monkeypatch, tmp_path):
+    """The search leaves its chosen recipe's folds, run on through the C build, in
+    search_folds.npz; the holdout stage scores those (no calibration of its own) and gets
+    every number it gets by running the folds itself. Another choice's file is not used."""
+    import dataclasses
+    import pipeline.stages.calibrate as calibrate
+    from pipeline.config import AccuracyTarget
+    from pipeline.stages import search
+    monkeypatch.setenv("DOIT_C7X_CACHE", "off")   # measured here, not restored: the folds exist
+    spec = dataclasses.replace(built.spec, quantizer=dataclasses.replace(
+        built.spec.quantizer, target=AccuracyTarget("logit_error", 100.0)))   # the first recipe meets it
+    found = search.search_model(**{**get("search").args(built), "spec": spec})
+    assert found["chosen"]["name"] == "percentile" and built.layout.search_folds.exists()
+    assert not list(built.layout.dir.glob(".search-*")), "the search's folds must be removed"
+    args = {"spec": spec, "recipe": built.layout.search, "out": tmp_path / "holdout.json"}
+    calls = []
+    real = calibrate.calibrate_model
+    monkeypatch.setattr(calibrate, "calibrate_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(folds.os, "cpu_count", lambda: 1)   # folds in this process: the spy sees them
+    reused = _run(built, **args, search_folds=built.layout.search_folds)
+    assert calls == [] and reused["folds_from"].startswith("search")
+    own = _run(built, **args, search_folds=None)
+    assert len(calls) == 2 and "folds_from" not in own
+    drop = lambda r: {k: v for k, v in r.items() if k not in ("seconds", "folds_from")}
+    assert drop(reused) == drop(own)
+    # a file written for another choice is ignored: the folds run again
+    other = tmp_path / "other.npz"
+    search.write_fold_outputs(other, {"overrides": {"calibration": {}, "quantizer": {}}, "images": [], "rows": []},
+                              {"qdq": [], "c": []})
+    again = _run(built, **args, search_folds=other)
+    assert len(calls) == 4 and drop(again) == drop(own)
