@@ -15,9 +15,11 @@ Issue 25: the C7x estimate beside the document's figures (scripts/bench_estimate
 Issue 26: the staged memory plan against its targets (scripts/bench_memory.py).
 Issue 27: 30 kill -9 trials of a tiny project (scripts/kill_trials.py).
 Issue 30: a cold build with the calibration methods against one without
-(scripts/bench_methods.py).
+(scripts/bench_methods.py). Issue 47: the recipe search against one calibration
+(``search``), and with int16 layers allowed under a cycle cap (``search-int16``;
+scripts/bench_search.py).
 ``--sections`` picks some of: list, stages, estimate, memory, runcache, dask, calibration, methods, search,
-kill.
+search-int16, kill.
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ VERIFY_GOAL = 1.5  # (verify + evaluate) / codegen, MobileNetV2 int8, 20 images,
 VERIFY_REPEATS = 3  # codegen, evaluate and verify are timed this many times; the median ratio is the figure
 
 SECTIONS = ("list", "stages", "estimate", "memory", "runcache", "dask", "calibration", "methods", "search",
-            "kill")
+            "search-int16", "kill")
 
 
 def main() -> None:
@@ -225,6 +227,9 @@ def main() -> None:
     if "search" in sections:
         from bench_search import bench_search
         bench_search(args.model)
+    if "search-int16" in sections:
+        from bench_search import INT16_TARGET, bench_search
+        bench_search(args.model, INT16_TARGET)
     if "kill" in sections:
         from kill_trials import trials
         trials(30, seed=7)
