@@ -4,11 +4,14 @@ part of the images, as a project of its own (the holdout and search stages).
 Each fold links its training images and the float program into a work folder under
 ``artifacts/<model>/`` and runs the stage records of :data:`FOLD_STAGES` there with
 their own functions and arguments (nothing of the flow restated here).
+``search_folds.npz`` (:func:`write_fold_outputs`, :func:`read_fold_outputs`) carries the
+search's finished folds of its choice to the holdout stage.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -217,3 +220,34 @@ def _on_dask(jobs: list[tuple]):
     (:func:`pipeline.quant.shards.dask_map`, the calibrate stage's shards' way)."""
     from ..quant.shards import dask_map
     yield from dask_map(run_fold, dict(enumerate(jobs)), name="_fold_task")
+
+
+def write_fold_outputs(path: Path, meta: dict | None, outs: dict[str, list[np.ndarray]] | None = None) -> None:
+    """Write ``search_folds.npz`` atomically: ``meta`` (JSON: the chosen ``overrides``, the
+    scored ``images``' names in order, each fold's held-out ``rows``) and, per model output
+    ``i``, ``qdq<i>`` / ``c<i>`` (float32 ``[N, ...]``, image ``n`` from the fold that held it
+    out). ``meta`` None: an empty file (nothing to reuse)."""
+    from ..fsutil import atomic_path
+    arrays = {} if meta is None else {"meta": np.array(json.dumps(meta))}
+    for kind, outputs in (outs or {}).items():
+        arrays.update({f"{kind}{i}": a for i, a in enumerate(outputs)})
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+
+def read_fold_outputs(path: Path | None, overrides: dict, images: list[str],
+                      rows: list[list[int]]) -> dict[str, list[np.ndarray]] | None:
+    """The outputs of ``search_folds.npz`` (:func:`write_fold_outputs`) when they were made
+    for this choice (``overrides``), these ``images`` and these folds' ``rows``; else None
+    (no file, an empty one, or another choice). Loads no pickle."""
+    if path is None or not Path(path).exists():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        if "meta" not in z.files:
+            return None
+        meta = json.loads(str(z["meta"]))
+        if meta != {"overrides": overrides, "images": images, "rows": rows}:
+            return None
+        outputs = sum(name.startswith("qdq") for name in z.files)
+        return {kind: [z[f"{kind}{i}"] for i in range(outputs)] for kind in ("qdq", "c")}

@@ -45,7 +45,7 @@ from ..data import fidelity
 from ..data.images import label_of, load_images
 from ..fsutil import write_json
 from ..quant.search import resolved
-from .folds import evaluation_images, kfold_splits, run_folds
+from .folds import evaluation_images, kfold_splits, read_fold_outputs, run_folds
 
 
 def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
@@ -62,7 +62,7 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     """Write ``holdout.json``: the held-out accuracy of the Q/DQ model and of the
     deployed build's C, by k-fold cross-validation or from a separate set (module doc).
     ``search_folds``: the search's outputs of the chosen recipe's folds
-    (:func:`pipeline.stages.search.read_fold_outputs`), used instead of running the folds
+    (:func:`pipeline.stages.folds.read_fold_outputs`), used instead of running the folds
     again when they were made for this choice and these folds.
 
     Raises :class:`CalibrationDataError` when the evaluation folder is empty or holds
@@ -122,7 +122,6 @@ def _from_search(recipe: Path | None, search_folds: Path | None, eval_images: li
     if recipe is None or search_folds is None:
         return None
     import json
-    from .search import read_fold_outputs
     chosen = json.loads(Path(recipe).read_text())["chosen"]["overrides"]
     return read_fold_outputs(search_folds, chosen, [p.name for p in eval_images], [rows for _, rows in splits])
 

@@ -55,7 +55,7 @@ from ..config import AccuracyTarget, ModelSpec
 from ..data.images import load_images
 from ..fsutil import sha256_file, write_json
 from ..quant import search
-from .folds import evaluation_images, kfold_splits, run_fold, run_folds
+from .folds import evaluation_images, kfold_splits, run_fold, run_folds, write_fold_outputs
 from .registry import BY_NAME
 
 
@@ -345,37 +345,6 @@ def window(folds: int) -> int:
 
 #: the one file of a candidate's run-cache entry
 CANDIDATE_FILE = "candidate.json"
-
-
-def write_fold_outputs(path: Path, meta: dict | None, outs: dict[str, list[np.ndarray]] | None = None) -> None:
-    """Write ``search_folds.npz`` atomically: ``meta`` (JSON: the chosen ``overrides``, the
-    scored ``images``' names in order, each fold's held-out ``rows``) and, per model output
-    ``i``, ``qdq<i>`` / ``c<i>`` (float32 ``[N, ...]``, image ``n`` from the fold that held it
-    out). ``meta`` None: an empty file (nothing to reuse)."""
-    from ..fsutil import atomic_path
-    arrays = {} if meta is None else {"meta": np.array(json.dumps(meta))}
-    for kind, outputs in (outs or {}).items():
-        arrays.update({f"{kind}{i}": a for i, a in enumerate(outputs)})
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-
-
-def read_fold_outputs(path: Path | None, overrides: dict, images: list[str],
-                      rows: list[list[int]]) -> dict[str, list[np.ndarray]] | None:
-    """The outputs of ``search_folds.npz`` (:func:`write_fold_outputs`) when they were made
-    for this choice (``overrides``), these ``images`` and these folds' ``rows``; else None
-    (no file, an empty one, or another choice). Loads no pickle."""
-    if path is None or not Path(path).exists():
-        return None
-    with np.load(path, allow_pickle=False) as z:
-        if "meta" not in z.files:
-            return None
-        meta = json.loads(str(z["meta"]))
-        if meta != {"overrides": overrides, "images": images, "rows": rows}:
-            return None
-        outputs = sum(name.startswith("qdq") for name in z.files)
-        return {kind: [z[f"{kind}{i}"] for i in range(outputs)] for kind in ("qdq", "c")}
 
 
 def _open_cache(artifacts: Path):
