@@ -222,9 +222,32 @@ def _on_dask(jobs: list[tuple]):
     yield from dask_map(run_fold, dict(enumerate(jobs)), name="_fold_task")
 
 
+def gather_folds(jobs: list[tuple], splits: list, images: int, on_done=None) -> dict[str, list[np.ndarray]]:
+    """Run ``jobs`` (:func:`run_folds`; job ``f`` is fold ``f`` of ``splits``) and return
+    {"qdq": [...], "c": [...]}: per model output a float32 ``[images, ...]`` array, each
+    row from the fold that held that image out. ``on_done(f)`` is called as fold ``f`` ends."""
+    outs: dict[str, list[np.ndarray]] = {}
+    for f, got in run_folds(jobs):
+        rows = splits[f][1]
+        for kind in ("qdq", "c"):
+            arrays = outs.setdefault(kind, [np.zeros((images, *a.shape[1:]), np.float32) for a in got[kind]])
+            for whole, part in zip(arrays, got[kind]):
+                whole[rows] = part
+        if on_done is not None:
+            on_done(f)
+    return outs
+
+
+def fold_meta(spec: ModelSpec, images: list[Path], splits: list) -> dict:
+    """What ``search_folds.npz``'s outputs were made for: the build (``spec``'s calibration
+    and quantizer fields, as JSON), the scored images' names in order, each fold's rows."""
+    build = {f: dataclasses.asdict(getattr(spec, f)) for f in ("calibration", "quantizer")}
+    return json.loads(json.dumps({"build": build, "images": [p.name for p in images],
+                                  "rows": [rows for _, rows in splits]}, default=str))
+
+
 def write_fold_outputs(path: Path, meta: dict | None, outs: dict[str, list[np.ndarray]] | None = None) -> None:
-    """Write ``search_folds.npz`` atomically: ``meta`` (JSON: the chosen ``overrides``, the
-    scored ``images``' names in order, each fold's held-out ``rows``) and, per model output
+    """Write ``search_folds.npz`` atomically: ``meta`` (:func:`fold_meta`) and, per model output
     ``i``, ``qdq<i>`` / ``c<i>`` (float32 ``[N, ...]``, image ``n`` from the fold that held it
     out). ``meta`` None: an empty file (nothing to reuse)."""
     from ..fsutil import atomic_path
@@ -236,18 +259,16 @@ def write_fold_outputs(path: Path, meta: dict | None, outs: dict[str, list[np.nd
             np.savez(f, **arrays)
 
 
-def read_fold_outputs(path: Path | None, overrides: dict, images: list[str],
-                      rows: list[list[int]]) -> dict[str, list[np.ndarray]] | None:
+def read_fold_outputs(path: Path | None, meta: dict) -> dict[str, list[np.ndarray]] | None:
     """The outputs of ``search_folds.npz`` (:func:`write_fold_outputs`) when they were made
-    for this choice (``overrides``), these ``images`` and these folds' ``rows``; else None
-    (no file, an empty one, or another choice). Loads no pickle."""
+    for ``meta`` (:func:`fold_meta`: this build, these images and folds); else None (no
+    file, an empty one, or another build). Loads no pickle."""
     if path is None or not Path(path).exists():
         return None
     with np.load(path, allow_pickle=False) as z:
         if "meta" not in z.files:
             return None
-        meta = json.loads(str(z["meta"]))
-        if meta != {"overrides": overrides, "images": images, "rows": rows}:
+        if json.loads(str(z["meta"])) != meta:
             return None
         outputs = sum(name.startswith("qdq") for name in z.files)
         return {kind: [z[f"{kind}{i}"] for i in range(outputs)] for kind in ("qdq", "c")}

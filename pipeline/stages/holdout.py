@@ -45,7 +45,7 @@ from ..data import fidelity
 from ..data.images import label_of, load_images
 from ..fsutil import write_json
 from ..quant.search import resolved
-from .folds import evaluation_images, kfold_splits, read_fold_outputs, run_folds
+from .folds import evaluation_images, fold_meta, gather_folds, kfold_splits, read_fold_outputs
 
 
 def scores(logits: np.ndarray, float_logits: np.ndarray, labels: list[int | None]) -> dict:
@@ -85,17 +85,15 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     x = load_images(eval_images, spec.preprocess, desc=f"holdout {spec.name}", model=spec.name)
     float_outs = [t.numpy() for t in run_program_outputs(float_pt2, x, spec.name)]
     float_logits = float_outs[0]
-    qdq_outs = [np.zeros_like(a) for a in float_outs]
-    c_outs = [np.zeros_like(a) for a in float_outs]
     fold_records = [{"fold": f, "calibrated_on": len(train), "held_out": [eval_images[r].name for r in rows]}
                     for f, (train, rows) in enumerate(splits)]
-    reused = _from_search(recipe, search_folds, eval_images, splits)
-    if reused is not None:
-        qdq_outs, c_outs = reused["qdq"], reused["c"]
+    got = read_fold_outputs(search_folds, fold_meta(spec, eval_images, splits)) if recipe else None
+    if got is not None:
         record["folds_from"] = "search (search_folds.npz: the chosen recipe's folds, run on through the C build)"
     else:
-        _run_folds(spec, float_pt2, (prepared_state, prepared_table), int16_selection, splits, x, fold_records,
-                   out.parent, qdq_outs, c_outs)
+        got = _run_folds(spec, float_pt2, (prepared_state, prepared_table), int16_selection, splits, x,
+                         fold_records, out.parent)
+    qdq_outs, c_outs = got["qdq"], got["c"]
     outputs = len(qdq_outs)
     record.update({"folds": k, "images": len(eval_images), "folds_detail": fold_records})
     if outputs_note(outputs) and spec.task != "segmentation":   # its masks are scored too
@@ -116,32 +114,20 @@ def holdout_model(spec: ModelSpec, float_pt2: Path, prepared_state: Path, prepar
     return record
 
 
-def _from_search(recipe: Path | None, search_folds: Path | None, eval_images: list[Path],
-                 splits: list) -> dict | None:
-    """The search's outputs of these folds of the chosen recipe, or None (module doc)."""
-    if recipe is None or search_folds is None:
-        return None
-    import json
-    chosen = json.loads(Path(recipe).read_text())["chosen"]["overrides"]
-    return read_fold_outputs(search_folds, chosen, [p.name for p in eval_images], [rows for _, rows in splits])
-
-
 def _run_folds(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], int16_selection: Path | None,
-               splits: list, x, fold_records: list[dict], where: Path, qdq_outs: list, c_outs: list) -> None:
-    """Run every fold (:func:`pipeline.stages.folds.run_folds`) in a temporary folder under
-    ``where``, removed afterwards; fill ``qdq_outs`` / ``c_outs`` (one array per model output)
-    at each fold's held-out rows."""
+               splits: list, x, fold_records: list[dict], where: Path) -> dict:
+    """Every fold's held-out outputs (:func:`pipeline.stages.folds.gather_folds`), run in a
+    temporary folder under ``where``, removed afterwards."""
     work_root = Path(tempfile.mkdtemp(prefix=".holdout-", dir=where))
     jobs = [(spec, float_pt2, prepared, train, x[rows], work_root / f"fold{f}", int16_selection)
             for f, (train, rows) in enumerate(splits)]
+
+    def done(f: int) -> None:
+        shutil.rmtree(work_root / f"fold{f}", ignore_errors=True)   # free its disk now
+        print(f"holdout {spec.name}: fold {f + 1}/{len(splits)} done (calibrated on "
+              f"{fold_records[f]['calibrated_on']}, held out {len(splits[f][1])})", file=sys.stderr)
     try:
-        for f, got in run_folds(jobs):
-            rows = splits[f][1]
-            for i, (q, c) in enumerate(zip(got["qdq"], got["c"])):
-                qdq_outs[i][rows], c_outs[i][rows] = q, c
-            shutil.rmtree(work_root / f"fold{f}", ignore_errors=True)   # done: free its disk now
-            print(f"holdout {spec.name}: fold {f + 1}/{len(splits)} done (calibrated on "
-                  f"{fold_records[f]['calibrated_on']}, held out {len(rows)})", file=sys.stderr)
+        return gather_folds(jobs, splits, len(x), done)
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
 

@@ -55,7 +55,8 @@ from ..config import AccuracyTarget, ModelSpec
 from ..data.images import load_images
 from ..fsutil import sha256_file, write_json
 from ..quant import search
-from .folds import evaluation_images, kfold_splits, run_fold, run_folds, write_fold_outputs
+from .folds import (evaluation_images, fold_meta, gather_folds, kfold_splits, run_fold, run_folds,
+                    write_fold_outputs)
 from .registry import BY_NAME
 
 
@@ -195,16 +196,7 @@ class _Trial:
         spec = search.apply(self.spec, chosen["overrides"])
         jobs = [(spec, self.float_pt2, None, train, self.x[rows], root / f"fold{f}", None, "host_build", False, None,
                  done[f]) for f, (train, rows) in enumerate(self.splits)]
-        outs: dict[str, list[np.ndarray]] = {}
-        for f, got in run_folds(jobs):
-            rows = self.splits[f][1]
-            for kind in ("qdq", "c"):
-                arrays = outs.setdefault(kind, [np.zeros((len(self.x), *a.shape[1:]), np.float32)
-                                                for a in got[kind]])
-                for whole, part in zip(arrays, got[kind]):
-                    whole[rows] = part
-        write_fold_outputs(out, {"overrides": chosen["overrides"], "images": [p.name for p in names],
-                                 "rows": [rows for _, rows in self.splits]}, outs)
+        write_fold_outputs(out, fold_meta(spec, names, self.splits), gather_folds(jobs, self.splits, len(self.x)))
 
     def score_many(self, cands: list) -> list[dict]:
         """The candidates' records (:meth:`score`), the ones not cached measured together."""

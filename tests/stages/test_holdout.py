@@ -193,7 +193,7 @@ def test_a_target_entry_scores_the_search_folds_and_gets_what_its_own_folds_give
     assert drop(reused) == drop(own)
     # a file written for another choice is ignored: the folds run again
     other = tmp_path / "other.npz"
-    folds.write_fold_outputs(other, {"overrides": {"calibration": {}, "quantizer": {}}, "images": [], "rows": []},
+    folds.write_fold_outputs(other, {"build": {"calibration": {}, "quantizer": {}}, "images": [], "rows": []},
                               {"qdq": [], "c": []})
     again = _run(built, **args, search_folds=other)
     assert len(calls) == 4 and drop(again) == drop(own)
