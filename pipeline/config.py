@@ -245,6 +245,14 @@ ACCURACY_METRICS = {
 PER_IMAGE_MIN_DETECTIONS = 3
 
 
+#: the entry fields a target's search sets in every candidate (the recipes and int16 budgets of
+#: :mod:`pipeline.quant.search`, which a test holds to this list), with ``int16 = true`` also
+#: :data:`SEARCHED_INT16_FIELDS`: an entry with a target leaves them at their defaults
+SEARCHED_FIELDS = ("calibration.adaround_iterations", "calibration.observer", "calibration.range_search",
+                   "quantizer.int16_cycles", "quantizer.mixed_precision", "quantizer.symmetric_activations")
+SEARCHED_INT16_FIELDS = ("quantizer.weight_dtype",)
+
+
 @dataclass(frozen=True)
 class AccuracyTarget:
     """The held-out accuracy a build must reach (``[quantizer] target = { metric =

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import (ACCURACY_METRICS, DTYPES, IMAGENET_PREPROCESS, PER_IMAGE_MIN_DETECTIONS, PREPROCESS_PRESETS,
+                     SEARCHED_FIELDS, SEARCHED_INT16_FIELDS,
                      TASKS, AccuracyTarget, CalibrationSpec, CodegenSpec, ModelSpec, PreprocessSpec, ProfileSpec,
                      QuantizerSpec, TargetSpec, WeightsSpec, check_model_name)
 from .errors import ConfigError
@@ -196,13 +197,30 @@ def parse_model(name: str, path: Path, data: dict) -> ModelSpec:
         fail(f"input_shape {shape} does not match the preprocessing, which gives RGB images of "
              f"[1, 3, {preprocess.crop}, {preprocess.crop}]: set input_shape or preprocess.crop to agree")
     target = _target(fail, data.get("target", {}))
-    return ModelSpec(
+    spec = ModelSpec(
         name=name, source=path, builder=builder, input_shape=tuple(shape), dtype=dtype,
         builder_kwargs=dict(kwargs), weights=weights, preprocess=preprocess,
         calibration=calibration, quantizer=quantizer, codegen=codegen, evaluation_set=evaluation_set,
         evaluation_folds=folds, profile=profile, default_run=default_run, group=group, task=task, target=target,
         description=description,
     )
+    if quantizer.target is not None:
+        _check_searched(fail, spec)
+    return spec
+
+
+def _check_searched(fail, spec: ModelSpec) -> None:
+    """An entry with a target leaves the fields the search sets (:data:`SEARCHED_FIELDS`) at
+    their defaults: no candidate would keep its value."""
+    fields = SEARCHED_FIELDS + (SEARCHED_INT16_FIELDS if spec.quantizer.target.int16 else ())
+    defaults = {"calibration": CalibrationSpec(), "quantizer": QuantizerSpec()}
+    own = [f for f in fields if getattr(getattr(spec, f.split(".")[0]), f.split(".")[1])
+           != getattr(defaults[f.split(".")[0]], f.split(".")[1])]
+    if own:
+        fail(f"{', '.join(own)} {'is' if len(own) == 1 else 'are'} chosen by the recipe search "
+             f"(quantizer.target): remove {'it' if len(own) == 1 else 'them'}, or set target = false "
+             f"to build the entry's own settings")
+
 
 def _target(fail, table) -> TargetSpec:
     """[target]: ``name`` plus figure overrides. Only the form is checked here; the

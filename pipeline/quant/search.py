@@ -3,13 +3,13 @@
 A candidate is a set of overrides of the entry's ``[calibration]`` and
 ``[quantizer]`` fields: the calibration recipe (affine activations, the
 output-error range search, AdaRound) and, when the target allows int16, an
-automatic int16 layer budget with int16 weights. :func:`ladder` lists them in
-the order the search stage tries them, cheapest first: every int8 recipe runs
-the same kernels (so costs the same cycles; they are ordered by what their
-calibration costs), and an int16 layer costs more cycles than its int8 form
-(docs/estimate.md), so int16 budgets come after, smallest first. The stage
-stops at the first candidate whose held-out score meets the target and records
-every measured candidate's estimated cycles (staged plan) beside its score.
+automatic int16 layer budget with int16 weights. The search stage tries them
+cheapest first: every int8 recipe runs the same kernels (so costs the same
+cycles; they are tried in the order of what their calibration costs), and an
+int16 layer costs more cycles than its int8 form (docs/estimate.md), so int16
+budgets come after, bisected (:func:`int16_ladder`). The stage stops at the
+cheapest candidate whose held-out score meets the target and records every
+measured candidate's estimated cycles (staged plan) beside its score.
 
 Loading this module imports neither torch nor tvm: the stages that read the
 choice (:func:`resolved`) run it before they build anything.
@@ -24,14 +24,18 @@ from pathlib import Path
 from ..config import ModelSpec
 
 #: the int8 recipes, cheapest calibration first: (name, what it adds, overrides). Each adds
-#: a step of the method measured on MobileNetV2 (README, "Accuracy"; docs/guide.md).
+#: a step of the method measured on MobileNetV2 (README, "Accuracy"; docs/guide.md), and each
+#: sets every field the ladder varies, so no entry value leaks into a candidate.
 INT8_RECIPES = (
-    ("percentile", "99.99th-percentile ranges, symmetric activations, kernel-exact requantize", {}),
+    ("percentile", "99.99th-percentile ranges, symmetric activations, kernel-exact requantize",
+     {"quantizer": {"symmetric_activations": True},
+      "calibration": {"observer": "percentile", "range_search": False, "adaround_iterations": 0}}),
     ("affine", "+ a zero point per activation tensor (the conv kernels pad with it: no cycle more)",
-     {"quantizer": {"symmetric_activations": False}}),
+     {"quantizer": {"symmetric_activations": False},
+      "calibration": {"observer": "percentile", "range_search": False, "adaround_iterations": 0}}),
     ("affine+range", "+ each activation's percentile chosen by the model's output error",
      {"quantizer": {"symmetric_activations": False},
-      "calibration": {"observer": "percentile", "range_search": "output"}}),
+      "calibration": {"observer": "percentile", "range_search": "output", "adaround_iterations": 0}}),
     ("affine+range+adaround", "+ AdaRound: learned weight rounding, 200 steps per layer",
      {"quantizer": {"symmetric_activations": False},
       "calibration": {"observer": "percentile", "range_search": "output", "adaround_iterations": 200}}),
@@ -67,6 +71,15 @@ def int8_candidates(spec: ModelSpec) -> list[Candidate]:
             for name, text, o in recipes]
 
 
+def searched_fields(spec: ModelSpec) -> list[str]:
+    """The entry fields ("calibration.observer", ...) the candidates of ``spec``'s target set
+    (:data:`pipeline.config.SEARCHED_FIELDS` says the same for the entries' check)."""
+    cands = int8_candidates(spec)
+    if spec.quantizer.target is not None and spec.quantizer.target.int16:
+        cands += int16_candidates(cands[0])
+    return sorted({f"{section}.{k}" for c in cands for section, fields in c.overrides.items() for k in fields})
+
+
 def int16_candidates(base: Candidate) -> list[Candidate]:
     """``base`` with each budget of :data:`INT16_BUDGETS` of automatically chosen int16 layers."""
     return [Candidate(f"{base.name}+int16 {b:.0%}", f"{base.text}; int16 layers within {b:.0%} of the "
@@ -75,6 +88,36 @@ def int16_candidates(base: Candidate) -> list[Candidate]:
                        "quantizer": {**base.overrides["quantizer"], "mixed_precision": "auto",
                                      "int16_cycles": b, "weight_dtype": "int16"}})
             for b in INT16_BUDGETS]
+
+
+def int16_ladder(cands: list[Candidate], score, target) -> list[dict]:
+    """The records of the int16 budgets ``cands`` (smallest first) the search measures, in
+    the order it measures them; ``score(candidate)`` measures one and returns its record
+    ("met": meets ``target`` within its cycle cap, "cycles").
+
+    A larger budget lets the greedy choice take more layers, so its error is lower and its
+    cycles higher: an assumption, true of every ladder measured so far (docs/measuring.md,
+    "Recipe search"; where it fails, a cheaper budget that meets the target is missed). The largest
+    budget goes first: over the cycle cap, it is dropped and the next largest tried; within
+    the cap but missing the target, no smaller budget can meet it and the search stops;
+    meeting it, the smaller budgets are bisected for the cheapest that meets it. So an
+    unreachable target costs one int16 candidate, not the whole ladder, and a reachable one
+    at most 1 + ceil(log2(n)) (without the cap)."""
+    out, lo, hi = [], 0, len(cands)
+    while hi > lo:   # the largest budget within the cycle cap
+        hi -= 1
+        out.append(score(cands[hi]))
+        if target.within(out[-1]["cycles"]):
+            if not out[-1]["met"]:
+                return out
+            break
+    else:
+        return out
+    while lo < hi:   # bisect the smaller budgets [lo, hi) for the cheapest that meets
+        mid = (lo + hi) // 2
+        out.append(score(cands[mid]))
+        lo, hi = (lo, mid) if out[-1]["met"] else (mid + 1, hi)
+    return out
 
 
 def apply(spec: ModelSpec, overrides: dict) -> ModelSpec:

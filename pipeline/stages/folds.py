@@ -225,7 +225,8 @@ def _on_dask(jobs: list[tuple]):
 def gather_folds(jobs: list[tuple], splits: list, images: int, on_done=None) -> dict[str, list[np.ndarray]]:
     """Run ``jobs`` (:func:`run_folds`; job ``f`` is fold ``f`` of ``splits``) and return
     {"qdq": [...], "c": [...]}: per model output a float32 ``[images, ...]`` array, each
-    row from the fold that held that image out. ``on_done(f)`` is called as fold ``f`` ends."""
+    row from the fold that held that image out. ``on_done(f, result)`` is called as fold ``f``
+    ends, with its :func:`run_fold` result."""
     outs: dict[str, list[np.ndarray]] = {}
     for f, got in run_folds(jobs):
         rows = splits[f][1]
@@ -234,7 +235,7 @@ def gather_folds(jobs: list[tuple], splits: list, images: int, on_done=None) -> 
             for whole, part in zip(arrays, got[kind]):
                 whole[rows] = part
         if on_done is not None:
-            on_done(f)
+            on_done(f, got)
     return outs
 
 

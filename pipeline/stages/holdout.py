@@ -122,7 +122,7 @@ def _run_folds(spec: ModelSpec, float_pt2: Path, prepared: tuple[Path, Path], in
     jobs = [(spec, float_pt2, prepared, train, x[rows], work_root / f"fold{f}", int16_selection)
             for f, (train, rows) in enumerate(splits)]
 
-    def done(f: int) -> None:
+    def done(f: int, _result: dict) -> None:
         shutil.rmtree(work_root / f"fold{f}", ignore_errors=True)   # free its disk now
         print(f"holdout {spec.name}: fold {f + 1}/{len(splits)} done (calibrated on "
               f"{fold_records[f]['calibrated_on']}, held out {len(splits[f][1])})", file=sys.stderr)

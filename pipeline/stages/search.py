@@ -14,10 +14,13 @@ on the entry's ``[target]``). Every all-int8 recipe runs the same kernel calls, 
 int8-only search without a cycle cap measures no cycles at all (None: the estimate stage
 gives the build's), and one with int16 measures them once for the int8 recipes (also when
 the scores come from an int8-only search's cache entries: only the cycles are measured then, on
-fold 0). The int16 budgets of one fold share one sensitivity pass. The search stops at the first
-candidate that meets the target (on a Dask cluster it measures :func:`window` candidates at once, their
-folds as tasks of the cluster, and keeps the records up to the first that meets it); the choice is the one with the fewest cycles among those that meet it, else the
-most accurate with a one-line notice saying by how much it misses.
+fold 0; an int8-only search that built its choice's C keeps the int8 cycles for the next). The int16
+budgets of one fold share one sensitivity pass. The int8 recipes are tried in order up to the first
+that meets the target (on a Dask cluster :func:`window` of them at once, their folds as tasks of the
+cluster, the records kept up to the first that meets it); the int16 budgets, largest first, then
+bisected (:func:`pipeline.quant.search.int16_ladder`: an unreachable target costs one of them). The
+choice is the one with the fewest cycles among those that meet it, else the most accurate with a
+one-line notice saying by how much it misses.
 
 Every measured candidate is kept in the run-cache (:mod:`pipeline.runcache`: a signed
 entry of one JSON file, a score and a cycle count, no code), its key a hash of everything
@@ -151,15 +154,31 @@ class _Trial:
     def ladder(self) -> list[dict]:
         """Score the candidates in order until one meets the target; the records."""
         target = self.spec.quantizer.target
-        tried = self._in_order(search.int8_candidates(self.spec), lambda r: r["met"])
+        int8 = search.int8_candidates(self.spec)
+        if self.need_cycles:
+            self._known_int8_cycles(int8)
+        tried = self._in_order(int8, lambda r: r["met"])
         if target.int16 and not tried[-1]["met"]:
             sign = 1 if target.sense == "max" else -1
             best = min(tried, key=lambda t: sign * t["value"])
             base = search.Candidate(best["name"], best["text"], best["overrides"])
-            # met, or over the cycle cap: a larger int16 budget only costs more cycles
-            tried += self._in_order(search.int16_candidates(base),
-                                    lambda r: r["met"] or not target.within(r["cycles"]), tried)
+            seen: list[dict] = []
+
+            def one(cand: search.Candidate) -> dict:   # measured alone; keep the choice's folds only
+                seen.append(self.score(cand))
+                self._keep_only(search.choose(target, [*tried, *seen])[0]["name"])
+                return seen[-1]
+            tried += search.int16_ladder(search.int16_candidates(base), one, target)
         return tried
+
+    def _known_int8_cycles(self, cands: list) -> None:
+        """Take the int8 cycles from the first cached all-int8 recipe that carries them (every
+        all-int8 recipe runs the same kernel calls; an int8-only search stores its choice's)."""
+        for cand in cands:
+            hit = self._cached(self._key(cand))
+            if hit is not None and hit["cycles"] is not None and not search.apply(self.spec, cand.overrides).quantizer.mixed:
+                self.cycles["int8"] = hit["cycles"]
+                return
 
     def _in_order(self, cands: list, stop, before: list[dict] = ()) -> list[dict]:
         """The records of ``cands`` in order, up to the first for which ``stop`` holds.
@@ -194,9 +213,18 @@ class _Trial:
             return
         root, done = left
         spec = search.apply(self.spec, chosen["overrides"])
-        jobs = [(spec, self.float_pt2, None, train, self.x[rows], root / f"fold{f}", None, "host_build", False, None,
-                 done[f]) for f, (train, rows) in enumerate(self.splits)]
-        write_fold_outputs(out, fold_meta(spec, names, self.splits), gather_folds(jobs, self.splits, len(self.x)))
+        # an int8-only search measures no cycles; fold 0's build gives them to the next search's cache
+        cycles = chosen["cycles"] is None and not spec.quantizer.mixed and self.cache is not None
+        jobs = [(spec, self.float_pt2, None, train, self.x[rows], root / f"fold{f}", None, "host_build",
+                 cycles and f == 0, None, done[f]) for f, (train, rows) in enumerate(self.splits)]
+        got: dict[int, int | None] = {}
+        outs = gather_folds(jobs, self.splits, len(self.x), lambda f, result: got.update({f: result.get("cycles")}))
+        write_fold_outputs(out, fold_meta(spec, names, self.splits), outs)
+        if cycles:
+            cand = search.Candidate(chosen["name"], chosen["text"], chosen["overrides"])
+            worst = {} if chosen.get("worst_image") is None else {"worst": chosen["worst_image"]}
+            self._store(self._key(cand), cand, {"value": chosen["value"], **worst, "cycles": int(got[0]),
+                                                "seconds": chosen["seconds"]})
 
     def score_many(self, cands: list) -> list[dict]:
         """The candidates' records (:meth:`score`), the ones not cached measured together."""
@@ -223,7 +251,8 @@ class _Trial:
     def _record(self, cand: search.Candidate, hit: dict, cached: bool) -> dict:
         target = self.spec.quantizer.target
         worst = {"worst_image": hit.get("worst")} if target.metric == "detections_matched" else {}
-        rec = {**cand.to_json(), "metric": target.metric, "value": hit["value"], **worst, "cycles": hit["cycles"],
+        cycles = hit["cycles"] if self.need_cycles else None   # an int8-only search shows none
+        rec = {**cand.to_json(), "metric": target.metric, "value": hit["value"], **worst, "cycles": cycles,
                "met": target.met_by(hit["value"], hit.get("worst")) and target.within(hit["cycles"]),
                "seconds": hit["seconds"], "from_cache": cached}
         print(f"search {self.spec.name}: {cand.name}: {target.metric} {rec['value']:.4g}{_worst(rec)}"

@@ -48,7 +48,8 @@ def test_an_impossible_target_measures_every_candidate_and_says_by_how_much_it_m
     rec = impossible
     names = [c["name"] for c in rec["candidates"]]
     assert names[:4] == ["percentile", "affine", "affine+range", "affine+range+adaround"]
-    assert len(names) == 4 + len(recipes.INT16_BUDGETS) and all("int16" in n for n in names[4:])
+    # the largest int16 budget misses: no smaller one can meet it, the ladder stops
+    assert len(names) == 5 and names[4].endswith(f"+int16 {max(recipes.INT16_BUDGETS):.0%}")
     best = min(rec["candidates"], key=lambda c: c["value"])
     assert rec["chosen"]["name"] == best["name"] and not any(c["met"] for c in rec["candidates"])
     assert rec["notice"].startswith("no candidate meets logit_error <= 0") and best["name"] in rec["notice"]
@@ -76,19 +77,21 @@ def test_a_target_int8_meets_stops_at_the_first_recipe_and_the_second_run_is_cac
 def test_a_target_only_int16_meets_picks_int16_layers(built, impossible):
     cands = impossible["candidates"]
     int8_best = min(c["value"] for c in cands[:4])
-    int16 = [c for c in cands[4:] if c["value"] < int8_best]
-    assert int16, "on this net some int16 budget must beat every int8 recipe"
-    bound = (min(c["value"] for c in int16) + int8_best) / 2
+    assert cands[4]["value"] < int8_best, "on this net the largest int16 budget must beat every int8 recipe"
+    bound = (cands[4]["value"] + int8_best) / 2
     rec = _search(built, AccuracyTarget("logit_error", bound, int16=True))
     chosen = rec["chosen"]
     assert "int16" in chosen["name"] and chosen["met"] and chosen["value"] <= bound
     assert chosen["overrides"]["quantizer"]["weight_dtype"] == "int16"
-    assert all(c["from_cache"] for c in rec["candidates"])
+    assert all(c["from_cache"] for c in rec["candidates"][:5])
+    # the largest budget meets it, then the smaller ones are bisected: 10%, then 5% or 20%
+    budgets = [c["name"].rsplit(" ", 1)[1] for c in rec["candidates"][4:]]
+    assert budgets[:2] == ["40%", "10%"] and budgets[2:] == (["5%"] if rec["candidates"][5]["met"] else ["20%"])
     # cheapest first: no int16 candidate that meets the target has fewer cycles
     assert chosen["cycles"] == min(c["cycles"] for c in rec["candidates"] if c["met"])
 
 
-def test_without_int16_the_search_stays_int8(built, impossible):
+def test_without_int16_the_search_stays_int8(built, impossible, monkeypatch):
     rec = _search(built, AccuracyTarget("logit_error", 0.0))
     assert [c["name"] for c in rec["candidates"]] == [c["name"] for c in impossible["candidates"][:4]]
     assert "int16" not in rec["chosen"]["name"]
@@ -97,7 +100,14 @@ def test_without_int16_the_search_stays_int8(built, impossible):
     fresh = _search(built, AccuracyTarget("top1_agreement", 1.0 + 1e-9))
     assert all(c["cycles"] is None and not c["from_cache"] for c in fresh["candidates"])
     assert "not measured" in fresh["cycles"] and "est. cycles" not in fresh["summary"]
-    # a search that needs cycles keeps those scores and measures the int8 cycles once
+    # a search that needs cycles keeps those scores, and the int8 cycles the int8-only search's
+    # finished choice left in its cache entry: nothing is measured again
+    monkeypatch.setattr(search._Trial, "_cycles_only", lambda *a: pytest.fail("int8 cycles measured again"))
+    monkeypatch.setattr(search._Trial, "_measure", lambda self, cands: [] if not cands else pytest.fail(
+        f"measured again: {[c.name for c in cands]}"))
+    again = _search(built, AccuracyTarget("top1_agreement", 1.0 + 1e-9))
+    assert all(c["from_cache"] and c["cycles"] is None for c in again["candidates"])
+    monkeypatch.undo()
     again = _search(built, AccuracyTarget("top1_agreement", 1.0 + 1e-9, int16=True))
     int8 = again["candidates"][:4]
     assert all(c["from_cache"] for c in int8) and [c["value"] for c in int8] == [c["value"] for c in fresh["candidates"]]
@@ -150,6 +160,25 @@ def test_on_a_dask_worker_candidates_run_side_by_side_as_tasks_of_the_cluster(bu
     local = {c["name"]: c["value"] for c in impossible["candidates"][:4]}
     assert [c["name"] for c in rec["candidates"]] == list(local)
     assert all(c["value"] == pytest.approx(local[c["name"]], rel=1e-3) for c in rec["candidates"])
+
+
+@pytest.mark.parametrize("bound, cap, order", [
+    (0.15, None, ["40%"]),                      # unreachable: the largest budget misses, so would any
+    (0.26, None, ["40%", "10%", "5%"]),         # met at 10%: bisected down to the cheapest
+    (0.21, None, ["40%", "10%", "20%"]),        # met at 20%
+    (0.15, 6, ["40%", "20%"]),                  # 40% over the cycle cap: the next largest, which misses
+    (0.15, 4, ["40%", "20%", "10%", "5%"]),     # every budget over the cap
+])
+def test_int16_budgets_go_largest_first_then_bisect(bound, cap, order):
+    values = {"5%": 0.30, "10%": 0.25, "20%": 0.20, "40%": 0.16}
+    cycles = {"5%": 4.1e6, "10%": 4.5e6, "20%": 5.0e6, "40%": 11e6}
+    target = AccuracyTarget("logit_error", bound, int16=True, max_mcycles=cap)
+    cands = [recipes.Candidate(b, "", {}) for b in values]
+
+    def score(c):
+        return {"name": c.name, "cycles": cycles[c.name],
+                "met": target.met_by(values[c.name]) and target.within(cycles[c.name])}
+    assert [r["name"] for r in recipes.int16_ladder(cands, score, target)] == order
 
 
 def test_choose_prefers_fewer_cycles_among_those_that_meet():
@@ -212,3 +241,13 @@ def test_doit_builds_the_chosen_recipe_and_a_new_target_reruns_from_the_search(t
     chosen = rec["chosen"]["overrides"]["calibration"]
     assert bool(info["adaround"]) == bool(chosen.get("adaround_iterations"))
     assert bool(info["range_search"]) == bool(chosen.get("range_search"))
+
+
+def test_the_entries_check_names_every_field_the_candidates_set(built):
+    """pipeline.entries refuses a target beside these fields (the candidates would drop them
+    unseen); its list is config's, held here to what the candidates really set."""
+    from pipeline.config import SEARCHED_FIELDS, SEARCHED_INT16_FIELDS
+    for int16, want in ((False, SEARCHED_FIELDS), (True, SEARCHED_FIELDS + SEARCHED_INT16_FIELDS)):
+        spec = dataclasses.replace(built.spec, quantizer=dataclasses.replace(
+            built.spec.quantizer, target=AccuracyTarget("logit_error", 0.2, int16=int16)))
+        assert recipes.searched_fields(spec) == sorted(want)

@@ -78,6 +78,13 @@ def test_defaults_and_roundtrip(tmp_path):
      'per_image = 1.5 }\n', "quantizer.target.per_image must be a share in [0, 1]"),
     ('dtype = "int16"\n' + BASE + '[quantizer]\ntarget = { metric = "logit_error", max = 0.2, int16 = true }\n',
      "mixed precision (int16_layers / mixed_precision) needs dtype = \"int8\""),
+    # the search sets these for every candidate: an entry's own value would be dropped unseen
+    (BASE + '[quantizer]\ntarget = { metric = "logit_error", max = 0.2 }\nsymmetric_activations = false\n'
+     '[calibration]\nadaround_iterations = 200\n',
+     "calibration.adaround_iterations, quantizer.symmetric_activations are chosen by the recipe search "
+     "(quantizer.target): remove them, or set target = false"),
+    (BASE + '[quantizer]\ntarget = { metric = "logit_error", max = 0.2, int16 = true }\nweight_dtype = "int16"\n',
+     "quantizer.weight_dtype is chosen by the recipe search"),
 ])
 def test_invalid_entry_names_file_and_fix(tmp_path, text, needle):
     (entry,) = load_models(write(tmp_path, "bad", text))
@@ -162,6 +169,10 @@ def test_an_accuracy_target_is_parsed_and_makes_the_entry_mixed_only_with_int16(
     assert t.within(6_000_000) and not t.within(6_000_001)
     (plain,) = load_models(write(tmp_path, "m", BASE + '[quantizer]\ntarget = { metric = "top1_agreement", min = 0.9 }\n'))
     assert not plain.quantizer.mixed and plain.quantizer.target.met_by(0.95)
+    # int16 weights with the entry's own int16 layers are not the int8-only search's to choose
+    (own,) = load_models(write(tmp_path, "m", BASE + '[quantizer]\ntarget = { metric = "top1_agreement", min = 0.9 }\n'
+                                                    'weight_dtype = "int16"\nint16_layers = ["features.0.*"]\n'))
+    assert own.quantizer.weight_dtype == "int16" and own.quantizer.int16_layers == ("features.0.*",)
     write(tmp_path, "v", 'extends = "m"\n[quantizer]\ntarget = false\n')   # a variant opts out
     variant = next(e for e in load_models(tmp_path / "models") if e.name == "v")
     assert variant.quantizer.target is None
