@@ -152,7 +152,9 @@ class _Trial:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def ladder(self) -> list[dict]:
-        """Score the candidates in order until one meets the target; the records."""
+        """The records of the candidates measured: the int8 recipes in order until one meets
+        the target, then (``int16 = true``, none met) the int16 budgets on the most accurate
+        of them, largest first, then bisected (:func:`pipeline.quant.search.int16_ladder`)."""
         target = self.spec.quantizer.target
         int8 = search.int8_candidates(self.spec)
         if self.need_cycles:
