@@ -14,7 +14,8 @@ the float output. Per conv2d / linear with per-channel int8 weights
 that input quantized with the layer's own input qparams (the quantized
 model's view, so the rounding also absorbs some input error), ``beta``
 annealed from 20 to 2 after a warm-up of 20% of the iterations, ``lambda``
-0.01, Adam with learning rate 1e-3 on ``V`` (initialised so that ``h(V)`` is
+0.01, Adam with learning rate 1e-2 (:data:`LR`: ten times Adam's default, for the
+200-odd steps per layer run here where the paper runs thousands) on ``V`` (initialised so that ``h(V)`` is
 the fractional part), one calibration image per step. After the last step
 ``h`` is rounded to 0 or 1 and the float weight of the prepared model is
 replaced by ``s * integer``, which convert quantizes back to exactly those
