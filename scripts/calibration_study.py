@@ -2,9 +2,10 @@
 
     .venv/bin/python scripts/calibration_study.py [--model mobilenet_v2] [--folds 5] [--methods NAME,...]
     .venv/bin/python scripts/calibration_study.py --deployed [--second-set scenes]
-    .venv/bin/python scripts/calibration_study.py --deployed --model mobilenet_v2_mixed
+    .venv/bin/python scripts/calibration_study.py --deployed --model my_mixed
 
-With a mixed-precision entry (``mixed_precision = "auto"``), ``--deployed``
+With a mixed-precision entry (``mixed_precision = "auto"`` and ``target = false``: a variant
+of ``mobilenet_v2`` such as ``mobilenet_v2_mixed`` before it stated a target), ``--deployed``
 compares the weights of its int16 layers, int8 (pre-scaled) or int16, each
 with the entry's own calibration method; every fold redoes the automatic
 int16 choice on its own calibration images, as the holdout stage does.
@@ -223,6 +224,9 @@ def main() -> None:
     args = ap.parse_args()
     spec = next(s for s in load_models(REPO / "models") if getattr(s, "name", None) == args.model)
     # the study compares methods itself: the entry's accuracy target (the search stage) plays no part
+    if spec.quantizer.target is not None and spec.quantizer.target.int16:
+        sys.exit(f"model {args.model!r}: its int16 layers come from the recipe search (quantizer.target); "
+                 f"the study needs an entry with mixed_precision = \"auto\" and target = false")
     spec = dataclasses.replace(spec, quantizer=dataclasses.replace(spec.quantizer, target=None))
     mixed_auto = spec.quantizer.mixed_precision == "auto"
     if spec.dtype != "int8" or (spec.quantizer.mixed and not (args.deployed and mixed_auto)):

