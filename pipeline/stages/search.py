@@ -31,7 +31,7 @@ nothing is kept.
 
 ``search.json``: ``target``, ``method``, ``candidates`` (each: name, overrides, value,
 cycles, seconds, whether it met the target, whether it came from the cache), ``chosen``,
-``notice`` and ``summary``. The stages that build the model read the choice from it
+``notice``, ``not_measured`` (the int16 budgets the ladder had no need to measure) and ``summary``. The stages that build the model read the choice from it
 (:func:`pipeline.quant.search.resolved`).
 
 ``search_folds.npz``: the folds of the candidate chosen so far stay on disk; once the
@@ -90,7 +90,7 @@ def search_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, images_dir: 
                          if trial.need_cycles else "not measured: every all-int8 recipe runs the same kernel "
                                                    "calls (estimate.json gives the build's)"),
               "candidates": tried, "chosen": chosen, "notice": notice,
-              "seconds": round(time.perf_counter() - t0, 1)}
+              "not_measured": trial.not_measured, "seconds": round(time.perf_counter() - t0, 1)}
     record["summary"] = summary_line(record)
     write_json(out, record)
     print(f"search {spec.name}: {record['summary']}", file=sys.stderr)
@@ -98,10 +98,15 @@ def search_model(spec: ModelSpec, float_pt2: Path, calib_dir: Path, images_dir: 
 
 
 def summary_line(record: dict) -> str:
-    """One line: the recipe chosen and why (or the notice)."""
+    """One line: the recipe chosen and why (or the notice), and how many int16 budgets the
+    ladder had no need to measure."""
     c = record["chosen"]
     why = record["notice"] or (f"the cheapest of {len(record['candidates'])} tried that meets "
                                f"{AccuracyTarget.from_record(record['target']).text()}")
+    skipped = len(record.get("not_measured") or [])
+    if skipped:
+        why += (f"; {skipped} int16 budget{'s' if skipped > 1 else ''} not measured (a smaller budget only "
+                f"loses accuracy, a larger one only costs cycles)")
     return (f"{c['name']} ({c['metric']} {c['value']:.4g}{_worst(c)} held out{_mcycles(c['cycles'], ', ')}): "
             f"{why}")
 
@@ -141,6 +146,7 @@ class _Trial:
         target = spec.quantizer.target   # cycles decide only between int8 and int16, or against a cap
         self.need_cycles = target.int16 or target.max_mcycles is not None
         self.left: dict[str, tuple[Path, list[str]]] = {}   # candidate -> its fold folders' root, last stage run
+        self.not_measured: list[str] = []   # the int16 budgets the ladder had no need to measure
 
     def __enter__(self):
         self.tmp = Path(tempfile.mkdtemp(prefix=".search-", dir=self.work))
@@ -170,7 +176,9 @@ class _Trial:
                 seen.append(self.score(cand))
                 self._keep_only(search.choose(target, [*tried, *seen])[0]["name"])
                 return seen[-1]
-            tried += search.int16_ladder(search.int16_candidates(base), one, target)
+            budgets = search.int16_candidates(base)
+            tried += search.int16_ladder(budgets, one, target)
+            self.not_measured = [c.name for c in budgets if c.name not in {r["name"] for r in seen}]
         return tried
 
     def _known_int8_cycles(self, cands: list) -> None:

@@ -50,6 +50,9 @@ def test_an_impossible_target_measures_every_candidate_and_says_by_how_much_it_m
     assert names[:4] == ["percentile", "affine", "affine+range", "affine+range+adaround"]
     # the largest int16 budget misses: no smaller one can meet it, the ladder stops
     assert len(names) == 5 and names[4].endswith(f"+int16 {max(recipes.INT16_BUDGETS):.0%}")
+    assert rec["not_measured"] == [f"{names[4].rsplit(' ', 1)[0]} {b:.0%}" for b in recipes.INT16_BUDGETS[:-1]]
+    assert rec["summary"].endswith("; 3 int16 budgets not measured (a smaller budget only loses accuracy, "
+                                   "a larger one only costs cycles)")
     best = min(rec["candidates"], key=lambda c: c["value"])
     assert rec["chosen"]["name"] == best["name"] and not any(c["met"] for c in rec["candidates"])
     assert rec["notice"].startswith("no candidate meets logit_error <= 0") and best["name"] in rec["notice"]
