@@ -168,7 +168,7 @@ def test_dask_worker_shards_equal_local(exported):
     distributed = pytest.importorskip("distributed")
     _, local = calibrate(exported, observer="minmax", shards=2)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None, worker_dashboard_address=None) as cluster, \
+                                  dashboard_address=":0", worker_dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
         info, state = client.submit(_calibrate_on_worker, tiny_spec(exported, observer="minmax", shards=2),
                                     exported, pure=False).result(timeout=240)

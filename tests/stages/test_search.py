@@ -152,7 +152,7 @@ def test_on_a_dask_worker_candidates_run_side_by_side_as_tasks_of_the_cluster(bu
     monkeypatch.setenv("DOIT_C7X_CACHE", "off")   # measured again, not read from the run-cache
     target = AccuracyTarget("logit_error", 0.0)
     with distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None, worker_dashboard_address=None) as cluster, \
+                                  dashboard_address=":0", worker_dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client, distributed.get_task_stream(client) as stream:
         rec = client.submit(_search_on_worker, built, target, pure=False).result(timeout=600)
     folds = [t for t in stream.data if t["key"].startswith("_fold_task")]
