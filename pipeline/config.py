@@ -246,7 +246,7 @@ PER_IMAGE_MIN_DETECTIONS = 3
 
 
 #: the entry fields a target's search sets in every candidate (the recipes and int16 budgets of
-#: :mod:`pipeline.quant.search`, which a test holds to this list), with ``int16 = true`` also
+#: :mod:`pipeline.quant.search`, which tests/stages/test_search.py holds to this list), with ``int16 = true`` also
 #: :data:`SEARCHED_INT16_FIELDS`: an entry with a target leaves them at their defaults
 SEARCHED_FIELDS = ("calibration.adaround_iterations", "calibration.observer", "calibration.range_search",
                    "quantizer.int16_cycles", "quantizer.mixed_precision", "quantizer.symmetric_activations")

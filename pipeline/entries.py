@@ -214,8 +214,8 @@ def _check_searched(fail, spec: ModelSpec) -> None:
     their defaults: no candidate would keep its value."""
     fields = SEARCHED_FIELDS + (SEARCHED_INT16_FIELDS if spec.quantizer.target.int16 else ())
     defaults = {"calibration": CalibrationSpec(), "quantizer": QuantizerSpec()}
-    own = [f for f in fields if getattr(getattr(spec, f.split(".")[0]), f.split(".")[1])
-           != getattr(defaults[f.split(".")[0]], f.split(".")[1])]
+    own = [f"{section}.{key}" for section, key in (f.split(".") for f in fields)
+           if getattr(getattr(spec, section), key) != getattr(defaults[section], key)]
     if own:
         fail(f"{', '.join(own)} {'is' if len(own) == 1 else 'are'} chosen by the recipe search "
              f"(quantizer.target): remove {'it' if len(own) == 1 else 'them'}, or set target = false "

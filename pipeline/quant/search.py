@@ -71,15 +71,6 @@ def int8_candidates(spec: ModelSpec) -> list[Candidate]:
             for name, text, o in recipes]
 
 
-def searched_fields(spec: ModelSpec) -> list[str]:
-    """The entry fields ("calibration.observer", ...) the candidates of ``spec``'s target set
-    (:data:`pipeline.config.SEARCHED_FIELDS` says the same for the entries' check)."""
-    cands = int8_candidates(spec)
-    if spec.quantizer.target is not None and spec.quantizer.target.int16:
-        cands += int16_candidates(cands[0])
-    return sorted({f"{section}.{k}" for c in cands for section, fields in c.overrides.items() for k in fields})
-
-
 def int16_candidates(base: Candidate) -> list[Candidate]:
     """``base`` with each budget of :data:`INT16_BUDGETS` of automatically chosen int16 layers."""
     return [Candidate(f"{base.name}+int16 {b:.0%}", f"{base.text}; int16 layers within {b:.0%} of the "

@@ -162,10 +162,7 @@ class _Trial:
         the target, then (``int16 = true``, none met) the int16 budgets on the most accurate
         of them, largest first, then bisected (:func:`pipeline.quant.search.int16_ladder`)."""
         target = self.spec.quantizer.target
-        int8 = search.int8_candidates(self.spec)
-        if self.need_cycles:
-            self._known_int8_cycles(int8)
-        tried = self._in_order(int8, lambda r: r["met"])
+        tried = self._in_order(search.int8_candidates(self.spec), lambda r: r["met"])
         if target.int16 and not tried[-1]["met"]:
             sign = 1 if target.sense == "max" else -1
             best = min(tried, key=lambda t: sign * t["value"])
@@ -308,6 +305,8 @@ class _Trial:
         all-int8 recipe's are measured once, on fold 0 of the candidate (through codegen)."""
         cspec = search.apply(self.spec, cand.overrides)
         structure = "int16" if cspec.quantizer.mixed else "int8"
+        if structure == "int8" and structure not in self.cycles:
+            self._known_int8_cycles(search.int8_candidates(self.spec))
         if structure == "int16" or structure not in self.cycles:
             train, rows = self.splits[0]
             root = Path(tempfile.mkdtemp(prefix=".search-", dir=self.work))
