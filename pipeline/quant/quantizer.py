@@ -279,7 +279,8 @@ class C7xMMAQuantizer(Quantizer):
         # observed tensor; the output observer goes after a chain of scalar multiplies
         if not rules.is_activation_matmul(node) or rules.reaches_topk(node):
             return
-        inputs = {a: self._shared_with(rules.view_source(a)) for a in node.args}
+        # an operand nothing observes (a float softmax's output, in int16) is read in the matmul's dtype
+        inputs = {a: self._shared_with(rules.view_source(a), self._dtype_of(node)) for a in node.args}
         last = node
         while len(last.users) == 1 and rules.scalar_factor(next(iter(last.users))) is not None:
             last = next(iter(last.users))
@@ -328,12 +329,13 @@ class C7xMMAQuantizer(Quantizer):
         ann = src.meta.get(Q_ANNOTATION_KEY)
         return self._node_dtype.get(src, default) if ann is not None else default
 
-    def _shared_with(self, src: Node):
+    def _shared_with(self, src: Node, dtype: str | None = None):
         """Share ``src``'s output observer if it has one; otherwise an independent spec
-        (sharing with an unobserved output would reference no observer)."""
+        of ``src``'s dtype, else ``dtype`` (the reader's), else the model's (sharing with an
+        unobserved output would reference no observer)."""
         if self._observed(src):
             return SharedQuantizationSpec(src)
-        return self._act_specs[self._output_dtype(src, self.dtype)]
+        return self._act_specs[self._output_dtype(src, dtype or self.dtype)]
 
     def _output_spec(self, node: Node):
         """The output spec of a conv/linear/add/mm: None when fused with its activation

@@ -19,6 +19,7 @@ from pipeline import torchenv  # noqa: F401  (quiet torch, Q/DQ ops registered)
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.export import Dim
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -174,6 +175,46 @@ def test_forked_variants_equal_full_runs(sim):
             assert torch.equal(out, sim.run(x)), sim.edges[k]
         finally:
             mod.steps = saved
+
+
+class Attention(nn.Module):
+    """One attention head as vision transformers write it (tests/backend/test_softmax.py): in int8
+    its softmax output has fixed qparams, in int16 the softmax stays float and the matmul observes
+    that tensor: the same place, another kind of observer."""
+
+    def __init__(self, dim: int = 8, sdpa: bool = False):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.sdpa = sdpa
+
+    def forward(self, x):                      # x [N, tokens, dim]
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        if self.sdpa:   # DINOv2's form: the quantizer decomposes it into new nodes before annotating
+            return self.proj(F.scaled_dot_product_attention(q, k, v)) + x
+        attn = torch.softmax(q @ k.transpose(-2, -1) * 0.35, dim=-1)
+        return self.proj(attn @ v) + x
+
+
+@pytest.mark.parametrize("sdpa", [False, True], ids=["matmuls", "sdpa"])
+@pytest.mark.parametrize("int16", [(), ("linear",), ("linear_1", "add"), "all"], ids=str)
+def test_attention_simulation_matches_a_real_mixed_convert(int16, sdpa):
+    ep = torch.export.export(Attention(sdpa=sdpa).eval(), (torch.randn(2, 6, 8),),
+                             dynamic_shapes=({0: Dim("batch", min=1, max=64)},))
+    tag_program(ep)
+    gen = torch.Generator().manual_seed(0)
+    x, test = torch.randn(6, 6, 8, generator=gen), torch.randn(4, 6, 8, generator=gen)
+    every = frozenset(mixed.layer_id(n) for n in ep.graph.nodes if n.op == "call_function")
+    sim = MixedSimulator(ep, prepared(ep, frozenset(), x), prepared(ep, every, x),
+                         lambda s: C7xMMAQuantizer("int8", int16_layers=s))
+    chosen = every if int16 == "all" else frozenset(int16)
+    real = convert_pt2e(prepared(ep, chosen, x))
+    with torch.no_grad():
+        want = real(test)
+    sim.select(frozenset({"linear"}) if chosen == every else every)   # the scratch graph transformed twice
+    sim.select(chosen)
+    got = sim.run(test)
+    assert torch.allclose(got, want, atol=1e-5 * want.abs().max(), rtol=0), (got - want).abs().max()
 
 
 # ----------------------------------------------------------------------------- the stage
