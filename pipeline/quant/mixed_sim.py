@@ -141,7 +141,8 @@ class MixedSimulator:
 
     ``prepared8`` is turned into the simulation module (its observers are
     replaced); do not use it afterwards. Raises RuntimeError when the two
-    models' observers differ in place or kind (or their weight qparams, unless ``refined``), or the edge rule finds an
+    models' observers differ in place (not in kind: an int8 softmax output's qparams are
+    fixed, its int16 twin's observed) or in dtype (or their weight qparams, unless ``refined``), or the edge rule finds an
     observer with no side to quantize (a quantizer this simulation does not model).
     """
 
