@@ -154,7 +154,6 @@ class MixedSimulator:
         _fuse_conv_bn_(self._scratch)
         _fuse_linear_bn_(self._scratch)
         torchenv.release_torchao_modules()
-        self._nodes = {n.name: n for n in self._scratch.graph.nodes}
         _check_same_placement(prepared8, prepared16)
         self.module = prepared8
         self.refined = refined
@@ -221,17 +220,17 @@ class MixedSimulator:
         q = self._quantizer_for(frozenset(int16_layers))
         q.annotate(q.transform_for_annotation(self._scratch))
         # the transform may add nodes (an attention's matmuls and softmax): look names up after it
-        self._nodes = {n.name: n for n in self._scratch.graph.nodes}
+        nodes = {n.name: n for n in self._scratch.graph.nodes}
         out = {}
         for e in self.edges:
             if e.weight:
-                out[(e.producer, e.consumer)] = (_weight_dtype(self._nodes.get(e.consumer)),)
+                out[(e.producer, e.consumer)] = (_weight_dtype(nodes.get(e.consumer)),)
                 continue
             steps = []
-            produced = _output_dtype(self._nodes.get(e.producer))
+            produced = _output_dtype(nodes.get(e.producer))
             if produced:
                 steps.append(produced)
-            consumed = _input_dtype(self._nodes.get(e.consumer), e.producer)
+            consumed = _input_dtype(nodes.get(e.consumer), e.producer)
             if consumed and consumed != produced:
                 steps.append(consumed)
             if not steps:
@@ -371,20 +370,20 @@ def _last_uses(nodes: list[Node]) -> dict[int, list[Node]]:
 
 
 def _placement(gm: GraphModule) -> list[tuple]:
-    """Observers in graph order with what they observe and feed, and their kind."""
+    """Observers in graph order with what they observe and feed, and whether per channel. Not
+    their class: an int8 softmax output has fixed qparams (FixedQParamsObserver), while in int16
+    the softmax stays float and its reader observes that tensor."""
     out = []
     for node in gm.graph.nodes:
         obs = observer_of(gm, node)
         if obs is not None:
             out.append((node.name, node.target, node.args[0].name, tuple(u.name for u in node.users),
-                        type(obs).__name__, obs.qscheme in PER_CHANNEL))
+                        obs.qscheme in PER_CHANNEL))
     return out
 
 
 def _check_same_placement(gm8: GraphModule, gm16: GraphModule) -> None:
-    # an int8 softmax output has fixed qparams (FixedQParamsObserver); in int16 the softmax stays
-    # float and its reader observes that tensor: the same place, another kind of observer
-    a, b = ([p[:4] + p[5:] for p in _placement(g)] for g in (gm8, gm16))
+    a, b = _placement(gm8), _placement(gm16)
     if a != b:
         diff = next((x, y) for x, y in zip(a + [None], b + [None]) if x != y)
         raise RuntimeError(f"all-int8 and all-int16 prepared models place observers differently: {diff}")
