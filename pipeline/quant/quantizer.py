@@ -131,6 +131,9 @@ class C7xMMAQuantizer(Quantizer):
                                      else specs.activation_spec("int16", True, observer_cls,
                                                                 self.observer_kwargs))}
         self._observer_cls, self._bounded_specs = observer_cls, {}
+        # affine int8: a matmul operand is observed symmetric, the zero point the MMA takes
+        self._operand_spec = (specs.activation_spec("int8", True, observer_cls, self.observer_kwargs)
+                              if dtype == "int8" and not self.symmetric_activations else None)
         self._node_dtype: dict[Node, str] = {}
         # int8 layers always take int8 weights; weight_dtype is the int16 layers'
         self._weight_specs = {"int8": specs.weight_spec("int8"), "int16": specs.weight_spec(self.weight_dtype)}
@@ -182,7 +185,10 @@ class C7xMMAQuantizer(Quantizer):
 
     def _out_act(self, node: Node):
         """The output spec of ``node`` when observed: the act spec of its dtype, bounded
-        (:mod:`pipeline.quant.saturation`) when only saturating activations read it."""
+        (:mod:`pipeline.quant.saturation`) when only saturating activations read it, symmetric
+        when only activation matmuls read it (:meth:`_matmul_operand`)."""
+        if self._matmul_operand(node):
+            return self._operand_spec
         bounds = []
         for user in node.users:
             kind = self._saturating(user)
@@ -190,6 +196,14 @@ class C7xMMAQuantizer(Quantizer):
                 return self._act(node)
             bounds.append(saturation.input_bound(kind, self._dtype_of(user)))
         return self._bounded(self._dtype_of(node), max(bounds)) if bounds else self._act(node)
+
+    def _matmul_operand(self, node: Node) -> bool:
+        """An affine int8 model's ``node`` is int8 and only activation matmuls read its output,
+        through view ops: observed symmetric (zero point 0), as the batched-matmul MMA takes
+        int8 operands of zero point 0 or -128 only (:mod:`pipeline.backend.passes.matmul`);
+        with another reader too it stays affine (a second observer would cost a requantize)."""
+        return (self._operand_spec is not None and self._dtype_of(node) == "int8"
+                and rules.only_read_by_activation_matmuls(node))
 
     def _saturating(self, node: Node) -> str | None:
         """The saturating kind of ``node`` when this quantizer annotates it as one, else None."""
@@ -280,16 +294,18 @@ class C7xMMAQuantizer(Quantizer):
         if not rules.is_activation_matmul(node) or rules.reaches_topk(node):
             return
         # an operand nothing observes (a float softmax's output, in int16) is read in the matmul's dtype
-        inputs = {a: self._shared_with(rules.view_source(a), self._dtype_of(node)) for a in node.args}
+        inputs = {a: self._shared_with(rules.view_source(a), self._dtype_of(node), operand=True)
+                  for a in node.args}
         last = node
         while len(last.users) == 1 and rules.scalar_factor(next(iter(last.users))) is not None:
             last = next(iter(last.users))
+        self._node_dtype[last] = self._dtype_of(node)
+        output = self._operand_spec if self._matmul_operand(last) else self._act(node)
         if last is node:
-            self._set(node, inputs, self._act(node))
+            self._set(node, inputs, output)
             return
         self._set(node, inputs, None)
-        self._node_dtype[last] = self._dtype_of(node)
-        self._set(last, {}, self._act(node))
+        self._set(last, {}, output)
 
     @annotates(rules.TRANSPARENT)
     def _annotate_transparent(self, node: Node) -> None:
@@ -308,6 +324,11 @@ class C7xMMAQuantizer(Quantizer):
             # a view of a view of an observed tensor (the q, k, v of a fused attention projection):
             # the same qparams all the way, so no requantize between the views
             self._set(node, {src: self._shared_with(base)}, SharedQuantizationSpec(base))
+            return
+        if self._matmul_operand(node) and (ann is None or ann.output_qspec in (None, self._operand_spec)):
+            # on the way to a matmul: a view of a float tensor (a cat) is observed as the matmul's
+            # operand; a view of an operand shares it
+            self._set(node, {src: self._operand_spec}, self._shared_with(src) if ann else self._operand_spec)
             return
         self._set(node, {src: self._act(node)}, self._shared_with(src))
 
@@ -329,13 +350,17 @@ class C7xMMAQuantizer(Quantizer):
         ann = src.meta.get(Q_ANNOTATION_KEY)
         return self._node_dtype.get(src, default) if ann is not None else default
 
-    def _shared_with(self, src: Node, dtype: str | None = None):
+    def _shared_with(self, src: Node, dtype: str | None = None, operand: bool = False):
         """Share ``src``'s output observer if it has one; otherwise an independent spec
         of ``src``'s dtype, else ``dtype`` (the reader's), else the model's (sharing with an
-        unobserved output would reference no observer)."""
+        unobserved output would reference no observer); for an activation matmul's ``operand``
+        in int8 of an affine model, the symmetric spec (:meth:`_matmul_operand`)."""
         if self._observed(src):
             return SharedQuantizationSpec(src)
-        return self._act_specs[self._output_dtype(src, dtype or self.dtype)]
+        dtype = self._output_dtype(src, dtype or self.dtype)
+        if operand and dtype == "int8" and self._operand_spec is not None:
+            return self._operand_spec
+        return self._act_specs[dtype]
 
     def _output_spec(self, node: Node):
         """The output spec of a conv/linear/add/mm: None when fused with its activation

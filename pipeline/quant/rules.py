@@ -121,7 +121,7 @@ VIEW_OPS = frozenset({aten.transpose.int, aten.permute.default, aten.view.defaul
                       aten.expand.default, aten.split.Tensor, aten.split_with_sizes.default,
                       aten.chunk.default, aten.t.default, operator.getitem, aten.select.int,
                       aten.unflatten.int, aten.unsqueeze.default, aten.squeeze.dim, aten.contiguous.default,
-                      aten.clone.default})
+                      aten.clone.default, aten.flatten.using_ints})
 #: torch's fused attention (nn.MultiheadAttention, ViT): decomposed before annotation
 SDPA = frozenset({aten.scaled_dot_product_attention.default})
 #: padding ops: one of zero width is dropped before annotation (:func:`drop_empty_pads`)
@@ -237,6 +237,24 @@ def is_activation_matmul(node: Node) -> bool:
         return False
     return all(is_float_tensor(a) and len(_shape(a) or ()) >= 2 and view_source(a).op != "get_attr"
                for a in node.args)
+
+
+def only_read_by_activation_matmuls(node: Node) -> bool:
+    """Every reader of ``node``'s output is an activation matmul (:func:`is_activation_matmul`)
+    not reaching ``topk``, or a :data:`VIEW_OPS` view of it that only such matmuls read; at least
+    one reader."""
+    users = list(node.users)
+    if not users:
+        return False
+    for user in users:
+        if user.op != "call_function" or reaches_topk(user):
+            return False
+        if user.target in MATMUL:
+            if not is_activation_matmul(user):
+                return False
+        elif user.target not in VIEW_OPS or not only_read_by_activation_matmuls(user):
+            return False
+    return True
 
 
 def _scalar_multiply_on(operand: Node) -> Node | None:

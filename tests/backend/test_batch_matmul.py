@@ -242,6 +242,43 @@ def test_pass_offloads_both_matmuls(cls, dtype, kernel):
     assert "folded into the rescale" in (mm[0].note or "")
 
 
+class MaskHead(nn.Module):
+    """YOLO-seg's masks: coefficients (a cat of two heads' convs) x prototypes (conv + SiLU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(8, 4, 1), nn.Conv2d(8, 4, 1)
+        self.proto = nn.Sequential(nn.Conv2d(8, 4, 3, padding=1), nn.SiLU())
+
+    def forward(self, x):                      # x [1, 8, H, W]
+        coef = torch.cat([self.c1(x).flatten(2), self.c2(x).flatten(2)], 2)    # [1, 4, 2HW]
+        return (coef.transpose(1, 2) @ self.proto(x).flatten(2)).sigmoid()    # [1, 2HW, HW]
+
+
+AFFINE_CASES = {Attention: (1, 6, 16), HeadsAttention: (1, 32, 4, 4), MaskHead: (1, 8, 4, 4)}
+
+
+@pytest.mark.parametrize("cls", list(AFFINE_CASES), ids=lambda c: c.__name__)
+def test_affine_int8_observes_matmul_operands_symmetric_and_offloads_them(cls):
+    """Affine int8 (the search's affine recipes): a tensor only activation matmuls read gets
+    zero point 0 (the MMA takes 0 or -128), the producer's other outputs stay affine; before,
+    the operands had zero points like (19, -89) and every matmul here stayed scalar."""
+    flow = _flow(_model(cls), AFFINE_CASES[cls], symmetric_activations=False)
+    log = OffloadLog()
+    run_offload(flow.mod, log)
+    assert {(d.status, d.kernel) for d in log.decisions if d.op == "matmul"} == {("offloaded", "mmalib_batch_matmul_i8")}
+    zps = {int(n.args[2]) for n in flow.qdq.graph.nodes
+           if n.op == "call_function" and "quantize_per_tensor" in str(n.target)}
+    assert zps - {0, -128}, "some tensor should keep an affine zero point"
+
+
+@needs_gcc
+def test_affine_mask_head_is_bit_exact_on_mmalib(tmp_path):
+    flow = _flow(_model(MaskHead), (1, 8, 4, 4), symmetric_activations=False)
+    summary, _ = compile_and_compare(flow.mod, "mask", tmp_path / "c", inputs((1, 8, 4, 4), n=2), mmalib=True)
+    assert summary["macs_offloaded"] == summary["macs_total"] > 0
+
+
 @needs_gcc
 @pytest.mark.parametrize("dtype", ["int8", "int16"])
 def test_heads_attention_block_is_bit_exact_on_mmalib_with_no_scalar_call(tmp_path, dtype):
