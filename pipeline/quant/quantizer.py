@@ -198,12 +198,27 @@ class C7xMMAQuantizer(Quantizer):
         return self._bounded(self._dtype_of(node), max(bounds)) if bounds else self._act(node)
 
     def _matmul_operand(self, node: Node) -> bool:
-        """An affine int8 model's ``node`` is int8 and only activation matmuls read its output,
+        """An affine int8 model's ``node`` is int8 and an activation matmul reads its output,
         through view ops: observed symmetric (zero point 0), as the batched-matmul MMA takes
-        int8 operands of zero point 0 or -128 only (:mod:`pipeline.backend.passes.matmul`);
-        with another reader too it stays affine (a second observer would cost a requantize)."""
+        int8 operands of zero point 0 or -128 only (:mod:`pipeline.backend.passes.matmul`).
+        Its other readers read it so too (:meth:`_in`): one observer, no requantize."""
         return (self._operand_spec is not None and self._dtype_of(node) == "int8"
-                and rules.only_read_by_activation_matmuls(node))
+                and rules.read_by_activation_matmul(node))
+
+    def _in(self, node: Node, src: Node):
+        """The spec ``node`` reads ``src`` with: the act spec of its dtype, or the symmetric
+        operand spec when ``src`` is (a view of) a tensor observed so (:meth:`_matmul_operand`)."""
+        if self._operand_spec is not None and self._dtype_of(node) == "int8":
+            base = rules.view_source(src)
+            while True:
+                ann = base.meta.get(Q_ANNOTATION_KEY)
+                spec = ann.output_qspec if ann is not None else None
+                if not (isinstance(spec, SharedQuantizationSpec) and isinstance(spec.edge_or_node, Node)):
+                    break
+                base = spec.edge_or_node
+            if spec is self._operand_spec:
+                return spec
+        return self._act(node)
 
     def _saturating(self, node: Node) -> str | None:
         """The saturating kind of ``node`` when this quantizer annotates it as one, else None."""
@@ -227,14 +242,14 @@ class C7xMMAQuantizer(Quantizer):
         and the bound costs no requantize (``src`` unobserved, observed in another dtype
         anyway, or already bounded the same way by :meth:`_out_act`)."""
         kind, dtype = self._saturating(node), self._dtype_of(node)
-        if kind is None:
-            return self._act(node)
+        if kind is None or self._in(node, src) is self._operand_spec:
+            return self._in(node, src)
         bounded = self._bounded(dtype, saturation.input_bound(kind, dtype))
         ann = src.meta.get(Q_ANNOTATION_KEY)
         produced = ann.output_qspec if ann is not None else None
         if produced is None or produced is bounded or self._output_dtype(src, dtype) != dtype:
             return bounded
-        return self._act(node)
+        return self._in(node, src)
 
     def _dtype_of(self, node: Node) -> str:
         if node not in self._node_dtype:
@@ -248,7 +263,7 @@ class C7xMMAQuantizer(Quantizer):
     def _annotate_weighted(self, node: Node) -> None:
         # No float gating here (docs/reference.md, "Quantizer rules"): conv/linear
         # always take a tensor input.
-        inputs = {node.args[0]: self._act(node), node.args[1]: self._weight_specs[self._dtype_of(node)]}
+        inputs = {node.args[0]: self._in(node, node.args[0]), node.args[1]: self._weight_specs[self._dtype_of(node)]}
         self._set(node, inputs, self._output_spec(node))
 
     @annotates(rules.BINARY)
@@ -257,15 +272,13 @@ class C7xMMAQuantizer(Quantizer):
         if node.target != rules.aten.mm.default and rules.reaches_topk(node):
             return  # the box decode of a detection head (detection rule) stays float
         if rules.is_float_tensor(a) and rules.is_float_tensor(b):
-            act = self._act(node)
-            self._set(node, {a: act, b: act}, self._output_spec(node))
+            self._set(node, {a: self._in(node, a), b: self._in(node, b)}, self._output_spec(node))
 
     @annotates(rules.ADDMM)
     def _annotate_addmm(self, node: Node) -> None:
         # args[0] (bias) stays float; the weight operand is per-tensor like an activation.
         _, mat1, mat2 = node.args[:3]
-        act = self._act(node)
-        self._set(node, {mat1: act, mat2: act}, self._out_act(node))
+        self._set(node, {mat1: self._in(node, mat1), mat2: self._in(node, mat2)}, self._out_act(node))
 
     @annotates(rules.INDEPENDENT, rules.LAYER_NORM)
     def _annotate_independent(self, node: Node) -> None:
@@ -285,7 +298,7 @@ class C7xMMAQuantizer(Quantizer):
         src = node.args[0]
         if (rules.is_float_tensor(src) and rules.is_last_axis_softmax(node) and self._dtype_of(node) == "int8"
                 and not rules.reaches_topk(node)):
-            self._set(node, {src: self._act(node)}, specs.softmax_output_spec())
+            self._set(node, {src: self._in(node, src)}, specs.softmax_output_spec())
 
     @annotates(rules.MATMUL)
     def _annotate_matmul(self, node: Node) -> None:
@@ -325,12 +338,11 @@ class C7xMMAQuantizer(Quantizer):
             # the same qparams all the way, so no requantize between the views
             self._set(node, {src: self._shared_with(base)}, SharedQuantizationSpec(base))
             return
-        if self._matmul_operand(node) and (ann is None or ann.output_qspec in (None, self._operand_spec)):
-            # on the way to a matmul: a view of a float tensor (a cat) is observed as the matmul's
-            # operand; a view of an operand shares it
-            self._set(node, {src: self._operand_spec}, self._shared_with(src) if ann else self._operand_spec)
+        if self._matmul_operand(node) and not self._observed(src):
+            # a view of a float tensor (a cat) on its way to a matmul: observed as its operand
+            self._set(node, {src: self._operand_spec}, self._operand_spec)
             return
-        self._set(node, {src: self._act(node)}, self._shared_with(src))
+        self._set(node, {src: self._in(node, src)}, self._shared_with(src))
 
     @annotates(rules.PAD)
     def _annotate_pad(self, node: Node) -> None:

@@ -239,22 +239,17 @@ def is_activation_matmul(node: Node) -> bool:
                for a in node.args)
 
 
-def only_read_by_activation_matmuls(node: Node) -> bool:
-    """Every reader of ``node``'s output is an activation matmul (:func:`is_activation_matmul`)
-    not reaching ``topk``, or a :data:`VIEW_OPS` view of it that only such matmuls read; at least
-    one reader."""
-    users = list(node.users)
-    if not users:
-        return False
-    for user in users:
-        if user.op != "call_function" or reaches_topk(user):
-            return False
-        if user.target in MATMUL:
-            if not is_activation_matmul(user):
-                return False
-        elif user.target not in VIEW_OPS or not only_read_by_activation_matmuls(user):
-            return False
-    return True
+def read_by_activation_matmul(node: Node) -> bool:
+    """An activation matmul (:func:`is_activation_matmul`) not reaching ``topk`` reads ``node``'s
+    output, directly or through :data:`VIEW_OPS` views of it."""
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        if user.target in MATMUL and is_activation_matmul(user) and not reaches_topk(user):
+            return True
+        if user.target in VIEW_OPS and user.args[0] is node and read_by_activation_matmul(user):
+            return True
+    return False
 
 
 def _scalar_multiply_on(operand: Node) -> Node | None:

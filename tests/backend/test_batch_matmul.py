@@ -255,21 +255,45 @@ class MaskHead(nn.Module):
         return (coef.transpose(1, 2) @ self.proto(x).flatten(2)).sigmoid()    # [1, 2HW, HW]
 
 
-AFFINE_CASES = {Attention: (1, 6, 16), HeadsAttention: (1, 32, 4, 4), MaskHead: (1, 8, 4, 4)}
+class PositionalAttention(HeadsAttention):
+    """YOLO26's C2PSA attention whole: v is read by attention.V and by the positional conv too."""
+
+    def __init__(self, dim: int = 32, heads: int = 2):
+        super().__init__(dim, heads)
+        self.pe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, x):                      # x [1, C, H, W]
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(x).view(b, self.heads, 2 * self.key_dim + self.head_dim, h * w).split(
+            [self.key_dim, self.key_dim, self.head_dim], dim=2)
+        attn = ((q * self.scale).transpose(-2, -1) @ k).softmax(dim=-1)
+        return self.proj((v @ attn.transpose(-2, -1)).view(b, c, h, w) + self.pe(v.reshape(b, c, h, w)))
+
+
+AFFINE_CASES = {Attention: (1, 6, 16), PositionalAttention: (1, 32, 4, 4), MaskHead: (1, 8, 4, 4)}
 
 
 @pytest.mark.parametrize("cls", list(AFFINE_CASES), ids=lambda c: c.__name__)
 def test_affine_int8_observes_matmul_operands_symmetric_and_offloads_them(cls):
-    """Affine int8 (the search's affine recipes): a tensor only activation matmuls read gets
-    zero point 0 (the MMA takes 0 or -128), the producer's other outputs stay affine; before,
-    the operands had zero points like (19, -89) and every matmul here stayed scalar."""
+    """Affine int8 (the search's affine recipes): a tensor an activation matmul reads gets zero
+    point 0 (the MMA takes 0 or -128), and its other readers (the positional conv) read it so too,
+    with no requantize; other tensors stay affine. Before, the operands had zero points like
+    (19, -89) and every matmul here stayed on the scalar path."""
     flow = _flow(_model(cls), AFFINE_CASES[cls], symmetric_activations=False)
     log = OffloadLog()
     run_offload(flow.mod, log)
     assert {(d.status, d.kernel) for d in log.decisions if d.op == "matmul"} == {("offloaded", "mmalib_batch_matmul_i8")}
+    symmetric = _flow(_model(cls), AFFINE_CASES[cls])
+    assert _requantizes(flow.qdq) == _requantizes(symmetric.qdq)
     zps = {int(n.args[2]) for n in flow.qdq.graph.nodes
            if n.op == "call_function" and "quantize_per_tensor" in str(n.target)}
     assert zps - {0, -128}, "some tensor should keep an affine zero point"
+
+
+def _requantizes(qdq) -> int:
+    """The number of q(dq(x)) pairs of ``qdq``: a tensor observed twice."""
+    return sum(1 for n in qdq.graph.nodes if n.op == "call_function" and "quantize_per_tensor" in str(n.target)
+               and "dequantize" in str(getattr(n.args[0], "target", "")))
 
 
 @needs_gcc
