@@ -101,7 +101,9 @@ class C7xMMAQuantizer(Quantizer):
     average pools (own output observer); layer_norm; relu-like, max_pool2d and
     shape ops sharing their input's observer; *ours*: a sigmoid that is a
     squeeze-excitation gate (own output observer, :func:`rules.is_se_gate`) and an int8
-    softmax over the last axis (input observed, output fixed at scale 1/256, zero point -128).
+    softmax over the last axis (input observed, output fixed at scale 1/256, zero point -128);
+    in an affine int8 model, a tensor an activation matmul reads is observed symmetric, the
+    zero point the MMA takes (:meth:`_matmul_operand`).
     cat, mul, any other sigmoid and group_norm stay float. A tensor that only tanh, an SE
     gate or hardsigmoid reads is observed within the input bound past which their output
     saturates (:mod:`pipeline.quant.saturation`). Everything observed is a float32
@@ -186,7 +188,7 @@ class C7xMMAQuantizer(Quantizer):
     def _out_act(self, node: Node):
         """The output spec of ``node`` when observed: the act spec of its dtype, bounded
         (:mod:`pipeline.quant.saturation`) when only saturating activations read it, symmetric
-        when only activation matmuls read it (:meth:`_matmul_operand`)."""
+        when an activation matmul reads it (:meth:`_matmul_operand`)."""
         if self._matmul_operand(node):
             return self._operand_spec
         bounds = []
@@ -209,16 +211,20 @@ class C7xMMAQuantizer(Quantizer):
         """The spec ``node`` reads ``src`` with: the act spec of its dtype, or the symmetric
         operand spec when ``src`` is (a view of) a tensor observed so (:meth:`_matmul_operand`)."""
         if self._operand_spec is not None and self._dtype_of(node) == "int8":
-            base = rules.view_source(src)
-            while True:
-                ann = base.meta.get(Q_ANNOTATION_KEY)
-                spec = ann.output_qspec if ann is not None else None
-                if not (isinstance(spec, SharedQuantizationSpec) and isinstance(spec.edge_or_node, Node)):
-                    break
-                base = spec.edge_or_node
+            spec = self._root_output_spec(rules.view_source(src))
             if spec is self._operand_spec:
                 return spec
         return self._act(node)
+
+    @staticmethod
+    def _root_output_spec(node: Node):
+        """``node``'s output spec, following shared specs to the node that owns the observer."""
+        while True:
+            ann = node.meta.get(Q_ANNOTATION_KEY)
+            spec = ann.output_qspec if ann is not None else None
+            if not (isinstance(spec, SharedQuantizationSpec) and isinstance(spec.edge_or_node, Node)):
+                return spec
+            node = spec.edge_or_node
 
     def _saturating(self, node: Node) -> str | None:
         """The saturating kind of ``node`` when this quantizer annotates it as one, else None."""
@@ -238,18 +244,19 @@ class C7xMMAQuantizer(Quantizer):
         return self._bounded_specs[dtype, bound]
 
     def _input_act(self, node: Node, src: Node):
-        """The spec of ``node``'s input ``src``: the act spec, bounded when ``node`` saturates
-        and the bound costs no requantize (``src`` unobserved, observed in another dtype
-        anyway, or already bounded the same way by :meth:`_out_act`)."""
-        kind, dtype = self._saturating(node), self._dtype_of(node)
-        if kind is None or self._in(node, src) is self._operand_spec:
-            return self._in(node, src)
+        """The spec of ``node``'s input ``src``: the act spec (:meth:`_in`: a matmul operand's
+        symmetric one), bounded when ``node`` saturates and the bound costs no requantize
+        (``src`` unobserved, observed in another dtype anyway, or already bounded the same way
+        by :meth:`_out_act`)."""
+        kind, dtype, read = self._saturating(node), self._dtype_of(node), self._in(node, src)
+        if kind is None or read is self._operand_spec:
+            return read
         bounded = self._bounded(dtype, saturation.input_bound(kind, dtype))
         ann = src.meta.get(Q_ANNOTATION_KEY)
         produced = ann.output_qspec if ann is not None else None
         if produced is None or produced is bounded or self._output_dtype(src, dtype) != dtype:
             return bounded
-        return self._in(node, src)
+        return read
 
     def _dtype_of(self, node: Node) -> str:
         if node not in self._node_dtype:
