@@ -114,3 +114,26 @@ def build_through(root: Path, last: str = "codegen"):
         if stage.applies(ctx):
             stage.function()(**stage.args(ctx))
     return ctx
+
+
+def build_zoo(root: Path, models: tuple[str, ...], wheels: tuple[str, ...], sets: tuple[str, ...]) -> tuple:
+    """``doit zoo`` in a fresh project at ``root`` holding the shipped entries ``models`` and the
+    image ``sets`` (the slow zoo tests; a module fixture each). Skips when one of the zoo's
+    ``wheels`` (import names) is not installed. Returns ``(project, run)``; asserts exit 0."""
+    import importlib.util
+
+    import pytest
+
+    repo = TESTS.parent
+    missing = [w for w in wheels if importlib.util.find_spec(w) is None]
+    if missing:
+        pytest.skip(f"the zoo's wheels are not installed ({', '.join(missing)}): bash scripts/setup.sh --zoo")
+    p = Project(root)
+    for m in models:
+        shutil.copy(repo / "models" / f"{m}.toml", p.root / "models")
+    for folder in sets:
+        shutil.copytree(repo / "calib_data" / folder, p.root / "calib_data" / folder)
+    run = p.doit("zoo", timeout=2400)
+    assert run.returncode == 0, run.out[-4000:]
+    return p, run
+
