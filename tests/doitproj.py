@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -85,6 +86,10 @@ class Project:
             out.append(p)
         return out
 
+    def artifact(self, model: str, name: str):
+        """The JSON artifact ``artifacts/<model>/<name>``, parsed."""
+        return json.loads((self.root / "artifacts" / model / name).read_text())
+
     def doit(self, *args: str, env: dict | None = None, timeout: int = 900) -> Run:
         e = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(self.root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
@@ -136,4 +141,3 @@ def build_zoo(root: Path, models: tuple[str, ...], wheels: tuple[str, ...], sets
     run = p.doit("zoo", timeout=2400)
     assert run.returncode == 0, run.out[-4000:]
     return p, run
-

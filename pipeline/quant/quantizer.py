@@ -204,16 +204,18 @@ class C7xMMAQuantizer(Quantizer):
         through view ops: observed symmetric (zero point 0), as the batched-matmul MMA takes
         int8 operands of zero point 0 or -128 only (:mod:`pipeline.backend.passes.matmul`).
         Its other readers read it so too (:meth:`_in`): one observer, no requantize."""
-        return (self._operand_spec is not None and self._dtype_of(node) == "int8"
-                and rules.read_by_activation_matmul(node))
+        return self._operand_spec_of(self._dtype_of(node)) is not None and rules.read_by_activation_matmul(node)
+
+    def _operand_spec_of(self, dtype: str):
+        """The symmetric operand spec when ``dtype`` is int8 in an affine model, else None."""
+        return self._operand_spec if dtype == "int8" else None
 
     def _in(self, node: Node, src: Node):
         """The spec ``node`` reads ``src`` with: the act spec of its dtype, or the symmetric
         operand spec when ``src`` is (a view of) a tensor observed so (:meth:`_matmul_operand`)."""
-        if self._operand_spec is not None and self._dtype_of(node) == "int8":
-            spec = self._root_output_spec(rules.view_source(src))
-            if spec is self._operand_spec:
-                return spec
+        operand = self._operand_spec_of(self._dtype_of(node))
+        if operand is not None and self._root_output_spec(rules.view_source(src)) is operand:
+            return operand
         return self._act(node)
 
     @staticmethod
@@ -377,9 +379,7 @@ class C7xMMAQuantizer(Quantizer):
         if self._observed(src):
             return SharedQuantizationSpec(src)
         dtype = self._output_dtype(src, dtype or self.dtype)
-        if operand and dtype == "int8" and self._operand_spec is not None:
-            return self._operand_spec
-        return self._act_specs[dtype]
+        return (operand and self._operand_spec_of(dtype)) or self._act_specs[dtype]
 
     def _output_spec(self, node: Node):
         """The output spec of a conv/linear/add/mm: None when fused with its activation

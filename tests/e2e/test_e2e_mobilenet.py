@@ -31,13 +31,9 @@ def built(tmp_path_factory):
     return p, run
 
 
-def load(p, model, name):
-    return json.loads((p.root / "artifacts" / model / name).read_text())
-
-
 def test_report_float_and_quantized_accuracy(built):
     p, run = built
-    r8, r16 = load(p, "mobilenet_v2", "report.json"), load(p, "mobilenet_v2_int16", "report.json")
+    r8, r16 = p.artifact("mobilenet_v2", "report.json"), p.artifact("mobilenet_v2_int16", "report.json")
     assert r8["float_top1"] == 18 and r8["labeled"] == 20          # torchvision MobileNetV2 on these 20
     # in-sample Q/DQ (affine int8, AdaRound): measured top-1 16/20, agreement 18/20, mean |logit
     # error| 0.259 (symmetric int8 before: 17/20, 19/20, 0.335); the held-out numbers are holdout.json's
@@ -52,7 +48,7 @@ def test_report_float_and_quantized_accuracy(built):
 
 def test_coverage_mobilenet_v2_int8(built):
     p, _ = built
-    layers = load(p, "mobilenet_v2", "c/mmalib/manifest.json")["layers"]
+    layers = p.artifact("mobilenet_v2", "c/mmalib/manifest.json")["layers"]
     convs = [l for l in layers if l["op"] in ("conv2d", "depthwise_conv2d", "grouped_conv2d")]
     on = {"mmalib", "c7x"}
     assert len(convs) == 52 and all(l["backend"] in on for l in convs)
@@ -70,7 +66,7 @@ def test_layer_names_match_torchvision_modules(built):
 
     p, _ = built
     modules = dict(mobilenet_v2().named_modules())
-    layers = load(p, "mobilenet_v2", "c/mmalib/manifest.json")["layers"]
+    layers = p.artifact("mobilenet_v2", "c/mmalib/manifest.json")["layers"]
     weighted = [lay for lay in layers if lay["op"] in ("conv2d", "depthwise_conv2d", "fc")]
     assert len(weighted) == 53
     for lay in weighted:
@@ -85,8 +81,8 @@ def test_layer_names_match_torchvision_modules(built):
 @pytest.mark.parametrize("model", ["mobilenet_v2", "mobilenet_v2_int16"])
 def test_host_c_is_bit_exact_and_accurate(built, model):
     p, _ = built
-    v = load(p, model, "verify.json")
-    report = load(p, model, "report.json")
+    v = p.artifact(model, "verify.json")
+    report = p.artifact(model, "report.json")
     assert {r["variant"] for r in v["variants"]} == {"mmalib", "scalar"}
     for r in v["variants"]:
         assert r["vs_python_reference"]["bit_exact_images"] == 20, r["variant"]
@@ -122,7 +118,7 @@ def test_offload_page_is_small_self_contained_and_has_a_node_per_call(built):
     assert page.stat().st_size < 400_000 and not re.search(r"https?://", html, re.IGNORECASE)
     data = json.loads(re.search(r'id="page-data">(.*?)</script>', html, re.S).group(1))
     for v in ("mmalib", "scalar"):
-        calls = load(p, "mobilenet_v2", f"c/{v}/manifest.json")["calls"]
+        calls = p.artifact("mobilenet_v2", f"c/{v}/manifest.json")["calls"]
         assert len(data["builds"][v]["nodes"]) == len(calls) + 2
 
 
@@ -132,15 +128,15 @@ def test_per_layer_numerics_cover_every_layer_and_agree_with_verify(built):
     p, run = built
     mean_sqnr = {}
     for model in ("mobilenet_v2", "mobilenet_v2_int16"):
-        lay = load(p, model, "layers.json")
-        manifest = load(p, model, "c/mmalib/manifest.json")
+        lay = p.artifact(model, "layers.json")
+        manifest = p.artifact(model, "c/mmalib/manifest.json")
         assert lay["images"] == 20 and lay["build"] == "mmalib" and len(lay["layers"]) == 64
         assert sorted(x["id"] for x in lay["layers"]) == sorted(x["id"] for x in manifest["layers"])
         sqnr = [x["qdq_vs_float"]["sqnr_db"] for x in lay["layers"]]
         assert sqnr == sorted(sqnr) and lay["worst"] == [x["id"] for x in lay["layers"][:3]]
         assert all(x["c_vs_qdq"] is not None for x in lay["layers"])
         last = next(x for x in lay["layers"] if x["id"] == manifest["calls"][-1]["layer"])
-        mmalib = next(r for r in load(p, model, "verify.json")["variants"] if r["variant"] == "mmalib")
+        mmalib = next(r for r in p.artifact(model, "verify.json")["variants"] if r["variant"] == "mmalib")
         assert last["c_vs_qdq"]["max_lsb"] == mmalib["vs_pytorch_qdq"]["max_lsb"]
         mean_sqnr[model] = sum(sqnr) / len(sqnr)
         worst = next(x for x in lay["layers"] if x["id"] == lay["worst"][0])
@@ -152,14 +148,14 @@ def test_per_layer_numerics_cover_every_layer_and_agree_with_verify(built):
 def test_held_out_numbers_for_every_model_lead_the_summary(built):
     p, run = built
     for m in ("mobilenet_v2", "mobilenet_v2_int16", "mobilenet_v2_mixed"):
-        h = load(p, m, "holdout.json")
+        h = p.artifact(m, "holdout.json")
         assert h["method"] == "k-fold" and h["folds"] == 2 and h["images"] == 20
         held = [set(f["held_out"]) for f in h["folds_detail"]]
         assert len(held[0] | held[1]) == 20 and not held[0] & held[1]
         assert h["float_top1"] == 18
         block = run.out.split(f"\n{m}: ", 1)[1]
         assert block.split("\n")[2].startswith("  held-out       2-fold on imagenet20")
-    e8, e16, emix = (load(p, m, "holdout.json")["c"]["mean_abs_logit_error_vs_float"]
+    e8, e16, emix = (p.artifact(m, "holdout.json")["c"]["mean_abs_logit_error_vs_float"]
                      for m in ("mobilenet_v2", "mobilenet_v2_int16", "mobilenet_v2_mixed"))
     # measured (C build, held out, 2026-12-07): int8 0.252, int16 (int8 weights) 0.209, mixed (the
     # search's int16 layers, 40% of the cycles, with int16 weights) 0.161
@@ -168,20 +164,20 @@ def test_held_out_numbers_for_every_model_lead_the_summary(built):
 
 def test_mixed_build_keeps_every_layer_on_its_kernel_within_the_budget(built):
     p, run = built
-    mixed = load(p, "mobilenet_v2_mixed", "mixed_precision.json")
+    mixed = p.artifact("mobilenet_v2_mixed", "mixed_precision.json")
     # the entry states a target: the budget is the search's choice, a share of the estimated cycles
-    choice = load(p, "mobilenet_v2_mixed", "search.json")["chosen"]["overrides"]["quantizer"]
+    choice = p.artifact("mobilenet_v2_mixed", "search.json")["chosen"]["overrides"]["quantizer"]
     assert mixed["method"] == "auto" and mixed["budget_unit"] == "cycles" and mixed["budget"] == choice["int16_cycles"]
     assert 0 < mixed["int16_cycles_share"] <= mixed["budget"] + 1e-9 and mixed["int16_macs"] > 0
-    layers = load(p, "mobilenet_v2_mixed", "c/mmalib/manifest.json")["layers"]
+    layers = p.artifact("mobilenet_v2_mixed", "c/mmalib/manifest.json")["layers"]
     heavy = [lay for lay in layers if lay["op"] in ("conv2d", "depthwise_conv2d", "fc", "residual_add", "requantize")]
     assert all(lay["backend"] in ("mmalib", "c7x") for lay in heavy)
     assert sum(lay["op"] == "requantize" for lay in layers) >= 2
-    chosen = set(load(p, "mobilenet_v2_mixed", "int16_layers.json")["layers"])
+    chosen = set(p.artifact("mobilenet_v2_mixed", "int16_layers.json")["layers"])
     weighted = {lay["id"]: lay for lay in layers if lay["op"] in ("conv2d", "depthwise_conv2d", "fc")}
     assert chosen & set(weighted)
     assert all((lay["dtype"] == "int16") == (i in chosen) for i, lay in weighted.items())
-    v = load(p, "mobilenet_v2_mixed", "verify.json")
+    v = p.artifact("mobilenet_v2_mixed", "verify.json")
     assert all(r["vs_python_reference"]["bit_exact_images"] == 20 for r in v["variants"])
     line = next(ln for ln in run.out.splitlines() if ln.startswith("  mixed "))
     assert "layers int16" in line and "int16 " in line.split("memory", 1)[1] and "int8 " in line

@@ -6,7 +6,6 @@ ResNet-50 and DINOv2 take 10 and 25 minutes more through every stage: `doit zoo`
 numbers are in docs/zoo.md, and CI's budget leaves them out."""
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
@@ -23,40 +22,36 @@ def built(tmp_path_factory):
                      ("imagenet20",))
 
 
-def load(p, model, name):
-    return json.loads((p.root / "artifacts" / model / name).read_text())
-
-
 @pytest.mark.parametrize("model", CLASSIFIERS)
 def test_every_mac_on_the_kernels_and_bit_exact(built, model):
     p, _ = built
-    summary = load(p, model, "c/mmalib/manifest.json")["summary"]
+    summary = p.artifact(model, "c/mmalib/manifest.json")["summary"]
     assert summary["macs_offloaded"] == summary["macs_total"] and summary["calls"].get("tvm", 0) == 0
-    for r in load(p, model, "verify.json")["variants"]:
+    for r in p.artifact(model, "verify.json")["variants"]:
         assert r["vs_python_reference"]["bit_exact_images"] == 20, r["variant"]
         assert r["vs_python_reference"]["intermediates"]["all_equal"], r["variant"]
 
 
 def test_lite0_is_the_trained_imagenet_network_and_stays_close_held_out(built):
     p, _ = built
-    h = load(p, "efficientnet_lite0", "holdout.json")
+    h = p.artifact("efficientnet_lite0", "holdout.json")
     assert h["method"] == "k-fold" and h["float_top1"] == 17 and h["labeled"] == 20
     # its entry's target, relative_logit_error <= 0.10: the search's choice meets it on the Q/DQ
     # model, and the C build it makes stays within it (measured: affine+range+adaround, Q/DQ
     # 0.068, C 20/20 and 0.072; the defaults gave 0.107 and 0.13)
-    s = load(p, "efficientnet_lite0", "search.json")
+    s = p.artifact("efficientnet_lite0", "search.json")
     assert s["chosen"]["met"] and s["notice"] is None
     assert h["c"]["top1_agreement_with_float"] >= 19 and h["c"]["relative_logit_error_vs_float"] <= 0.10
 
 
 def test_binary_classifier_is_scored_by_its_sign_without_imagenet_labels(built):
     p, _ = built
-    h = load(p, "efficientnet_b0_2d3d", "holdout.json")
+    h = p.artifact("efficientnet_b0_2d3d", "holdout.json")
     assert h["labeled"] == 0   # ImageNet labels are not its classes
     # its target, relative_logit_error <= 0.10, is out of reach: the search builds the most
     # accurate recipe and says by how much it misses (measured: affine+range, Q/DQ 0.351, C 20/20
     # and 0.352; the defaults gave 19/20 and 0.45)
-    s = load(p, "efficientnet_b0_2d3d", "search.json")
+    s = p.artifact("efficientnet_b0_2d3d", "search.json")
     best = min(c["value"] for c in s["candidates"])
     assert not s["chosen"]["met"] and s["chosen"]["value"] == best and "misses by" in s["notice"]
     assert h["folds_from"].startswith("search")   # its folds were the search's
